@@ -1,0 +1,222 @@
+"""The agent loop: model stream → tool calls → results → next model call, as a stream of agent events.
+
+It touches neither the database nor HTTP: it reads a model through a ModelAdapter, runs tools through the
+registry, keeps the LLM history of the running turn in memory, and yields what happened. The recorder
+turns those events into chat_messages and wire events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.history import arguments_text
+from app.llm.types import (
+    FinishPart,
+    ModelAdapter,
+    ModelRequest,
+    ProviderError,
+    ResolvedModel,
+    TextPart,
+    ToolCallPart,
+    UsagePart,
+)
+from app.tools.registry import ToolContext, ToolOutcome, ToolRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    id: str
+    name: str
+    arguments_text: str
+
+    @property
+    def arguments(self) -> Any:
+        """Parsed JSON when the model sent valid JSON, else its raw text (shown as the model wrote it)."""
+        if not self.arguments_text.strip():
+            return {}
+        try:
+            return json.loads(self.arguments_text)
+        except ValueError:
+            return self.arguments_text
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseStarted:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFinished:
+    text: str
+    calls: list[CallRequest]
+    finish_reason: str | None
+    usage: UsagePart | None
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStarted:
+    call: CallRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFinished:
+    call: CallRequest
+    outcome: ToolOutcome
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BreakpointReached:
+    """Tool results are committed and a user message is waiting: the turn ends here (seed 004 §2.5)."""
+
+
+AgentEvent = ResponseStarted | TextChunk | ResponseFinished | ToolStarted | ToolFinished | BreakpointReached
+
+
+class AgentError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class AgentRun:
+    adapter: ModelAdapter
+    model: ResolvedModel
+    tools: ToolRegistry
+    tool_names: Sequence[str]
+    messages: list[dict[str, Any]]
+    session_id: str
+    turn_id: str
+    max_rounds: int = 25
+    tool_timeout: float = 30.0
+    provider_timeout: float = 120.0
+    retries: int = 2
+    retry_backoff: float = 0.5
+    should_pause: Callable[[], bool] = field(default=lambda: False)
+
+    async def run(self) -> AsyncGenerator[AgentEvent, None]:
+        schemas = self.tools.schemas(self.tool_names)
+        for _ in range(self.max_rounds):
+            yield ResponseStarted()
+            finished: ResponseFinished | None = None
+            async for event in self._respond(schemas):
+                if isinstance(event, ResponseFinished):
+                    finished = event
+                yield event
+            assert finished is not None
+            self.messages.append(_assistant_message(finished))
+            if not finished.calls:
+                return
+            async for event in self._run_tools(finished.calls):
+                yield event
+            if self.should_pause():
+                yield BreakpointReached()
+                return
+        raise AgentError(
+            "max_tool_rounds",
+            f"The agent stopped after {self.max_rounds} model calls without a final answer.",
+        )
+
+    async def _respond(self, schemas: list[dict[str, Any]]) -> AsyncIterator[AgentEvent]:
+        request = ModelRequest(self.model, self.messages, schemas, self.provider_timeout)
+        attempt = 0
+        while True:
+            started = time.monotonic()
+            text: list[str] = []
+            calls: dict[int, list[str | None]] = {}
+            finish: str | None = None
+            usage: UsagePart | None = None
+            try:
+                async for part in self.adapter.stream(request):
+                    if isinstance(part, TextPart):
+                        text.append(part.text)
+                        yield TextChunk(part.text)
+                    elif isinstance(part, ToolCallPart):
+                        entry = calls.setdefault(part.index, [None, None, ""])
+                        entry[0] = entry[0] or part.id
+                        entry[1] = entry[1] or part.name
+                        entry[2] = (entry[2] or "") + part.arguments
+                    elif isinstance(part, FinishPart):
+                        finish = part.reason or finish
+                    elif isinstance(part, UsagePart):
+                        usage = part
+            except ProviderError as exc:
+                # Retry only while nothing reached the client: a retried call after visible text would
+                # show the user two different beginnings.
+                if text or not exc.retryable or attempt >= self.retries:
+                    raise
+                await asyncio.sleep(self.retry_backoff * (2**attempt))
+                attempt += 1
+                continue
+            break
+        requests = [
+            CallRequest(
+                id=entry[0] or "call_" + secrets.token_hex(8),
+                name=entry[1] or "",
+                arguments_text=entry[2] or "",
+            )
+            for _, entry in sorted(calls.items())
+        ]
+        yield ResponseFinished(
+            text="".join(text),
+            calls=requests,
+            finish_reason=finish,
+            usage=usage,
+            duration_ms=round((time.monotonic() - started) * 1000),
+        )
+
+    async def _run_tools(self, calls: list[CallRequest]) -> AsyncIterator[AgentEvent]:
+        """Runs the response's calls concurrently; results enter the history in call order."""
+        outcomes: dict[str, ToolOutcome] = {}
+        tasks: list[asyncio.Task[tuple[CallRequest, ToolOutcome, int]]] = []
+        try:
+            for call in calls:
+                yield ToolStarted(call)
+                tasks.append(asyncio.create_task(self._execute(call), name=f"tool:{call.name}"))
+            for next_done in asyncio.as_completed(tasks):
+                call, outcome, duration_ms = await next_done
+                outcomes[call.id] = outcome
+                yield ToolFinished(call, outcome, duration_ms)
+        finally:
+            for task in tasks:
+                task.cancel()
+        for call in calls:
+            self.messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": outcomes[call.id].content}
+            )
+
+    async def _execute(self, call: CallRequest) -> tuple[CallRequest, ToolOutcome, int]:
+        started = time.monotonic()
+        ctx = ToolContext(session_id=self.session_id, turn_id=self.turn_id, tool_call_id=call.id)
+        outcome = await self.tools.execute(
+            call.name, call.arguments_text, ctx, default_timeout=self.tool_timeout, allowed=self.tool_names
+        )
+        return call, outcome, round((time.monotonic() - started) * 1000)
+
+
+def _assistant_message(finished: ResponseFinished) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": finished.text or None}
+    if finished.calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": arguments_text(call.arguments)},
+            }
+            for call in finished.calls
+        ]
+    return message

@@ -1,0 +1,48 @@
+"""Session routes: create, list, read, update, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from app.api.deps import ChatDep
+from app.api.responses import errors
+from app.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, responses=errors(400, 422))
+async def create_session(body: SessionCreate, chat: ChatDep) -> SessionOut:
+    """Create a chat session with a model, an optional system prompt and the tools it may use."""
+    return await chat.create_session(body)
+
+
+@router.get("", responses=errors(400, 422))
+async def list_sessions(
+    chat: ChatDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+) -> SessionPage:
+    """List sessions, newest first."""
+    return await chat.list_sessions(limit, cursor)
+
+
+@router.get("/{session_id}", responses=errors(404))
+async def get_session(session_id: str, chat: ChatDep) -> SessionOut:
+    """Read a session, including its live agent_status and running turn."""
+    return await chat.get_session(session_id)
+
+
+@router.patch("/{session_id}", responses=errors(400, 404, 422))
+async def update_session(session_id: str, body: SessionUpdate, chat: ChatDep) -> SessionOut:
+    """Change the title, system prompt or model; a new model applies from the next model call."""
+    return await chat.update_session(session_id, body)
+
+
+@router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(404))
+async def delete_session(session_id: str, chat: ChatDep) -> Response:
+    """Stop the session's turn if one runs, then delete the session with its history."""
+    await chat.delete_session(session_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,28 @@
+"""Identifiers and timestamps: made once by the server, stored as text, never regenerated on read."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from datetime import UTC, datetime
+
+
+def now_iso() -> str:
+    """UTC ISO 8601 with an explicit offset and millisecond precision, e.g. 2026-02-28T06:30:00.123+00:00."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+def new_message_id() -> str:
+    return "m_" + secrets.token_hex(5)
+
+
+def new_turn_id() -> str:
+    return "t_" + secrets.token_hex(6)
+
+
+def new_session_id() -> str:
+    return "s_" + secrets.token_hex(8)

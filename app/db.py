@@ -1,0 +1,53 @@
+"""The async engine: SQLite in WAL mode with a busy timeout and foreign keys on every connection."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def ensure_sqlite_dir(url: str) -> None:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+
+
+def create_engine(url: str) -> AsyncEngine:
+    ensure_sqlite_dir(url)
+    engine = create_async_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    event.listen(engine.sync_engine, "connect", _on_connect)
+    return engine
+
+
+class Database:
+    """Owns the engine and hands out short-lived database sessions (`db`)."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_engine(url)
+        self._factory = async_sessionmaker(self.engine, class_=AsyncSession, expire_on_commit=False)
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[AsyncSession]:
+        async with self._factory() as db:
+            yield db
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()

@@ -1,0 +1,171 @@
+"""The event stream's wire protocol: one frozen model per event type, discriminated on `type`.
+
+A turn emits, in order: turn_start, user_message, agent_status(thinking), then per model response
+text_delta... (the first one carries timestamp and model), response_done, token_usage, and per tool call
+tool_exec_start, agent_status(tool_calling), tool_exec_end, agent_status(thinking); it ends with
+agent_status(idle) and turn_done. A stop adds agent_cancelled; a failure adds error before turn_done.
+Every event carries `seq` (the SSE `id:`, +1 per event within the session) and `session_id`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+TurnStatus = Literal["completed", "cancelled", "failed", "interrupted"]
+AgentState = Literal["idle", "thinking", "tool_calling"]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    seq: int = Field(description="Position in the session's stream; equals the SSE id.")
+    session_id: str
+
+
+class TurnStart(_Event):
+    type: Literal["turn_start"] = "turn_start"
+    id: str = Field(description="The turn_start chat message id.")
+    turn_id: str
+    timestamp: str
+
+
+class UserMessage(_Event):
+    type: Literal["user_message"] = "user_message"
+    id: str
+    text: str
+    timestamp: str
+    turn_id: str | None = Field(description="The turn that took the message; null while it waits.")
+    model: str = Field(description="The model that will answer it.")
+    sender: str
+    queued: bool = Field(False, description="True when announced while another turn runs.")
+
+
+class TextDelta(_Event):
+    type: Literal["text_delta"] = "text_delta"
+    id: str = Field(description="The assistant text chat message this delta belongs to.")
+    text: str
+    timestamp: str | None = Field(None, description="Only on the first delta of a message.")
+    model: str | None = Field(None, description="Only on the first delta of a message.")
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("timestamp") is None:
+            data.pop("timestamp", None)
+            data.pop("model", None)
+        return data
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ResponseInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    finish_reason: str | None
+    usage: Usage | None
+
+
+class ResponseDone(_Event):
+    type: Literal["response_done"] = "response_done"
+    id: str | None = Field(description="The assistant text message of this response; null if it had no text.")
+    duration_ms: int
+    response: ResponseInfo
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: Any = Field(description="The parsed JSON arguments, or the raw text when it was not JSON.")
+
+
+class ToolExecStart(_Event):
+    type: Literal["tool_exec_start"] = "tool_exec_start"
+    id: str = Field(description="The tool_group chat message id.")
+    tool_call: ToolCall
+    timestamp: str
+    model: str
+
+
+class ToolResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    tool_call_id: str
+    content: str
+    is_error: bool
+
+
+class ToolExecEnd(_Event):
+    type: Literal["tool_exec_end"] = "tool_exec_end"
+    id: str
+    tool_result: ToolResult
+    timestamp: str
+    duration_ms: int = Field(description="Measured by the server.")
+
+
+class TurnDone(_Event):
+    type: Literal["turn_done"] = "turn_done"
+    id: str = Field(description="The turn_done chat message id.")
+    turn_id: str
+    timestamp: str
+    duration_seconds: float
+    status: TurnStatus
+
+
+class AgentStatus(_Event):
+    type: Literal["agent_status"] = "agent_status"
+    status: AgentState
+    tool_name: str | None = None
+    turn_id: str | None = None
+
+
+class TokenUsage(_Event):
+    type: Literal["token_usage"] = "token_usage"
+    context_used: int = Field(description="Prompt tokens of the latest response: the context's size.")
+    context_window: int | None
+    context_percent: float | None = Field(description="Null when the context window is unknown.")
+    session_total_tokens: int
+    model: str
+
+
+class AgentCancelled(_Event):
+    type: Literal["agent_cancelled"] = "agent_cancelled"
+    turn_id: str
+    interrupted_message_ids: list[str]
+    interrupted_tool_call_ids: list[str]
+
+
+class ErrorEvent(_Event):
+    type: Literal["error"] = "error"
+    id: str = Field(description="The error chat message id.")
+    message: str
+    code: str
+    model: str | None = None
+    timestamp: str
+
+
+Event = Annotated[
+    TurnStart
+    | UserMessage
+    | TextDelta
+    | ResponseDone
+    | ToolExecStart
+    | ToolExecEnd
+    | TurnDone
+    | AgentStatus
+    | TokenUsage
+    | AgentCancelled
+    | ErrorEvent,
+    Field(discriminator="type"),
+]

@@ -1,0 +1,69 @@
+"""Rebuilds the LLM history (OpenAI chat format, as LiteLLM takes it) from chat_messages (seed 000 §2.2.2).
+
+user text → user message; an assistant text and the tool_groups of the same model response → one
+assistant message with `tool_calls`, followed by one role "tool" message per result (seed 001);
+turn markers and errors are skipped: they never reach the model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from app.models import ChatMessageRow
+
+INTERRUPTED_MARK = "[interrupted]"
+TOOL_INTERRUPTED = "[Tool execution interrupted]"
+
+
+def arguments_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def rebuild(rows: Iterable[ChatMessageRow], system_prompt: str | None) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    assistant: dict[str, Any] | None = None
+    results: list[dict[str, Any]] = []
+    response_id: str | None = None
+
+    def close_response() -> None:
+        nonlocal assistant, results, response_id
+        if assistant is not None:
+            messages.append(assistant)
+            messages.extend(results)
+        assistant, results, response_id = None, [], None
+
+    for row in rows:
+        if row.type == "text" and row.role == "user":
+            close_response()
+            messages.append({"role": "user", "content": row.content or ""})
+        elif row.type in ("text", "tool_group"):
+            if assistant is None or row.response_id != response_id:
+                close_response()
+                assistant = {"role": "assistant", "content": None}
+                response_id = row.response_id
+            if row.type == "text":
+                text = row.content or ""
+                if row.interrupted:
+                    text = f"{text}\n\n{INTERRUPTED_MARK}" if text else INTERRUPTED_MARK
+                assistant["content"] = text
+            else:
+                assistant.setdefault("tool_calls", []).append(
+                    {
+                        "id": row.tool_call_id,
+                        "type": "function",
+                        "function": {"name": row.tool_name, "arguments": arguments_text(row.arguments)},
+                    }
+                )
+                results.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": row.tool_call_id,
+                        "content": row.result if row.result is not None else TOOL_INTERRUPTED,
+                    }
+                )
+    close_response()
+    return messages

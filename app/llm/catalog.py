@@ -1,0 +1,100 @@
+"""The models file (seed 004 §2.4): providers with their base URL, key and context windows."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.llm.types import ResolvedModel
+
+
+class ModelEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    context_window: int | None = Field(None, gt=0)
+
+
+class ProviderEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    api_base: str | None = None
+    api_key_env: str | None = None
+    context_window: int | None = Field(None, gt=0)
+    models: list[str] | dict[str, ModelEntry] = Field(default_factory=list)
+
+    def entries(self) -> dict[str, ModelEntry]:
+        if isinstance(self.models, list):
+            return {name: ModelEntry() for name in self.models}
+        return dict(self.models)
+
+
+class ModelsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    providers: dict[str, ProviderEntry] = Field(default_factory=dict)
+
+
+class ModelsFileError(ValueError):
+    pass
+
+
+class ConfiguredModel(BaseModel):
+    """A model named in the models file; `context_window` is None when the file leaves it to LiteLLM."""
+
+    name: str
+    provider: str
+    api_base: str | None
+    api_key_env: str | None
+    context_window: int | None
+
+
+class Catalog:
+    """Configured models by name. Knows nothing of LiteLLM: the model layer completes the chain."""
+
+    def __init__(self, models: dict[str, ConfiguredModel]) -> None:
+        self._models = models
+
+    @classmethod
+    def load(cls, path: Path | None) -> Catalog:
+        if path is None:
+            return cls({})
+        try:
+            parsed = ModelsFile.model_validate(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError, ValidationError) as exc:
+            raise ModelsFileError(f"cannot use models file {path}: {exc}") from exc
+        models: dict[str, ConfiguredModel] = {}
+        for provider_name, provider in parsed.providers.items():
+            for model_name, entry in provider.entries().items():
+                if model_name in models:
+                    raise ModelsFileError(f"models file {path}: model {model_name!r} is listed twice")
+                models[model_name] = ConfiguredModel(
+                    name=model_name,
+                    provider=provider_name,
+                    api_base=provider.api_base,
+                    api_key_env=provider.api_key_env,
+                    context_window=entry.context_window or provider.context_window,
+                )
+        return cls(models)
+
+    def get(self, name: str) -> ConfiguredModel | None:
+        return self._models.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    def resolve(self, name: str, fallback_window: int | None) -> ResolvedModel:
+        """Model entry > provider entry > the fallback (LiteLLM's table) > unknown."""
+        configured = self._models.get(name)
+        if configured is None:
+            return ResolvedModel(name=name, context_window=fallback_window)
+        key = os.environ.get(configured.api_key_env) if configured.api_key_env else None
+        return ResolvedModel(
+            name=name,
+            context_window=configured.context_window or fallback_window,
+            api_base=configured.api_base,
+            api_key=key,
+            provider=configured.provider,
+        )

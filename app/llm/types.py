@@ -1,0 +1,75 @@
+"""What every provider adapter yields: a small normalized stream, independent of any SDK."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallPart:
+    """A fragment of a tool call; fragments of one call share `index` (ids and names come only once)."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class UsagePart:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishPart:
+    reason: str | None
+
+
+StreamPart = TextPart | ToolCallPart | UsagePart | FinishPart
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """A model name with everything needed to call it and to report its context use."""
+
+    name: str
+    context_window: int | None
+    api_base: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    provider: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    model: ResolvedModel
+    messages: Sequence[dict[str, Any]]
+    tools: Sequence[dict[str, Any]]
+    timeout: float
+
+
+class ProviderError(Exception):
+    """A model call failed; `message` is safe to show to end users, the cause goes to the log only."""
+
+    def __init__(
+        self, code: str, message: str, *, status: int | None = None, retryable: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.retryable = retryable
+
+
+class ModelAdapter(Protocol):
+    """One provider call: yields parts until the model's response ends; closes the upstream on exit."""
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]: ...

@@ -1,0 +1,90 @@
+"""Database tables. Timestamps are stored as the ISO text clients get, so reads never reformat them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Column, ForeignKey, Index, String
+from sqlmodel import Field, SQLModel
+
+
+class ChatSessionRow(SQLModel, table=True):
+    __tablename__ = "chat_sessions"
+
+    id: str = Field(primary_key=True, max_length=40)
+    title: str | None = None
+    model: str
+    system_prompt: str | None = None
+    tools: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    status: str = "active"
+    created_at: str
+    updated_at: str
+    total_tokens: int = 0
+    context_used: int = 0
+    context_window: int | None = None
+
+
+class ChatMessageRow(SQLModel, table=True):
+    """One entry of a session's chat_messages (seed 000 §2.2); `position` orders the session's history."""
+
+    __tablename__ = "chat_messages"
+    __table_args__ = (
+        Index("ix_chat_messages_session_position", "session_id", "position"),
+        Index("ix_chat_messages_turn", "turn_id"),
+    )
+
+    position: int | None = Field(default=None, primary_key=True)
+    id: str = Field(unique=True, max_length=20)
+    session_id: str = Field(
+        sa_column=Column(String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False)
+    )
+    turn_id: str
+    type: str
+    role: str | None = None
+    content: str | None = None
+    sender: str | None = None
+    model: str | None = None
+    timestamp: str
+    duration_ms: int | None = None
+    # The model response a text or tool_group belongs to: rebuilding the LLM history joins them by it.
+    response_id: str | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    arguments: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
+    result: str | None = None
+    is_error: bool | None = None
+    duration_seconds: float | None = None
+    status: str | None = None
+    interrupted: bool | None = None
+    code: str | None = None
+
+
+class QueuedMessageRow(SQLModel, table=True):
+    """A user message acknowledged while a turn runs; it moves into chat_messages when a turn takes it."""
+
+    __tablename__ = "queued_messages"
+    __table_args__ = (Index("ix_queued_messages_session_position", "session_id", "position"),)
+
+    position: int | None = Field(default=None, primary_key=True)
+    id: str = Field(unique=True, max_length=20)
+    session_id: str = Field(
+        sa_column=Column(String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False)
+    )
+    content: str
+    sender: str
+    timestamp: str
+
+
+class EventRow(SQLModel, table=True):
+    """The persisted event log: the exact JSON each client received, keyed by the session's sequence."""
+
+    __tablename__ = "events"
+
+    session_id: str = Field(
+        sa_column=Column(
+            String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), primary_key=True, nullable=False
+        )
+    )
+    seq: int = Field(primary_key=True)
+    type: str
+    data: str

@@ -1,0 +1,345 @@
+"""Records one turn: agent events become chat_messages rows (seed 000 §2.4.1) and enriched wire events.
+
+Text is accumulated in memory and persisted by the write-behind (at most every second), then written
+for good at response_done, at a stop and at the turn's end. Tool rows are written when the tool starts
+and when it ends, so a crash never loses a result that was announced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from app import repository
+from app.agent import (
+    AgentError,
+    AgentEvent,
+    AgentRun,
+    BreakpointReached,
+    ResponseFinished,
+    ResponseStarted,
+    TextChunk,
+    ToolFinished,
+    ToolStarted,
+)
+from app.broker import Channel
+from app.clock import new_message_id, now_iso
+from app.db import Database
+from app.events import (
+    AgentCancelled,
+    AgentState,
+    AgentStatus,
+    ErrorEvent,
+    ResponseDone,
+    ResponseInfo,
+    TextDelta,
+    TokenUsage,
+    ToolCall,
+    ToolExecEnd,
+    ToolExecStart,
+    ToolResult,
+    TurnDone,
+    TurnStatus,
+    Usage,
+)
+from app.llm.types import ProviderError
+from app.models import ChatMessageRow
+from app.writer import TextBuffer, WriteBehind
+
+log = logging.getLogger(__name__)
+
+TOOL_INTERRUPTED_BY_USER = "[Tool execution interrupted by user]"
+
+
+@dataclass
+class LiveStatus:
+    """What GET /v1/sessions/{id} shows while a turn runs."""
+
+    agent_status: AgentState = "idle"
+    turn_id: str | None = None
+
+
+@dataclass
+class _OpenTool:
+    row_id: str
+    name: str
+
+
+@dataclass
+class TurnRecorder:
+    db: Database
+    writer: WriteBehind
+    channel: Channel
+    live: LiveStatus
+    session_id: str
+    turn_id: str
+    model: str
+    context_window: int | None
+    started: float = field(default_factory=time.monotonic)
+    closed: bool = False
+    _response_id: str | None = None
+    _text: TextBuffer | None = None
+    _text_timestamp: str = ""
+    _open_tools: dict[str, _OpenTool] = field(default_factory=dict)
+
+    # --- the turn ------------------------------------------------------------------------------------
+
+    async def record(self, agent: AgentRun) -> None:
+        """Runs the agent to the end of the turn; every way out closes the turn exactly once."""
+        status: TurnStatus = "completed"
+        events = agent.run()
+        try:
+            async for event in events:
+                await self._on(event)
+        except asyncio.CancelledError:
+            status = "cancelled"
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            await events.aclose()
+            await self.commit_interrupted(TOOL_INTERRUPTED_BY_USER)
+        except (ProviderError, AgentError) as exc:
+            status = "failed"
+            await self.commit_interrupted(TOOL_INTERRUPTED_BY_USER, announce=False)
+            await self.fail(exc.code, exc.message)
+        except Exception:
+            log.exception("turn %s failed", self.turn_id)
+            status = "failed"
+            await self.commit_interrupted(TOOL_INTERRUPTED_BY_USER, announce=False)
+            await self.fail("internal_error", "The turn failed because of an internal error.")
+        finally:
+            await events.aclose()
+        await self.close(status)
+
+    async def _on(self, event: AgentEvent) -> None:
+        if isinstance(event, TextChunk):
+            await self._on_text(event.text)
+        elif isinstance(event, ResponseStarted):
+            self._response_id = new_message_id()
+            self._text = None
+        elif isinstance(event, ResponseFinished):
+            await self._on_response_done(event)
+        elif isinstance(event, ToolStarted):
+            await self._on_tool_start(event)
+        elif isinstance(event, ToolFinished):
+            await self._on_tool_end(event)
+        elif isinstance(event, BreakpointReached):
+            pass
+
+    def _emit(self, cls: Any, **fields: Any) -> None:
+        self.channel.publish(cls, **fields)
+
+    def set_status(self, status: AgentState, tool_name: str | None = None) -> None:
+        self.live.agent_status = status
+        self.live.turn_id = None if status == "idle" else self.turn_id
+        self._emit(AgentStatus, status=status, tool_name=tool_name, turn_id=self.turn_id)
+
+    # --- model text ----------------------------------------------------------------------------------
+
+    async def _on_text(self, text: str) -> None:
+        buffer = self._text
+        if buffer is not None:
+            buffer.parts.append(text)
+            self._emit(TextDelta, id=buffer.message_id, text=text)
+            return
+        assert self._response_id is not None
+        buffer = self._text = TextBuffer(self.session_id, self._response_id, text)
+        self._text_timestamp = now_iso()
+        self._emit(
+            TextDelta, id=buffer.message_id, text=text, timestamp=self._text_timestamp, model=self.model
+        )
+        row = ChatMessageRow(
+            id=buffer.message_id,
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            type="text",
+            role="assistant",
+            content=text,
+            model=self.model,
+            timestamp=self._text_timestamp,
+            response_id=self._response_id,
+        )
+        async with self.db.session() as db:
+            await repository.insert_messages(db, [row])
+            await db.commit()
+        self.writer.track(buffer)
+
+    async def _on_response_done(self, event: ResponseFinished) -> None:
+        buffer, self._text = self._text, None
+        usage = event.usage
+        at = now_iso()
+        async with self.db.session() as db:
+            if buffer is not None:
+                self.writer.untrack(buffer)
+                await repository.update_message(
+                    db, buffer.message_id, {"content": buffer.text(), "duration_ms": event.duration_ms}
+                )
+            totals = None
+            if usage is not None:
+                totals = await repository.add_usage(
+                    db,
+                    self.session_id,
+                    prompt=usage.prompt_tokens,
+                    completion=usage.completion_tokens,
+                    window=self.context_window,
+                    at=at,
+                )
+            await db.commit()
+        self._emit(
+            ResponseDone,
+            id=buffer.message_id if buffer is not None else None,
+            duration_ms=event.duration_ms,
+            response=ResponseInfo(
+                model=self.model,
+                finish_reason=event.finish_reason,
+                usage=Usage(
+                    prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens,
+                    total_tokens=usage.prompt_tokens + usage.completion_tokens,
+                )
+                if usage is not None
+                else None,
+            ),
+        )
+        if totals is not None:
+            total, used = totals
+            window = self.context_window
+            self._emit(
+                TokenUsage,
+                context_used=used,
+                context_window=window,
+                context_percent=round(used * 100 / window, 1) if window else None,
+                session_total_tokens=total,
+                model=self.model,
+            )
+
+    # --- tools ---------------------------------------------------------------------------------------
+
+    async def _on_tool_start(self, event: ToolStarted) -> None:
+        call = event.call
+        row_id = new_message_id()
+        at = now_iso()
+        arguments = call.arguments
+        row = ChatMessageRow(
+            id=row_id,
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            type="tool_group",
+            role="assistant",
+            model=self.model,
+            timestamp=at,
+            response_id=self._response_id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            arguments=arguments,
+        )
+        async with self.db.session() as db:
+            await repository.insert_messages(db, [row])
+            await db.commit()
+        self._open_tools[call.id] = _OpenTool(row_id, call.name)
+        self._emit(
+            ToolExecStart,
+            id=row_id,
+            tool_call=ToolCall(id=call.id, name=call.name, arguments=arguments),
+            timestamp=at,
+            model=self.model,
+        )
+        self.set_status("tool_calling", call.name)
+
+    async def _on_tool_end(self, event: ToolFinished) -> None:
+        tool = self._open_tools.pop(event.call.id)
+        outcome = event.outcome
+        async with self.db.session() as db:
+            await repository.update_message(
+                db,
+                tool.row_id,
+                {"result": outcome.content, "is_error": outcome.is_error, "duration_ms": event.duration_ms},
+            )
+            await db.commit()
+        self._emit(
+            ToolExecEnd,
+            id=tool.row_id,
+            tool_result=ToolResult(
+                tool_call_id=event.call.id, content=outcome.content, is_error=outcome.is_error
+            ),
+            timestamp=now_iso(),
+            duration_ms=event.duration_ms,
+        )
+        running = next(iter(self._open_tools.values()), None)
+        if running is not None:
+            self.set_status("tool_calling", running.name)
+        else:
+            self.set_status("thinking")
+
+    # --- ends ----------------------------------------------------------------------------------------
+
+    async def commit_interrupted(self, tool_result: str, *, announce: bool = True) -> None:
+        """Seed 004's partial-state commit: streamed text is kept and marked, open tools get a result."""
+        buffer, self._text = self._text, None
+        open_tools, self._open_tools = self._open_tools, {}
+        async with self.db.session() as db:
+            if buffer is not None:
+                self.writer.untrack(buffer)
+                await repository.update_message(
+                    db, buffer.message_id, {"content": buffer.text(), "interrupted": True}
+                )
+            for tool in open_tools.values():
+                await repository.update_message(db, tool.row_id, {"result": tool_result, "is_error": True})
+            await db.commit()
+        if not announce:
+            return
+        self._emit(
+            AgentCancelled,
+            turn_id=self.turn_id,
+            interrupted_message_ids=[
+                *([buffer.message_id] if buffer is not None else []),
+                *(tool.row_id for tool in open_tools.values()),
+            ],
+            interrupted_tool_call_ids=list(open_tools),
+        )
+
+    async def fail(self, code: str, message: str) -> None:
+        row_id = new_message_id()
+        at = now_iso()
+        row = ChatMessageRow(
+            id=row_id,
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            type="error",
+            role="assistant",
+            content=message,
+            code=code,
+            model=self.model,
+            timestamp=at,
+        )
+        async with self.db.session() as db:
+            await repository.insert_messages(db, [row])
+            await db.commit()
+        self._emit(ErrorEvent, id=row_id, message=message, code=code, model=self.model, timestamp=at)
+
+    async def close(self, status: TurnStatus) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        row_id = new_message_id()
+        at = now_iso()
+        duration = round(time.monotonic() - self.started, 3)
+        row = ChatMessageRow(
+            id=row_id,
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            type="turn_done",
+            timestamp=at,
+            duration_seconds=duration,
+            status=status,
+        )
+        async with self.db.session() as db:
+            await repository.insert_messages(db, [row])
+            await db.commit()
+        self.set_status("idle")
+        self._emit(
+            TurnDone, id=row_id, turn_id=self.turn_id, timestamp=at, duration_seconds=duration, status=status
+        )

@@ -1,0 +1,172 @@
+"""All SQL lives here. Functions take a database session (`db`) and never commit: callers own transactions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import delete, func, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.models import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
+
+# --- chat sessions ---------------------------------------------------------------------------------
+
+
+async def get_session(db: AsyncSession, session_id: str) -> ChatSessionRow | None:
+    return await db.get(ChatSessionRow, session_id)
+
+
+async def list_sessions(
+    db: AsyncSession, *, limit: int, before: tuple[str, str] | None
+) -> Sequence[ChatSessionRow]:
+    """Newest first; `before` is the (created_at, id) of the last session of the previous page."""
+    query = select(ChatSessionRow).order_by(
+        col(ChatSessionRow.created_at).desc(), col(ChatSessionRow.id).desc()
+    )
+    if before is not None:
+        created_at, session_id = before
+        query = query.where(
+            (col(ChatSessionRow.created_at) < created_at)
+            | ((col(ChatSessionRow.created_at) == created_at) & (col(ChatSessionRow.id) < session_id))
+        )
+    return (await db.exec(query.limit(limit))).all()
+
+
+async def update_session(db: AsyncSession, session_id: str, values: dict[str, Any]) -> None:
+    await db.exec(update(ChatSessionRow).where(col(ChatSessionRow.id) == session_id).values(**values))
+
+
+async def add_usage(
+    db: AsyncSession, session_id: str, *, prompt: int, completion: int, window: int | None, at: str
+) -> tuple[int, int]:
+    """Adds one response's tokens; returns the session's (total_tokens, context_used)."""
+    row = await db.get(ChatSessionRow, session_id)
+    if row is None:
+        return (prompt + completion, prompt)
+    row.total_tokens += prompt + completion
+    row.context_used = prompt
+    row.context_window = window
+    row.updated_at = at
+    db.add(row)
+    return (row.total_tokens, row.context_used)
+
+
+async def delete_session(db: AsyncSession, session_id: str) -> bool:
+    result = await db.exec(delete(ChatSessionRow).where(col(ChatSessionRow.id) == session_id))
+    return bool(result.rowcount)
+
+
+# --- chat messages ---------------------------------------------------------------------------------
+
+
+async def insert_messages(db: AsyncSession, rows: Iterable[ChatMessageRow]) -> None:
+    for row in rows:
+        db.add(row)
+    await db.flush()
+
+
+async def update_message(db: AsyncSession, message_id: str, values: dict[str, Any]) -> None:
+    await db.exec(update(ChatMessageRow).where(col(ChatMessageRow.id) == message_id).values(**values))
+
+
+async def list_messages(
+    db: AsyncSession,
+    session_id: str,
+    *,
+    limit: int | None = None,
+    after_position: int | None = None,
+    before_position: int | None = None,
+) -> list[ChatMessageRow]:
+    """In history order. With `before_position`, the `limit` messages just before it (still in order)."""
+    query = select(ChatMessageRow).where(col(ChatMessageRow.session_id) == session_id)
+    if after_position is not None:
+        query = query.where(col(ChatMessageRow.position) > after_position)
+    if before_position is not None:
+        query = query.where(col(ChatMessageRow.position) < before_position)
+        query = query.order_by(col(ChatMessageRow.position).desc())
+        if limit is not None:
+            query = query.limit(limit)
+        return list(reversed((await db.exec(query)).all()))
+    query = query.order_by(col(ChatMessageRow.position))
+    if limit is not None:
+        query = query.limit(limit)
+    return list((await db.exec(query)).all())
+
+
+async def message_position(db: AsyncSession, session_id: str, message_id: str) -> int | None:
+    query = select(ChatMessageRow.position).where(
+        col(ChatMessageRow.session_id) == session_id, col(ChatMessageRow.id) == message_id
+    )
+    return (await db.exec(query)).first()
+
+
+async def open_turns(db: AsyncSession) -> list[ChatMessageRow]:
+    """turn_start rows with no turn_done: turns a crash left running."""
+    done = select(ChatMessageRow.turn_id).where(col(ChatMessageRow.type) == "turn_done")
+    query = (
+        select(ChatMessageRow)
+        .where(col(ChatMessageRow.type) == "turn_start", col(ChatMessageRow.turn_id).not_in(done))
+        .order_by(col(ChatMessageRow.position))
+    )
+    return list((await db.exec(query)).all())
+
+
+async def turn_messages(db: AsyncSession, turn_id: str) -> list[ChatMessageRow]:
+    query = (
+        select(ChatMessageRow)
+        .where(col(ChatMessageRow.turn_id) == turn_id)
+        .order_by(col(ChatMessageRow.position))
+    )
+    return list((await db.exec(query)).all())
+
+
+# --- messages waiting for a turn -------------------------------------------------------------------
+
+
+async def enqueue(db: AsyncSession, row: QueuedMessageRow) -> None:
+    db.add(row)
+    await db.flush()
+
+
+async def queued(db: AsyncSession, session_id: str) -> list[QueuedMessageRow]:
+    query = (
+        select(QueuedMessageRow)
+        .where(col(QueuedMessageRow.session_id) == session_id)
+        .order_by(col(QueuedMessageRow.position))
+    )
+    return list((await db.exec(query)).all())
+
+
+async def sessions_with_queue(db: AsyncSession) -> list[str]:
+    query = select(QueuedMessageRow.session_id).distinct()
+    return list((await db.exec(query)).all())
+
+
+async def dequeue(db: AsyncSession, message_ids: Sequence[str]) -> None:
+    await db.exec(delete(QueuedMessageRow).where(col(QueuedMessageRow.id).in_(message_ids)))
+
+
+# --- event log -------------------------------------------------------------------------------------
+
+
+async def last_event_seq(db: AsyncSession, session_id: str) -> int:
+    query = select(func.max(EventRow.seq)).where(col(EventRow.session_id) == session_id)
+    return int((await db.exec(query)).first() or 0)
+
+
+async def insert_events(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    # OR IGNORE: an event whose session was deleted meanwhile is dropped instead of failing the batch.
+    await db.exec(sqlite_insert(EventRow).prefix_with("OR IGNORE").values(list(rows)))
+
+
+async def events_after(db: AsyncSession, session_id: str, after: int, limit: int) -> list[EventRow]:
+    query = (
+        select(EventRow)
+        .where(col(EventRow.session_id) == session_id, col(EventRow.seq) > after)
+        .order_by(col(EventRow.seq))
+        .limit(limit)
+    )
+    return list((await db.exec(query)).all())

@@ -1,0 +1,167 @@
+"""REST request and response bodies, and the chat_messages shapes of seed 000 §2.2.1."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.events import AgentState, TurnStatus
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SessionCreate(_Strict):
+    model: str | None = Field(None, description="A model from GET /v1/models; the default model if omitted.")
+    title: str | None = Field(None, max_length=200)
+    system_prompt: str | None = Field(None, max_length=100_000)
+    tools: list[str] | None = Field(None, description="Tool names; all built-in tools if omitted.")
+
+
+class SessionUpdate(_Strict):
+    model: str | None = None
+    title: str | None = Field(None, max_length=200)
+    system_prompt: str | None = Field(None, max_length=100_000)
+
+
+class SessionOut(BaseModel):
+    id: str
+    title: str | None
+    model: str
+    system_prompt: str | None
+    tools: list[str]
+    status: str
+    agent_status: AgentState
+    running_turn_id: str | None
+    created_at: str
+    updated_at: str
+    total_tokens: int
+    context_used: int
+    context_window: int | None
+
+
+class SessionPage(BaseModel):
+    sessions: list[SessionOut]
+    next_cursor: str | None = Field(description="Pass as `cursor` to get the next page; null at the end.")
+
+
+class MessageCreate(_Strict):
+    content: str = Field(min_length=1, max_length=100_000)
+    sender: str = Field("User", min_length=1, max_length=100)
+
+
+class MessageAccepted(BaseModel):
+    id: str
+    session_id: str
+    content: str
+    sender: str
+    timestamp: str
+    turn_id: str | None = Field(description="The turn this message started; null while it waits its turn.")
+    queued: bool
+
+
+class CancelResult(BaseModel):
+    cancelled: bool
+    turn_id: str | None = None
+
+
+class ModelInfo(BaseModel):
+    model: str
+    provider: str | None
+    context_window: int | None
+    source: Literal["demo", "models_file", "default"]
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+    default_model: str
+
+
+# chat_messages, exactly as seed 000 §2.2.1 shows them (snake_case), one model per kind.
+
+
+class TurnStartMessage(BaseModel):
+    id: str
+    type: Literal["turn_start"] = "turn_start"
+    turn_id: str
+    timestamp: str
+
+
+class UserTextMessage(BaseModel):
+    id: str
+    type: Literal["text"] = "text"
+    role: Literal["user"] = "user"
+    content: str
+    timestamp: str
+    sender: str
+
+
+class AssistantTextMessage(BaseModel):
+    id: str
+    type: Literal["text"] = "text"
+    role: Literal["assistant"] = "assistant"
+    content: str
+    timestamp: str
+    duration_ms: int | None
+    model: str
+    interrupted: bool = Field(False, description="True when a stop cut this text short.")
+
+
+class ToolGroupMessage(BaseModel):
+    id: str
+    type: Literal["tool_group"] = "tool_group"
+    role: Literal["assistant"] = "assistant"
+    tool_call_id: str
+    tool_name: str
+    arguments: Any
+    result: str | None = Field(description="Null while the tool runs.")
+    is_error: bool | None
+    timestamp: str
+    duration_ms: int | None
+    model: str
+
+
+class TurnDoneMessage(BaseModel):
+    id: str
+    type: Literal["turn_done"] = "turn_done"
+    turn_id: str
+    timestamp: str
+    duration_seconds: float
+    status: TurnStatus
+
+
+class ErrorMessage(BaseModel):
+    id: str
+    type: Literal["error"] = "error"
+    role: Literal["assistant"] = "assistant"
+    content: str
+    code: str
+    timestamp: str
+    model: str | None
+
+
+ChatMessage = (
+    TurnStartMessage
+    | UserTextMessage
+    | AssistantTextMessage
+    | ToolGroupMessage
+    | TurnDoneMessage
+    | ErrorMessage
+)
+
+
+class MessagePage(BaseModel):
+    chat_messages: list[ChatMessage]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null at the end.")
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

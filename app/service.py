@@ -1,0 +1,292 @@
+"""Use cases behind the routes: sessions, messages, history, stop. SQL stays in repository."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app import repository
+from app.broker import Broker
+from app.clock import new_session_id, now_iso
+from app.db import Database
+from app.errors import ApiError, NotFound
+from app.llm.layer import ModelLayer
+from app.models import ChatMessageRow, ChatSessionRow
+from app.runner import Runner
+from app.schemas import (
+    AssistantTextMessage,
+    CancelResult,
+    ChatMessage,
+    ErrorMessage,
+    MessageAccepted,
+    MessagePage,
+    ModelInfo,
+    ModelList,
+    SessionCreate,
+    SessionOut,
+    SessionPage,
+    SessionUpdate,
+    ToolGroupMessage,
+    TurnDoneMessage,
+    TurnStartMessage,
+    UserTextMessage,
+)
+from app.settings import DEMO_MODEL, Settings
+from app.tools.registry import ToolRegistry
+from app.writer import WriteBehind
+
+
+class UnknownModel(ApiError):
+    code = "unknown_model"
+
+
+class UnknownTool(ApiError):
+    code = "unknown_tool"
+
+
+class InvalidCursor(ApiError):
+    code = "invalid_cursor"
+
+
+class ChatService:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        runner: Runner,
+        models: ModelLayer,
+        tools: ToolRegistry,
+        broker: Broker,
+        writer: WriteBehind,
+    ) -> None:
+        self._settings = settings
+        self._db = db
+        self._runner = runner
+        self._models = models
+        self._tools = tools
+        self._broker = broker
+        self._writer = writer
+
+    # --- sessions ------------------------------------------------------------------------------------
+
+    async def _check_model(self, model: str) -> int | None:
+        if not await self._models.is_known(model):
+            raise UnknownModel(
+                f"Unknown model {model!r}. GET /v1/models lists the configured models.",
+                details={"model": model},
+            )
+        return await self._models.context_window(model)
+
+    def _check_tools(self, names: list[str]) -> None:
+        unknown = [n for n in names if self._tools.get(n) is None]
+        if unknown:
+            raise UnknownTool(
+                f"Unknown tool(s): {', '.join(unknown)}. Available: {', '.join(self._tools.names())}.",
+                details={"unknown": unknown, "available": self._tools.names()},
+            )
+
+    async def create_session(self, body: SessionCreate) -> SessionOut:
+        model = body.model or self._settings.default_model
+        window = await self._check_model(model)
+        tools = list(dict.fromkeys(body.tools)) if body.tools is not None else self._tools.names()
+        self._check_tools(tools)
+        at = now_iso()
+        row = ChatSessionRow(
+            id=new_session_id(),
+            title=body.title,
+            model=model,
+            system_prompt=body.system_prompt,
+            tools=tools,
+            created_at=at,
+            updated_at=at,
+            context_window=window,
+        )
+        async with self._db.session() as db:
+            db.add(row)
+            await db.commit()
+        return self._out(row)
+
+    async def get_row(self, session_id: str) -> ChatSessionRow:
+        async with self._db.session() as db:
+            row = await repository.get_session(db, session_id)
+        if row is None:
+            raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id})
+        return row
+
+    async def get_session(self, session_id: str) -> SessionOut:
+        return self._out(await self.get_row(session_id))
+
+    async def list_sessions(self, limit: int, cursor: str | None) -> SessionPage:
+        before = _decode_cursor(cursor) if cursor else None
+        async with self._db.session() as db:
+            rows = await repository.list_sessions(db, limit=limit + 1, before=before)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_cursor = _encode_cursor(rows[-1].created_at, rows[-1].id) if more and rows else None
+        return SessionPage(sessions=[self._out(r) for r in rows], next_cursor=next_cursor)
+
+    async def update_session(self, session_id: str, body: SessionUpdate) -> SessionOut:
+        await self.get_row(session_id)
+        values = body.model_dump(exclude_unset=True)
+        if "model" in values:
+            if values["model"] is None:
+                raise ApiError("model cannot be null.", code="validation_error")
+            values["context_window"] = await self._check_model(values["model"])
+        if values:
+            values["updated_at"] = now_iso()
+            async with self._db.session() as db:
+                await repository.update_session(db, session_id, values)
+                await db.commit()
+        return await self.get_session(session_id)
+
+    async def delete_session(self, session_id: str) -> None:
+        await self.get_row(session_id)
+        await self._runner.cancel(session_id)
+        self._writer.forget_session(session_id)
+        async with self._db.session() as db:
+            await repository.delete_session(db, session_id)
+            await db.commit()
+        self._runner.forget(session_id)
+        self._broker.drop(session_id)
+
+    def _out(self, row: ChatSessionRow) -> SessionOut:
+        live = self._runner.live(row.id)
+        return SessionOut(
+            id=row.id,
+            title=row.title,
+            model=row.model,
+            system_prompt=row.system_prompt,
+            tools=list(row.tools),
+            status=row.status,
+            agent_status=live.agent_status,
+            running_turn_id=live.turn_id,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            total_tokens=row.total_tokens,
+            context_used=row.context_used,
+            context_window=row.context_window,
+        )
+
+    # --- messages ------------------------------------------------------------------------------------
+
+    async def post_message(self, session_id: str, content: str, sender: str) -> MessageAccepted:
+        session = await self.get_row(session_id)
+        return await self._runner.post(session, content, sender)
+
+    async def cancel(self, session_id: str) -> CancelResult:
+        await self.get_row(session_id)
+        return await self._runner.cancel(session_id)
+
+    async def history(
+        self, session_id: str, *, limit: int, after: str | None, before: str | None
+    ) -> MessagePage:
+        await self.get_row(session_id)
+        async with self._db.session() as db:
+            after_pos = await self._position(db, session_id, after) if after else None
+            before_pos = await self._position(db, session_id, before) if before else None
+            rows = await repository.list_messages(
+                db, session_id, limit=limit + 1, after_position=after_pos, before_position=before_pos
+            )
+        if before_pos is not None:
+            more = len(rows) > limit
+            rows = rows[-limit:] if more else rows
+            next_cursor = rows[0].id if more and rows else None
+        else:
+            more = len(rows) > limit
+            rows = rows[:limit]
+            next_cursor = rows[-1].id if more and rows else None
+        return MessagePage(chat_messages=[to_chat_message(r) for r in rows], next_cursor=next_cursor)
+
+    @staticmethod
+    async def _position(db: AsyncSession, session_id: str, message_id: str) -> int:
+        position = await repository.message_position(db, session_id, message_id)
+        if position is None:
+            raise InvalidCursor(f"No message {message_id!r} in this session.", details={"cursor": message_id})
+        return position
+
+    # --- models --------------------------------------------------------------------------------------
+
+    async def list_models(self) -> ModelList:
+        infos = []
+        for name in self._models.model_names():
+            configured = self._models.catalog.get(name)
+            infos.append(
+                ModelInfo(
+                    model=name,
+                    provider=configured.provider
+                    if configured
+                    else ("parley" if name == DEMO_MODEL else None),
+                    context_window=await self._models.context_window(name),
+                    source="models_file" if configured else "demo",
+                )
+            )
+        default = self._settings.default_model
+        if default not in self._models.model_names():
+            infos.append(
+                ModelInfo(
+                    model=default,
+                    provider=None,
+                    context_window=await self._models.context_window(default),
+                    source="default",
+                )
+            )
+        return ModelList(models=infos, default_model=default)
+
+
+def to_chat_message(row: ChatMessageRow) -> ChatMessage:
+    if row.type == "turn_start":
+        return TurnStartMessage(id=row.id, turn_id=row.turn_id, timestamp=row.timestamp)
+    if row.type == "turn_done":
+        return TurnDoneMessage(
+            id=row.id,
+            turn_id=row.turn_id,
+            timestamp=row.timestamp,
+            duration_seconds=row.duration_seconds or 0.0,
+            status=row.status or "completed",
+        )
+    if row.type == "tool_group":
+        return ToolGroupMessage(
+            id=row.id,
+            tool_call_id=row.tool_call_id or "",
+            tool_name=row.tool_name or "",
+            arguments=row.arguments,
+            result=row.result,
+            is_error=row.is_error,
+            timestamp=row.timestamp,
+            duration_ms=row.duration_ms,
+            model=row.model or "",
+        )
+    if row.type == "error":
+        return ErrorMessage(
+            id=row.id,
+            content=row.content or "",
+            code=row.code or "error",
+            timestamp=row.timestamp,
+            model=row.model,
+        )
+    if row.role == "user":
+        return UserTextMessage(
+            id=row.id, content=row.content or "", timestamp=row.timestamp, sender=row.sender or "User"
+        )
+    return AssistantTextMessage(
+        id=row.id,
+        content=row.content or "",
+        timestamp=row.timestamp,
+        duration_ms=row.duration_ms,
+        model=row.model or "",
+        interrupted=bool(row.interrupted),
+    )
+
+
+def _encode_cursor(created_at: str, session_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{created_at}|{session_id}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        created_at, session_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidCursor("The cursor is not valid.", details={"cursor": cursor}) from exc
+    return created_at, session_id

@@ -1,0 +1,34 @@
+"""Shared fixtures: a migrated SQLite file per test and a real server on a real socket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.settings import Settings
+from tests.support.server import LiveServer, live_server, migrate
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> str:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'parley.db'}"
+    migrate(url)
+    return url
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url, demo_token_delay=0.0, provider_retry_backoff=0.01)
+
+
+@pytest.fixture
+def server(settings: Settings) -> Iterator[LiveServer]:
+    with live_server(settings) as running:
+        yield running
