@@ -80,11 +80,9 @@ class EventRow(SQLModel, table=True):
 
     __tablename__ = "events"
 
-    session_id: str = Field(
-        sa_column=Column(
-            String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), primary_key=True, nullable=False
-        )
-    )
+    # No foreign key: the log is written behind, and a batch must never fail because its session was
+    # deleted meanwhile; deleting a session deletes its events explicitly.
+    session_id: str = Field(primary_key=True, max_length=40)
     seq: int = Field(primary_key=True)
     type: str
     data: str

@@ -55,6 +55,7 @@ async def add_usage(
 
 
 async def delete_session(db: AsyncSession, session_id: str) -> bool:
+    await db.exec(delete(EventRow).where(col(EventRow.session_id) == session_id))
     result = await db.exec(delete(ChatSessionRow).where(col(ChatSessionRow.id) == session_id))
     return bool(result.rowcount)
 
@@ -158,7 +159,7 @@ async def last_event_seq(db: AsyncSession, session_id: str) -> int:
 
 
 async def insert_events(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
-    # OR IGNORE: an event whose session was deleted meanwhile is dropped instead of failing the batch.
+    # OR IGNORE: a batch retried after a failed commit must not fail on the events it already wrote.
     await db.exec(sqlite_insert(EventRow).prefix_with("OR IGNORE").values(list(rows)))
 
 

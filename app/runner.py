@@ -29,6 +29,10 @@ from app.writer import WriteBehind
 log = logging.getLogger(__name__)
 
 
+class SessionClosed(LookupError):
+    """The session is being deleted."""
+
+
 @dataclass
 class _Pending:
     id: str
@@ -45,6 +49,8 @@ class SessionState:
     recorder: TurnRecorder | None = None
     waiting: int = 0
     cancelling: bool = False
+    # Set when the session is being deleted: nothing more may start.
+    closed: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -86,6 +92,8 @@ class Runner:
         if self._closing:
             raise RuntimeError("shutting down")
         state = self.state(session.id)
+        if state.closed:
+            raise SessionClosed(session.id)
         pending = _Pending(new_message_id(), content, sender, now_iso())
         async with state.lock:
             if state.task is None:
@@ -241,7 +249,7 @@ class Runner:
         async with state.lock:
             state.task = None
             state.recorder = None
-            if not self._closing:
+            if not self._closing and not state.closed:
                 async with self._db.session() as db:
                     session = await repository.get_session(db, session_id)
                     waiting = await repository.queued(db, session_id) if session is not None else []
@@ -283,6 +291,11 @@ class Runner:
         if session is not None and waiting:
             pending = [_Pending(w.id, w.content, w.sender, w.timestamp) for w in waiting]
             await self._begin(session, state, pending, queued_ids=[w.id for w in waiting])
+
+    async def close_session(self, session_id: str) -> None:
+        """Before a delete: stop the turn and start nothing after it."""
+        self.state(session_id).closed = True
+        await self.cancel(session_id)
 
     def forget(self, session_id: str) -> None:
         self._states.pop(session_id, None)

@@ -14,7 +14,7 @@ from app.db import Database
 from app.errors import ApiError, NotFound
 from app.llm.layer import ModelLayer
 from app.models import ChatMessageRow, ChatSessionRow
-from app.runner import Runner
+from app.runner import Runner, SessionClosed
 from app.schemas import (
     AssistantTextMessage,
     CancelResult,
@@ -143,7 +143,7 @@ class ChatService:
 
     async def delete_session(self, session_id: str) -> None:
         await self.get_row(session_id)
-        await self._runner.cancel(session_id)
+        await self._runner.close_session(session_id)
         self._writer.forget_session(session_id)
         async with self._db.session() as db:
             await repository.delete_session(db, session_id)
@@ -173,7 +173,10 @@ class ChatService:
 
     async def post_message(self, session_id: str, content: str, sender: str) -> MessageAccepted:
         session = await self.get_row(session_id)
-        return await self._runner.post(session, content, sender)
+        try:
+            return await self._runner.post(session, content, sender)
+        except SessionClosed as exc:
+            raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id}) from exc
 
     async def cancel(self, session_id: str) -> CancelResult:
         await self.get_row(session_id)
