@@ -31,12 +31,16 @@ async def test_message_posted_while_busy_waits_for_the_next_turn(paced: LiveServ
     async with httpx.AsyncClient(base_url=paced.base_url, timeout=30) as client:
         sid = await _session(client)
         async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
-            first = (await client.post(f"/v1/sessions/{sid}/messages", json={"content": "[long] tell me"})).json()
+            first = (
+                await client.post(f"/v1/sessions/{sid}/messages", json={"content": "[long] tell me"})
+            ).json()
             await reader.wait_type("text_delta")
             busy = (await client.get(f"/v1/sessions/{sid}")).json()
             assert busy["agent_status"] == "thinking"
             assert busy["running_turn_id"] == first["turn_id"]
-            second = await client.post(f"/v1/sessions/{sid}/messages", json={"content": "and then?", "sender": "Ann"})
+            second = await client.post(
+                f"/v1/sessions/{sid}/messages", json={"content": "and then?", "sender": "Ann"}
+            )
             assert second.status_code == 202
             waiting = second.json()
             assert waiting["queued"] is True
@@ -100,7 +104,9 @@ async def test_history_and_sequence_survive_a_restart(settings: Settings) -> Non
         async with httpx.AsyncClient(base_url=first.base_url, timeout=30) as client:
             sid = await _session(client)
             async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
-                await client.post(f"/v1/sessions/{sid}/messages", json={"content": "what time is it? and 2+3*4"})
+                await client.post(
+                    f"/v1/sessions/{sid}/messages", json={"content": "what time is it? and 2+3*4"}
+                )
                 await reader.wait_type("turn_done")
             before = (await client.get(f"/v1/sessions/{sid}/messages")).content
             last_seq = int(reader.events[-1].id)

@@ -88,7 +88,12 @@ async def test_refused_creations_store_nothing(server: LiveServer, body: dict[st
 async def test_refused_messages_store_nothing(server: LiveServer) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         sid = (await client.post("/v1/sessions", json={})).json()["id"]
-        for body in ({"content": ""}, {"content": "x" * 100_001}, {"text": "hi"}, {"content": "hi", "extra": 1}):
+        for body in (
+            {"content": ""},
+            {"content": "x" * 100_001},
+            {"text": "hi"},
+            {"content": "hi", "extra": 1},
+        ):
             response = await client.post(f"/v1/sessions/{sid}/messages", json=body)
             assert response.status_code == 422, body
             assert response.json()["error"]["details"]
