@@ -39,7 +39,9 @@ class LiteLLMAdapter:
             kwargs["tools"] = list(request.tools)
         if request.model.api_base:
             kwargs["api_base"] = request.model.api_base
-        if request.model.api_key:
+            # Local servers (vLLM, Ollama) take no key, but the openai client refuses to send none.
+            kwargs["api_key"] = request.model.api_key or "no-key"
+        elif request.model.api_key:
             kwargs["api_key"] = request.model.api_key
         try:
             response = await self._litellm.acompletion(**kwargs)
@@ -126,6 +128,12 @@ def map_error(litellm: ModuleType, exc: Exception, *, streamed: bool) -> Provide
         if cls is not None and isinstance(exc, cls):
             return ProviderError(code, message, status=status, retryable=retryable)
     text = str(exc)
+    if "Missing credentials" in text or "api_key client option must be set" in text:
+        return ProviderError(
+            "provider_auth_missing",
+            "No API key is configured for this model's provider: set it in the server's environment.",
+            status=status,
+        )
     if "Connection error" in text or "Connect" in type(exc).__name__:
         return ProviderError(
             "provider_unreachable", "The model provider could not be reached.", status=status, retryable=True

@@ -1,0 +1,221 @@
+"""The real LiteLLM path against a fake OpenAI-compatible upstream over HTTP, configured by a models file.
+
+Covers text with usage, fragmented parallel tool calls, provider errors (with retries only before any
+output), a stream cut mid-way, and a model calling a tool that does not exist. Every request the
+upstream receives is checked against the strict (Anthropic-like) history rules.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.settings import Settings
+from tests.fakes.upstream import FakeUpstream, Script, validate_history
+from tests.support.server import LiveServer, free_port, live_server
+from tests.support.sse import EventReader
+
+pytestmark = pytest.mark.anyio
+
+MODEL = "openai/fake-model"
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeUpstream]:
+    with FakeUpstream(api_key="sk-test") as running:
+        yield running
+
+
+def _models_file(tmp_path: Path, api_base: str) -> Path:
+    path = tmp_path / "models.json"
+    path.write_text(
+        json.dumps(
+            {
+                "providers": {
+                    "fake": {
+                        "api_base": api_base,
+                        "api_key_env": "PARLEY_TEST_FAKE_KEY",
+                        "context_window": 200_000,
+                        "models": {MODEL: {"context_window": 1000}, "openai/unreachable": {}},
+                    },
+                    "down": {"api_base": f"http://127.0.0.1:{free_port()}/v1", "models": ["openai/down"]},
+                }
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def server(
+    settings: Settings, upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LiveServer]:
+    monkeypatch.setenv("PARLEY_TEST_FAKE_KEY", "sk-test")
+    configured = settings.model_copy(
+        update={"models_file": _models_file(tmp_path, upstream.base_url), "default_model": MODEL}
+    )
+    with live_server(configured) as running:
+        yield running
+
+
+async def _turn(server: LiveServer, content: str, *, model: str | None = None) -> tuple[str, EventReader]:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        created = await client.post("/v1/sessions", json={"model": model} if model else {})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+            assert (
+                await client.post(f"/v1/sessions/{sid}/messages", json={"content": content})
+            ).status_code == 202
+            await reader.wait_type("turn_done")
+        return sid, reader
+
+
+async def _history(server: LiveServer, sid: str) -> list[dict[str, object]]:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        messages: list[dict[str, object]] = (await client.get(f"/v1/sessions/{sid}/messages")).json()[
+            "chat_messages"
+        ]
+        return messages
+
+
+def _assert_strictly_valid(upstream: FakeUpstream) -> None:
+    for request in upstream.requests:
+        assert validate_history(request.body["messages"]) == [], request.body["messages"]
+
+
+async def test_text_with_usage_and_the_configured_window(server: LiveServer, upstream: FakeUpstream) -> None:
+    upstream.enqueue(Script.text("Hello from the fake upstream.", chunks=4, usage=(100, 7)))
+    _, reader = await _turn(server, "hi")
+    assert "".join(d["text"] for d in reader.of_type("text_delta")) == "Hello from the fake upstream."
+    done = reader.of_type("response_done")[0]
+    assert done["response"]["usage"] == {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}
+    assert done["response"]["finish_reason"] == "stop"
+    usage = reader.of_type("token_usage")[0]
+    assert (usage["context_used"], usage["context_window"], usage["context_percent"]) == (100, 1000, 10.0)
+    assert usage["model"] == MODEL
+    [request] = upstream.requests
+    assert request.headers["authorization"] == "Bearer sk-test"
+    assert request.body["stream_options"] == {"include_usage": True}
+    assert request.body["messages"] == [{"role": "user", "content": "hi"}]
+
+
+async def test_fragmented_parallel_tool_calls_then_answer(server: LiveServer, upstream: FakeUpstream) -> None:
+    upstream.enqueue(
+        Script.tool_calls(
+            [
+                ("call_a", "current_time", '{"timezone": "UTC"}'),
+                ("call_b", "calculate", '{"expression": "6*7"}'),
+            ],
+            fragments=4,
+            text_before="Checking.",
+        ),
+        Script.text("It is late and the answer is 42."),
+    )
+    sid, reader = await _turn(server, "time and 6*7?")
+    starts = reader.of_type("tool_exec_start")
+    assert [s["tool_call"] for s in starts] == [
+        {"id": "call_a", "name": "current_time", "arguments": {"timezone": "UTC"}},
+        {"id": "call_b", "name": "calculate", "arguments": {"expression": "6*7"}},
+    ]
+    ends = {e["tool_result"]["tool_call_id"]: e["tool_result"] for e in reader.of_type("tool_exec_end")}
+    assert ends["call_b"] == {"tool_call_id": "call_b", "content": "42", "is_error": False}
+    assert ends["call_a"]["is_error"] is False
+    second = upstream.requests[1].body["messages"]
+    assert second[1]["role"] == "assistant"
+    assert [c["id"] for c in second[1]["tool_calls"]] == ["call_a", "call_b"]
+    assert [(m["role"], m["tool_call_id"]) for m in second[2:]] == [("tool", "call_a"), ("tool", "call_b")]
+    assert second[3]["content"] == "42"
+    _assert_strictly_valid(upstream)
+    kinds = [m["type"] for m in await _history(server, sid)]
+    assert kinds == ["turn_start", "text", "text", "tool_group", "tool_group", "text", "turn_done"]
+
+
+async def test_unknown_tool_is_an_error_result_not_a_crash(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    upstream.enqueue(Script.tool_calls([("call_x", "launch_rockets", "{}")]), Script.text("Sorry."))
+    _, reader = await _turn(server, "launch")
+    result = reader.of_type("tool_exec_end")[0]["tool_result"]
+    assert result["is_error"] is True
+    assert "Unknown tool 'launch_rockets'" in result["content"]
+    assert reader.of_type("turn_done")[0]["status"] == "completed"
+    assert upstream.requests[1].body["messages"][-1]["content"] == result["content"]
+
+
+@pytest.mark.parametrize(
+    ("script", "code", "requests"),
+    [
+        (Script.error(401), "provider_auth_failed", 1),
+        (Script.context_length_exceeded(), "context_window_exceeded", 1),
+        (Script.error(400), "provider_bad_request", 1),
+        (Script.error(500), "provider_error", 3),
+        (Script.error(429), "provider_rate_limited", 3),
+    ],
+)
+async def test_provider_errors_fail_the_turn_cleanly(
+    server: LiveServer, upstream: FakeUpstream, script: Script, code: str, requests: int
+) -> None:
+    upstream.enqueue(*([script] * requests))
+    sid, reader = await _turn(server, "hi")
+    assert len(upstream.requests) == requests
+    error = reader.of_type("error")[0]
+    assert error["code"] == code
+    assert error["model"] == MODEL
+    assert "Traceback" not in error["message"]
+    types = [e.event for e in reader.events]
+    assert types[-3:] == ["error", "agent_status", "turn_done"]
+    assert reader.of_type("turn_done")[0]["status"] == "failed"
+    history = await _history(server, sid)
+    assert [m["type"] for m in history] == ["turn_start", "text", "error", "turn_done"]
+    assert history[2]["content"] == error["message"]
+    assert history[2]["code"] == code
+
+    upstream.enqueue(Script.text("Back to normal."))
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as again:
+            await client.post(f"/v1/sessions/{sid}/messages", json={"content": "again"})
+            await again.wait_type("turn_done")
+    assert again.of_type("turn_done")[0]["status"] == "completed"
+
+
+async def test_retry_before_output_recovers(server: LiveServer, upstream: FakeUpstream) -> None:
+    upstream.enqueue(Script.error(503), Script.text("Recovered."))
+    _, reader = await _turn(server, "hi")
+    assert len(upstream.requests) == 2
+    assert reader.of_type("error") == []
+    assert "".join(d["text"] for d in reader.of_type("text_delta")) == "Recovered."
+
+
+async def test_stream_cut_midway_keeps_partial_text_and_is_not_retried(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    upstream.enqueue(Script.cut("one two three four five six", after=3, chunks=6))
+    sid, reader = await _turn(server, "hi")
+    assert len(upstream.requests) == 1
+    assert reader.of_type("error")[0]["code"] == "provider_stream_interrupted"
+    assert reader.of_type("turn_done")[0]["status"] == "failed"
+    streamed = "".join(d["text"] for d in reader.of_type("text_delta"))
+    history = await _history(server, sid)
+    partial = next(m for m in history if m["type"] == "text" and m["role"] == "assistant")
+    assert partial["content"] == streamed
+    assert partial["interrupted"] is True
+
+    upstream.enqueue(Script.text("Fine now."))
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as again:
+            await client.post(f"/v1/sessions/{sid}/messages", json={"content": "again"})
+            await again.wait_type("turn_done")
+    seen = upstream.requests[-1].body["messages"]
+    assert seen[1] == {"role": "assistant", "content": f"{streamed}\n\n[interrupted]"}
+    _assert_strictly_valid(upstream)
+
+
+async def test_unreachable_provider(server: LiveServer) -> None:
+    _, reader = await _turn(server, "hi", model="openai/down")
+    assert reader.of_type("error")[0]["code"] == "provider_unreachable"
+    assert reader.of_type("turn_done")[0]["status"] == "failed"
