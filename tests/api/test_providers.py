@@ -62,17 +62,24 @@ def server(
         yield running
 
 
+async def _post(server: LiveServer, sid: str, content: str) -> EventReader:
+    """Posts a message and reads the session's events until that turn is done."""
+    async with (
+        httpx.AsyncClient(base_url=server.base_url, timeout=30) as client,
+        EventReader(client, f"/v1/sessions/{sid}/events") as reader,
+    ):
+        posted = await client.post(f"/v1/sessions/{sid}/messages", json={"content": content})
+        assert posted.status_code == 202
+        await reader.wait_type("turn_done")
+    return reader
+
+
 async def _turn(server: LiveServer, content: str, *, model: str | None = None) -> tuple[str, EventReader]:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         created = await client.post("/v1/sessions", json={"model": model} if model else {})
         assert created.status_code == 201, created.text
-        sid = created.json()["id"]
-        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
-            assert (
-                await client.post(f"/v1/sessions/{sid}/messages", json={"content": content})
-            ).status_code == 202
-            await reader.wait_type("turn_done")
-        return sid, reader
+        sid = str(created.json()["id"])
+    return sid, await _post(server, sid, content)
 
 
 async def _history(server: LiveServer, sid: str) -> list[dict[str, object]]:
@@ -176,10 +183,7 @@ async def test_provider_errors_fail_the_turn_cleanly(
     assert history[2]["code"] == code
 
     upstream.enqueue(Script.text("Back to normal."))
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
-        async with EventReader(client, f"/v1/sessions/{sid}/events") as again:
-            await client.post(f"/v1/sessions/{sid}/messages", json={"content": "again"})
-            await again.wait_type("turn_done")
+    again = await _post(server, sid, "again")
     assert again.of_type("turn_done")[0]["status"] == "completed"
 
 
@@ -206,10 +210,7 @@ async def test_stream_cut_midway_keeps_partial_text_and_is_not_retried(
     assert partial["interrupted"] is True
 
     upstream.enqueue(Script.text("Fine now."))
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
-        async with EventReader(client, f"/v1/sessions/{sid}/events") as again:
-            await client.post(f"/v1/sessions/{sid}/messages", json={"content": "again"})
-            await again.wait_type("turn_done")
+    await _post(server, sid, "again")
     seen = upstream.requests[-1].body["messages"]
     assert seen[1] == {"role": "assistant", "content": f"{streamed}\n\n[interrupted]"}
     _assert_strictly_valid(upstream)
