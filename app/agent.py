@@ -37,13 +37,14 @@ class CallRequest:
 
     @property
     def arguments(self) -> Any:
-        """Parsed JSON when the model sent valid JSON, else its raw text (shown as the model wrote it)."""
+        """The JSON object the model sent, else its raw text, so the history repeats it as written."""
         if not self.arguments_text.strip():
             return {}
         try:
-            return json.loads(self.arguments_text)
+            parsed = json.loads(self.arguments_text)
         except ValueError:
             return self.arguments_text
+        return parsed if isinstance(parsed, dict) else self.arguments_text
 
 
 @dataclass(frozen=True, slots=True)

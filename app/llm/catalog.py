@@ -27,6 +27,9 @@ class ProviderEntry(BaseModel):
 
     def entries(self) -> dict[str, ModelEntry]:
         if isinstance(self.models, list):
+            repeated = sorted({name for name in self.models if self.models.count(name) > 1})
+            if repeated:
+                raise ModelsFileError(f"model {repeated[0]!r} is listed twice")
             return {name: ModelEntry() for name in self.models}
         return dict(self.models)
 
@@ -67,7 +70,11 @@ class Catalog:
             raise ModelsFileError(f"cannot use models file {path}: {exc}") from exc
         models: dict[str, ConfiguredModel] = {}
         for provider_name, provider in parsed.providers.items():
-            for model_name, entry in provider.entries().items():
+            try:
+                entries = provider.entries()
+            except ModelsFileError as exc:
+                raise ModelsFileError(f"models file {path}: {exc}") from exc
+            for model_name, entry in entries.items():
                 if model_name in models:
                     raise ModelsFileError(f"models file {path}: model {model_name!r} is listed twice")
                 models[model_name] = ConfiguredModel(

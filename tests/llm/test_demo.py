@@ -1,0 +1,273 @@
+"""The demo model, driven through the real `litellm.acompletion` path (no network, no API key)."""
+
+from __future__ import annotations
+
+import os
+
+# Before importing litellm: no cost-map download at import, no HF tokenizer download.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import litellm
+import pytest
+from litellm.types.utils import GenericStreamingChunk
+
+from app.llm.demo import DEMO_CONTEXT_WINDOW, DEMO_MODEL, DemoChunk, register_demo
+
+litellm.suppress_debug_info = True
+
+# litellm installs these "ignore" filters at import, but pytest's filterwarnings=error replaces the filter
+# list for each test, so pydantic's lazy schema build inside litellm would fail the first call.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*`ReadOnly` qualifier"),
+    pytest.mark.filterwarnings("ignore:.*conflict with protected namespace"),
+    pytest.mark.filterwarnings("ignore:.*Accessing the.*attribute on the instance is deprecated"),
+    pytest.mark.filterwarnings("ignore:Pydantic serializer warnings"),
+]
+
+Message = dict[str, object]
+
+
+def _tool(name: str) -> dict[str, object]:
+    params = {"type": "object", "properties": {"x": {"type": "string"}}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": f"The {name} tool.", "parameters": params},
+    }
+
+
+TOOLS = [_tool("current_time"), _tool("calculate")]
+
+
+@dataclass
+class Reply:
+    text: str = ""
+    calls: dict[int, list[str]] = field(default_factory=dict)  # index -> [id, name, arguments]
+    fragments: int = 0
+    finish: str | None = None
+    usage: tuple[int, int, int] | None = None
+    usage_on_last_chunk: bool = False
+
+
+@pytest.fixture(autouse=True)
+def _demo() -> Iterator[None]:
+    register_demo(token_delay=0)
+    yield
+    register_demo(token_delay=0)
+
+
+async def _stream(messages: list[Message], tools: list[dict[str, object]] | None = TOOLS) -> Reply:
+    stream = await litellm.acompletion(
+        model=DEMO_MODEL,
+        messages=messages,
+        tools=tools,
+        stream=True,
+        stream_options={"include_usage": True},
+        max_retries=0,
+    )
+    reply = Reply()
+    try:
+        async for chunk in stream:
+            usage = getattr(chunk, "usage", None)
+            reply.usage_on_last_chunk = usage is not None
+            if usage is not None:
+                reply.usage = (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            reply.text += delta.content or ""
+            for call in delta.tool_calls or []:
+                reply.fragments += 1
+                entry = reply.calls.setdefault(call.index, [call.id, call.function.name, ""])
+                entry[2] += call.function.arguments or ""
+            reply.finish = chunk.choices[0].finish_reason or reply.finish
+    finally:
+        await stream.aclose()
+    return reply
+
+
+def run(messages: list[Message], tools: list[dict[str, object]] | None = TOOLS) -> Reply:
+    return asyncio.run(_stream(messages, tools))
+
+
+def user(text: str) -> list[Message]:
+    return [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": text}]
+
+
+def test_plain_reply_is_deterministic_with_usage() -> None:
+    first = run(user("Tell me something nice about Tuesdays."))
+    second = run(user("Tell me something nice about Tuesdays."))
+    assert first == second
+    assert first.text.startswith("You said: Tell me something nice about Tuesdays.")
+    assert 30 <= len(first.text.split()) <= 60
+    assert first.finish == "stop"
+    assert first.calls == {}
+    assert first.usage_on_last_chunk
+    assert first.usage is not None
+    prompt, completion, total = first.usage
+    assert prompt >= 1
+    assert completion == len(first.text.split())  # one streamed token per word
+    assert total == prompt + completion
+
+
+def test_time_question_streams_fragmented_tool_call() -> None:
+    reply = run(user("What time is it in Europe/Paris?"))
+    assert reply.finish == "tool_calls"
+    assert reply.text == "Let me check the clock."
+    assert list(reply.calls) == [0]
+    call_id, name, arguments = reply.calls[0]
+    assert call_id.startswith("call_")
+    assert name == "current_time"
+    assert json.loads(arguments) == {"timezone": "Europe/Paris"}
+    assert reply.fragments > 2  # header plus several argument pieces
+    assert run(user("What time is it in Europe/Paris?")).calls == reply.calls  # reproducible ids
+
+
+def test_time_defaults_to_utc() -> None:
+    reply = run(user("what DATE is it today"))
+    assert json.loads(reply.calls[0][2]) == {"timezone": "UTC"}
+
+
+def test_time_and_arithmetic_make_two_parallel_calls() -> None:
+    reply = run(user("What time is it, and what is 2 + 3 * 4?"))
+    assert reply.finish == "tool_calls"
+    assert [reply.calls[i][1] for i in (0, 1)] == ["current_time", "calculate"]
+    assert json.loads(reply.calls[1][2]) == {"expression": "2 + 3 * 4"}
+    assert reply.calls[0][0] != reply.calls[1][0]
+
+
+def test_calculate_keyword() -> None:
+    reply = run(user("Please calculate sqrt(16) + 1."), tools=[_tool("calculate")])
+    assert reply.calls[0][1:] == ["calculate", json.dumps({"expression": "sqrt(16) + 1"})]
+
+
+def test_answer_uses_tool_results() -> None:
+    messages = user("What time is it, and what is 2 + 3 * 4?")
+    messages.append(
+        {
+            "role": "assistant",
+            "content": "Let me check the clock.",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "current_time", "arguments": "{}"}},
+                {"id": "c2", "type": "function", "function": {"name": "calculate", "arguments": "{}"}},
+            ],
+        }
+    )
+    messages.append({"role": "tool", "tool_call_id": "c1", "content": "2026-11-22T02:30:00+00:00 (Sunday)"})
+    messages.append({"role": "tool", "tool_call_id": "c2", "content": "14"})
+    reply = run(messages)
+    assert reply.text == "The current time is 2026-11-22T02:30:00+00:00 (Sunday). The result is 14."
+    assert reply.finish == "stop"
+    assert reply.calls == {}
+
+
+def test_tool_error_is_echoed() -> None:
+    messages = user("[call:nope {}]")
+    messages.append(
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "nope"}}]}
+    )
+    messages.append({"role": "tool", "tool_call_id": "c1", "content": "Unknown tool 'nope'"})
+    assert run(messages).text == "The tool reported an error: Unknown tool 'nope'."
+
+
+def test_unoffered_tool_gets_plain_answer() -> None:
+    reply = run(user("What time is it?"), tools=[_tool("calculate")])
+    assert reply.finish == "stop"
+    assert reply.calls == {}
+    assert "no current_time tool" in reply.text
+
+
+def test_explicit_call_trigger_calls_unknown_tool() -> None:
+    reply = run(user('Try this: [call:nope {"a": [1, 2]}] please'))
+    assert reply.finish == "tool_calls"
+    assert reply.calls[0][1] == "nope"
+    assert json.loads(reply.calls[0][2]) == {"a": [1, 2]}
+
+
+def test_long_trigger() -> None:
+    reply = run(user("Go on [long]"))
+    assert 380 <= len(reply.text.split()) <= 420
+    assert reply.usage is not None
+    assert reply.usage[1] == 400
+
+
+def test_slow_trigger_paces_ten_times_slower() -> None:
+    register_demo(token_delay=0.001)
+    started = time.monotonic()
+    reply = run(user("Hello [slow]"))
+    assert time.monotonic() - started >= len(reply.text.split()) * 0.01
+
+
+def test_model_info_and_registration_is_idempotent() -> None:
+    info = litellm.get_model_info(DEMO_MODEL)
+    assert info["max_input_tokens"] == DEMO_CONTEXT_WINDOW == 32768
+    assert info["max_output_tokens"] == 4096
+    assert info["litellm_provider"] == "parley"
+    assert info["mode"] == "chat"
+    assert info["input_cost_per_token"] == 0
+    assert litellm.get_llm_provider(DEMO_MODEL)[:2] == ("demo", "parley")
+    other = {"provider": "someone-else", "custom_handler": litellm.CustomLLM()}
+    saved = list(litellm.custom_provider_map)
+    try:
+        litellm.custom_provider_map = [*saved, other]
+        register_demo(token_delay=0)
+        providers = [item["provider"] for item in litellm.custom_provider_map]
+        assert providers.count("parley") == 1
+        assert "someone-else" in providers
+    finally:
+        litellm.custom_provider_map = saved
+
+
+def test_chunk_mirror_matches_litellm() -> None:
+    assert set(DemoChunk.__annotations__) <= set(GenericStreamingChunk.__annotations__)
+
+
+def test_non_streaming_acompletion() -> None:
+    async def call() -> tuple[str, object, object, int]:
+        response = await litellm.acompletion(
+            model=DEMO_MODEL, messages=user("Please compute 6 * 7"), tools=TOOLS, max_retries=0
+        )
+        choice = response.choices[0]
+        call = choice.message.tool_calls[0]
+        return choice.finish_reason, call.function.name, call.function.arguments, response.usage.total_tokens
+
+    finish, name, arguments, total = asyncio.run(call())
+    assert (finish, name, arguments) == ("tool_calls", "calculate", '{"expression": "6 * 7"}')
+    assert total > 0
+
+
+def test_cancelling_paced_stream_is_prompt() -> None:
+    register_demo(token_delay=0.05)
+
+    async def scenario() -> tuple[int, float]:
+        stream = await litellm.acompletion(
+            model=DEMO_MODEL, messages=user("Hello"), stream=True, max_retries=0
+        )
+        received: list[object] = []
+        mid_way = asyncio.Event()
+
+        async def consume() -> None:
+            async for chunk in stream:
+                received.append(chunk)
+                if len(received) == 3:
+                    mid_way.set()
+
+        task = asyncio.create_task(consume())
+        await mid_way.wait()
+        started = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        elapsed = time.monotonic() - started
+        await stream.aclose()
+        return len(received), elapsed
+
+    received, elapsed = asyncio.run(scenario())
+    assert received < 10  # the reply has ~35 tokens: it was cut off mid-way
+    assert elapsed < 0.04  # faster than one token delay

@@ -1,0 +1,155 @@
+"""Alembic migrations against the tables in app.models, and the pragmas every app connection gets."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, inspect, text
+from sqlmodel import SQLModel
+
+import app.models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from app.db import BUSY_TIMEOUT_MS, Database
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSIONS = ROOT / "migrations" / "versions"
+FILE_NAME = re.compile(
+    r"(?P<y>\d{4})_(?P<m>\d{2})_(?P<d>\d{2})_(?P<rev>[0-9a-zA-Z]+)_(?P<slug>[a-z0-9_]+)\.py"
+)
+APP_TABLES = {"chat_sessions", "chat_messages", "queued_messages", "events"}
+
+
+@pytest.fixture
+def sync_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'migrations.db'}"
+
+
+@pytest.fixture
+def config(sync_url: str) -> Config:
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.attributes["url"] = sync_url
+    cfg.attributes["configure_logger"] = False
+    return cfg
+
+
+@pytest.fixture
+def engine(sync_url: str) -> Iterator[Engine]:
+    sync_engine = create_engine(sync_url)
+    yield sync_engine
+    sync_engine.dispose()
+
+
+def schema_diff(engine: Engine) -> list[object]:
+    with engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection, opts={"compare_type": True, "compare_server_default": True}
+        )
+        return list(compare_metadata(context, SQLModel.metadata))
+
+
+def tables(engine: Engine) -> set[str]:
+    return set(inspect(engine).get_table_names())
+
+
+def test_upgrade_head_builds_exactly_the_models(config: Config, engine: Engine) -> None:
+    command.upgrade(config, "head")
+    assert tables(engine) == APP_TABLES | {"alembic_version"}
+    assert schema_diff(engine) == []
+
+
+def test_an_empty_database_differs_from_the_models(engine: Engine) -> None:
+    # The comparison itself can fail: without migrations every table is missing.
+    diff = schema_diff(engine)
+    added = {op[1].name for op in diff if isinstance(op, tuple) and op[0] == "add_table"}
+    assert added == APP_TABLES
+
+
+def test_the_comparison_sees_a_missing_index(config: Config, engine: Engine) -> None:
+    command.upgrade(config, "head")
+    with engine.begin() as connection:
+        connection.execute(text("DROP INDEX ix_chat_messages_turn"))
+    diff = schema_diff(engine)
+    assert [(op[0], op[1].name) for op in diff if isinstance(op, tuple)] == [
+        ("add_index", "ix_chat_messages_turn")
+    ]
+
+
+def test_downgrade_to_base_then_upgrade_again(config: Config, engine: Engine) -> None:
+    command.upgrade(config, "head")
+    command.downgrade(config, "base")
+    assert tables(engine) <= {"alembic_version"}
+    with engine.connect() as connection:
+        assert MigrationContext.configure(connection).get_current_revision() is None
+    command.upgrade(config, "head")
+    assert schema_diff(engine) == []
+    head = ScriptDirectory.from_config(config).get_current_head()
+    with engine.connect() as connection:
+        assert MigrationContext.configure(connection).get_current_revision() == head
+
+
+def test_migrations_form_one_line_with_one_head(config: Config) -> None:
+    scripts = ScriptDirectory.from_config(config)
+    assert len(scripts.get_heads()) == 1
+    assert len(scripts.get_bases()) == 1
+
+
+def test_migration_file_names(config: Config) -> None:
+    files = sorted(path.name for path in VERSIONS.glob("*.py"))
+    assert files, "no migrations found"
+    for name in files:
+        match = FILE_NAME.fullmatch(name)
+        assert match is not None, f"{name} is not YYYY_MM_DD_<rev>_<slug>.py"
+        date(int(match["y"]), int(match["m"]), int(match["d"]))  # a real date
+    by_file = {
+        Path(script.path).name: script.revision
+        for script in ScriptDirectory.from_config(config).walk_revisions()
+    }
+    assert sorted(by_file) == files
+    for name, revision in by_file.items():
+        match = FILE_NAME.fullmatch(name)
+        assert match is not None
+        assert match["rev"] == revision, f"{name} holds revision {revision!r}"
+
+
+async def test_app_connections_use_wal_busy_timeout_and_foreign_keys(database_url: str) -> None:
+    database = Database(database_url)
+    try:
+        async with database.engine.connect() as connection:
+            journal = (await connection.exec_driver_sql("PRAGMA journal_mode")).scalar()
+            busy = (await connection.exec_driver_sql("PRAGMA busy_timeout")).scalar()
+            foreign_keys = (await connection.exec_driver_sql("PRAGMA foreign_keys")).scalar()
+        async with database.session() as db:
+            through_session = (await db.connection()).exec_driver_sql("PRAGMA foreign_keys")
+            assert (await through_session).scalar() == 1
+    finally:
+        await database.dispose()
+    assert str(journal).lower() == "wal"
+    assert isinstance(busy, int)
+    assert busy > 0
+    assert busy == BUSY_TIMEOUT_MS
+    assert foreign_keys == 1
+
+
+async def test_wal_mode_persists_in_the_file(database_url: str) -> None:
+    database = Database(database_url)
+    try:
+        async with database.engine.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+    finally:
+        await database.dispose()
+    plain = create_engine(database_url.replace("+aiosqlite", ""))
+    try:
+        with plain.connect() as connection:
+            assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        plain.dispose()

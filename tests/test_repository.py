@@ -1,0 +1,370 @@
+"""app.repository against a real, migrated SQLite file through app.db.Database (foreign keys on)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import func
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import col, select
+
+from app import repository
+from app.db import Database
+from app.models import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
+
+pytestmark = pytest.mark.anyio
+
+_n = itertools.count(1)
+
+
+@pytest.fixture
+async def database(database_url: str) -> AsyncIterator[Database]:
+    db = Database(database_url)
+    yield db
+    await db.dispose()
+
+
+def stamp(n: int) -> str:
+    return f"2026-02-28T06:30:{n:02d}.000+00:00"
+
+
+def session_row(session_id: str, created_at: str = stamp(0)) -> ChatSessionRow:
+    return ChatSessionRow(
+        id=session_id,
+        model="parley/demo",
+        tools=["current_time"],
+        created_at=created_at,
+        updated_at=created_at,
+    )
+
+
+def message(session_id: str, turn_id: str, type_: str, **fields: Any) -> ChatMessageRow:
+    n = next(_n)
+    values: dict[str, Any] = {"id": f"m_{n:010x}", "timestamp": stamp(n % 60), **fields}
+    return ChatMessageRow(session_id=session_id, turn_id=turn_id, type=type_, **values)
+
+
+def queued_row(session_id: str, message_id: str, content: str) -> QueuedMessageRow:
+    return QueuedMessageRow(
+        id=message_id, session_id=session_id, content=content, sender="alice", timestamp=stamp(1)
+    )
+
+
+def event(session_id: str, seq: int, data: str = "{}") -> dict[str, Any]:
+    return {"session_id": session_id, "seq": seq, "type": "text_delta", "data": data}
+
+
+async def add_sessions(database: Database, *session_ids: str) -> None:
+    async with database.session() as db:
+        for session_id in session_ids:
+            db.add(session_row(session_id))
+        await db.commit()
+
+
+async def add_messages(database: Database, rows: list[ChatMessageRow]) -> list[int]:
+    async with database.session() as db:
+        await repository.insert_messages(db, rows)
+        await db.commit()
+    positions = [row.position for row in rows]
+    assert all(isinstance(p, int) for p in positions)
+    return [p for p in positions if p is not None]
+
+
+async def count(database: Database, model: type[Any], session_id: str) -> int:
+    async with database.session() as db:
+        query = select(func.count()).select_from(model).where(col(model.session_id) == session_id)
+        return int((await db.exec(query)).one())
+
+
+# --- sessions --------------------------------------------------------------------------------------------
+
+
+async def test_session_round_trip(database: Database) -> None:
+    await add_sessions(database, "s_a")
+    async with database.session() as db:
+        row = await repository.get_session(db, "s_a")
+        missing = await repository.get_session(db, "s_nope")
+    assert row is not None
+    assert (row.model, row.tools, row.status, row.total_tokens, row.context_window) == (
+        "parley/demo",
+        ["current_time"],
+        "active",
+        0,
+        None,
+    )
+    assert missing is None
+
+
+async def test_list_sessions_newest_first_with_keyset_paging(database: Database) -> None:
+    async with database.session() as db:
+        for session_id, created in [("s_1", 1), ("s_2", 2), ("s_3", 2), ("s_4", 3)]:
+            db.add(session_row(session_id, stamp(created)))
+        await db.commit()
+        first = await repository.list_sessions(db, limit=2, before=None)
+        assert [s.id for s in first] == ["s_4", "s_3"]
+        last = first[-1]
+        second = await repository.list_sessions(db, limit=2, before=(last.created_at, last.id))
+        assert [s.id for s in second] == ["s_2", "s_1"]
+        assert await repository.list_sessions(db, limit=2, before=(stamp(1), "s_1")) == []
+
+
+async def test_add_usage_accumulates_tokens(database: Database) -> None:
+    await add_sessions(database, "s_a")
+    async with database.session() as db:
+        assert await repository.add_usage(
+            db, "s_a", prompt=100, completion=20, window=32768, at=stamp(5)
+        ) == (
+            120,
+            100,
+        )
+        assert await repository.add_usage(db, "s_a", prompt=150, completion=5, window=32768, at=stamp(6)) == (
+            275,
+            150,
+        )
+        await db.commit()
+    async with database.session() as db:
+        row = await repository.get_session(db, "s_a")
+    assert row is not None
+    assert (row.total_tokens, row.context_used, row.context_window, row.updated_at) == (
+        275,
+        150,
+        32768,
+        stamp(6),
+    )
+
+
+# --- chat messages ---------------------------------------------------------------------------------------
+
+
+async def test_list_messages_in_position_order_with_paging(database: Database) -> None:
+    await add_sessions(database, "s_a", "s_b")
+    # Ids and timestamps run backwards, so only `position` gives the insertion order.
+    rows = [
+        message(
+            "s_a",
+            "t_1",
+            "text",
+            role="user",
+            content=f"msg {i}",
+            id=f"m_{99 - i:010d}",
+            timestamp=stamp(59 - i),
+        )
+        for i in range(10)
+    ]
+    positions = await add_messages(database, rows)
+    await add_messages(database, [message("s_b", "t_9", "text", role="user", content="other")])
+    assert positions == sorted(positions)
+    assert len(set(positions)) == 10
+    p = positions
+
+    def contents(found: list[ChatMessageRow]) -> list[str | None]:
+        return [m.content for m in found]
+
+    async with database.session() as db:
+        everything = await repository.list_messages(db, "s_a")
+        assert contents(everything) == [f"msg {i}" for i in range(10)]
+        assert [m.position for m in everything] == p
+
+        assert contents(await repository.list_messages(db, "s_a", limit=3)) == ["msg 0", "msg 1", "msg 2"]
+        after = await repository.list_messages(db, "s_a", after_position=p[3], limit=4)
+        assert contents(after) == ["msg 4", "msg 5", "msg 6", "msg 7"]
+        assert contents(await repository.list_messages(db, "s_a", after_position=p[7])) == ["msg 8", "msg 9"]
+        # `before` gives the `limit` messages just before it, still oldest first.
+        before = await repository.list_messages(db, "s_a", before_position=p[8], limit=3)
+        assert contents(before) == ["msg 5", "msg 6", "msg 7"]
+        assert contents(await repository.list_messages(db, "s_a", before_position=p[2])) == ["msg 0", "msg 1"]
+        between = await repository.list_messages(db, "s_a", after_position=p[1], before_position=p[5])
+        assert contents(between) == ["msg 2", "msg 3", "msg 4"]
+        assert await repository.list_messages(db, "s_a", after_position=p[9]) == []
+        assert await repository.list_messages(db, "s_a", before_position=p[0]) == []
+        assert contents(await repository.list_messages(db, "s_b")) == ["other"]
+        assert await repository.list_messages(db, "s_nope") == []
+
+        assert await repository.message_position(db, "s_a", rows[4].id) == p[4]
+        assert await repository.message_position(db, "s_b", rows[4].id) is None
+
+
+async def test_update_message_and_turn_messages(database: Database) -> None:
+    await add_sessions(database, "s_a")
+    text = message("s_a", "t_1", "text", role="assistant", content="Hel", response_id="m_r")
+    rows = [message("s_a", "t_1", "turn_start"), text, message("s_a", "t_2", "turn_start")]
+    await add_messages(database, rows)
+    async with database.session() as db:
+        await repository.update_message(db, text.id, {"content": "Hello", "interrupted": True})
+        await db.commit()
+    async with database.session() as db:
+        turn = await repository.turn_messages(db, "t_1")
+    assert [(m.type, m.content, m.interrupted) for m in turn] == [
+        ("turn_start", None, None),
+        ("text", "Hello", True),
+    ]
+
+
+async def test_json_arguments_round_trip(database: Database) -> None:
+    await add_sessions(database, "s_a")
+    arguments = {"expression": "6*7", "nested": [1, None, "ü"]}
+    rows = [
+        message(
+            "s_a", "t_1", "tool_group", tool_call_id="call_1", tool_name="calculate", arguments=arguments
+        ),
+        message("s_a", "t_1", "tool_group", tool_call_id="call_2", tool_name="calculate", arguments='{"bad'),
+    ]
+    await add_messages(database, rows)
+    async with database.session() as db:
+        found = await repository.list_messages(db, "s_a")
+    assert [m.arguments for m in found] == [arguments, '{"bad']
+
+
+async def test_open_turns(database: Database) -> None:
+    await add_sessions(database, "s_a", "s_b")
+    await add_messages(
+        database,
+        [
+            message("s_a", "t_done", "turn_start"),
+            message("s_a", "t_done", "text", role="user", content="hi"),
+            message("s_a", "t_done", "turn_done", duration_seconds=0.5),
+            message("s_a", "t_open", "turn_start"),
+            message("s_a", "t_open", "text", role="user", content="again"),
+            message("s_b", "t_other", "turn_start"),
+        ],
+    )
+    async with database.session() as db:
+        open_rows = await repository.open_turns(db)
+    assert [(row.session_id, row.turn_id, row.type) for row in open_rows] == [
+        ("s_a", "t_open", "turn_start"),
+        ("s_b", "t_other", "turn_start"),
+    ]
+
+    await add_messages(
+        database, [message("s_a", "t_open", "turn_done"), message("s_b", "t_other", "turn_done")]
+    )
+    async with database.session() as db:
+        assert await repository.open_turns(db) == []
+
+
+# --- the waiting line ------------------------------------------------------------------------------------
+
+
+async def test_queued_and_dequeue(database: Database) -> None:
+    await add_sessions(database, "s_a", "s_b", "s_c")
+    async with database.session() as db:
+        # Ids in reverse order: the waiting line is ordered by position, not by id.
+        for message_id, content in [("m_zz", "first"), ("m_yy", "second"), ("m_xx", "third")]:
+            await repository.enqueue(db, queued_row("s_a", message_id, content))
+        await repository.enqueue(db, queued_row("s_b", "m_bb", "other"))
+        await db.commit()
+    async with database.session() as db:
+        assert [q.content for q in await repository.queued(db, "s_a")] == ["first", "second", "third"]
+        assert sorted(await repository.sessions_with_queue(db)) == ["s_a", "s_b"]
+        assert await repository.queued(db, "s_c") == []
+
+        await repository.dequeue(db, ["m_zz", "m_xx"])
+        await repository.dequeue(db, [])
+        await db.commit()
+    async with database.session() as db:
+        assert [q.id for q in await repository.queued(db, "s_a")] == ["m_yy"]
+        assert [q.id for q in await repository.queued(db, "s_b")] == ["m_bb"]
+        await repository.dequeue(db, ["m_yy", "m_bb"])
+        await db.commit()
+        assert await repository.sessions_with_queue(db) == []
+
+
+# --- the event log ---------------------------------------------------------------------------------------
+
+
+async def test_events_insert_last_seq_and_replay(database: Database) -> None:
+    await add_sessions(database, "s_a", "s_b")
+    async with database.session() as db:
+        assert await repository.last_event_seq(db, "s_a") == 0
+        await repository.insert_events(db, [event("s_a", seq, f'{{"n": {seq}}}') for seq in (1, 2, 3, 4)])
+        await repository.insert_events(db, [event("s_b", 1), event("s_b", 2)])
+        await db.commit()
+    async with database.session() as db:
+        assert await repository.last_event_seq(db, "s_a") == 4
+        assert await repository.last_event_seq(db, "s_b") == 2
+        assert await repository.last_event_seq(db, "s_nope") == 0
+
+        replay = await repository.events_after(db, "s_a", 1, 10)
+        assert [(e.seq, e.type, e.data) for e in replay] == [
+            (2, "text_delta", '{"n": 2}'),
+            (3, "text_delta", '{"n": 3}'),
+            (4, "text_delta", '{"n": 4}'),
+        ]
+        assert [e.seq for e in await repository.events_after(db, "s_a", 0, 2)] == [1, 2]
+        assert await repository.events_after(db, "s_a", 4, 10) == []
+        assert [e.session_id for e in await repository.events_after(db, "s_b", 0, 10)] == ["s_b", "s_b"]
+
+
+async def test_a_retried_batch_keeps_the_first_events(database: Database) -> None:
+    await add_sessions(database, "s_a")
+    async with database.session() as db:
+        await repository.insert_events(db, [event("s_a", 1, '"first"')])
+        await db.commit()
+    async with database.session() as db:
+        # The same seq again (a batch retried after a commit that did land) is ignored, not an error.
+        await repository.insert_events(db, [event("s_a", 1, '"again"'), event("s_a", 2, '"next"')])
+        await db.commit()
+    async with database.session() as db:
+        assert [(e.seq, e.data) for e in await repository.events_after(db, "s_a", 0, 10)] == [
+            (1, '"first"'),
+            (2, '"next"'),
+        ]
+
+
+async def test_a_batch_with_events_of_a_deleted_session_still_commits(database: Database) -> None:
+    # The log is written behind: a session deleted meanwhile must not fail the other sessions' events.
+    await add_sessions(database, "s_a", "s_gone")
+    async with database.session() as db:
+        assert await repository.delete_session(db, "s_gone")
+        await db.commit()
+    async with database.session() as db:
+        await repository.insert_events(db, [event("s_a", 1), event("s_gone", 7), event("s_a", 2)])
+        await db.commit()
+    async with database.session() as db:
+        assert [e.seq for e in await repository.events_after(db, "s_a", 0, 10)] == [1, 2]
+
+
+# --- deleting a session ----------------------------------------------------------------------------------
+
+
+async def test_deleting_a_session_cascades(database: Database) -> None:
+    await add_sessions(database, "s_a", "s_keep")
+    for session_id in ("s_a", "s_keep"):
+        await add_messages(
+            database,
+            [
+                message(session_id, f"t_{session_id}", "turn_start"),
+                message(session_id, f"t_{session_id}", "text", role="user", content="hi"),
+            ],
+        )
+        async with database.session() as db:
+            await repository.enqueue(db, queued_row(session_id, f"m_q_{session_id}", "later"))
+            await repository.insert_events(db, [event(session_id, 1), event(session_id, 2)])
+            await db.commit()
+    tables: list[type[Any]] = [ChatMessageRow, QueuedMessageRow, EventRow]
+    assert [await count(database, t, "s_a") for t in tables] == [2, 1, 2]
+
+    async with database.session() as db:
+        assert await repository.delete_session(db, "s_a") is True
+        await db.commit()
+
+    assert [await count(database, t, "s_a") for t in tables] == [0, 0, 0]
+    assert [await count(database, t, "s_keep") for t in tables] == [2, 1, 2]
+    async with database.session() as db:
+        assert await repository.get_session(db, "s_a") is None
+        assert await repository.delete_session(db, "s_a") is False
+        assert await repository.sessions_with_queue(db) == ["s_keep"]
+
+
+async def test_foreign_keys_are_enforced(database: Database) -> None:
+    async with database.session() as db:
+        with pytest.raises(IntegrityError, match="FOREIGN KEY"):
+            await repository.insert_messages(db, [message("s_missing", "t_1", "turn_start")])
+        await db.rollback()
+    async with database.session() as db:
+        with pytest.raises(IntegrityError, match="FOREIGN KEY"):
+            await repository.enqueue(db, queued_row("s_missing", "m_q", "x"))
+        await db.rollback()
