@@ -11,7 +11,8 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,7 @@ class CallRequest:
             return {}
         try:
             parsed = json.loads(self.arguments_text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return self.arguments_text
         return parsed if isinstance(parsed, dict) else self.arguments_text
 
@@ -114,16 +115,20 @@ class AgentRun:
         for _ in range(self.max_rounds):
             yield ResponseStarted()
             finished: ResponseFinished | None = None
-            async for event in self._respond(schemas):
-                if isinstance(event, ResponseFinished):
-                    finished = event
-                yield event
+            # aclosing: when the consumer closes this generator at a yield, the inner generators (the
+            # provider stream, the running tools) must close now, not whenever the collector runs.
+            async with aclosing(self._respond(schemas)) as responding:
+                async for event in responding:
+                    if isinstance(event, ResponseFinished):
+                        finished = event
+                    yield event
             assert finished is not None
             self.messages.append(_assistant_message(finished))
             if not finished.calls:
                 return
-            async for event in self._run_tools(finished.calls):
-                yield event
+            async with aclosing(self._run_tools(finished.calls)) as running:
+                async for event in running:
+                    yield event
             if self.should_pause():
                 yield BreakpointReached()
                 return
@@ -132,7 +137,7 @@ class AgentRun:
             f"The agent stopped after {self.max_rounds} model calls without a final answer.",
         )
 
-    async def _respond(self, schemas: list[dict[str, Any]]) -> AsyncIterator[AgentEvent]:
+    async def _respond(self, schemas: list[dict[str, Any]]) -> AsyncGenerator[AgentEvent, None]:
         request = ModelRequest(self.model, self.messages, schemas, self.provider_timeout)
         attempt = 0
         while True:
@@ -142,19 +147,20 @@ class AgentRun:
             finish: str | None = None
             usage: UsagePart | None = None
             try:
-                async for part in self.adapter.stream(request):
-                    if isinstance(part, TextPart):
-                        text.append(part.text)
-                        yield TextChunk(part.text)
-                    elif isinstance(part, ToolCallPart):
-                        entry = calls.setdefault(part.index, [None, None, ""])
-                        entry[0] = entry[0] or part.id
-                        entry[1] = entry[1] or part.name
-                        entry[2] = (entry[2] or "") + part.arguments
-                    elif isinstance(part, FinishPart):
-                        finish = part.reason or finish
-                    elif isinstance(part, UsagePart):
-                        usage = part
+                async with aclosing(self.adapter.stream(request)) as stream:
+                    async for part in stream:
+                        if isinstance(part, TextPart):
+                            text.append(part.text)
+                            yield TextChunk(part.text)
+                        elif isinstance(part, ToolCallPart):
+                            entry = calls.setdefault(part.index, [None, None, ""])
+                            entry[0] = entry[0] or part.id
+                            entry[1] = entry[1] or part.name
+                            entry[2] = (entry[2] or "") + part.arguments
+                        elif isinstance(part, FinishPart):
+                            finish = part.reason or finish
+                        elif isinstance(part, UsagePart):
+                            usage = part
             except ProviderError as exc:
                 # Retry only while nothing reached the client: a retried call after visible text would
                 # show the user two different beginnings.
@@ -164,14 +170,13 @@ class AgentRun:
                 attempt += 1
                 continue
             break
-        requests = [
-            CallRequest(
-                id=entry[0] or "call_" + secrets.token_hex(8),
-                name=entry[1] or "",
-                arguments_text=entry[2] or "",
-            )
-            for _, entry in sorted(calls.items())
-        ]
+        requests: list[CallRequest] = []
+        seen: set[str] = set()
+        for _, entry in sorted(calls.items()):
+            # A missing or repeated id would give a result no call (or two calls one result).
+            call_id = entry[0] if entry[0] and entry[0] not in seen else "call_" + secrets.token_hex(8)
+            seen.add(call_id)
+            requests.append(CallRequest(id=call_id, name=entry[1] or "", arguments_text=entry[2] or ""))
         yield ResponseFinished(
             text="".join(text),
             calls=requests,
@@ -180,7 +185,7 @@ class AgentRun:
             duration_ms=round((time.monotonic() - started) * 1000),
         )
 
-    async def _run_tools(self, calls: list[CallRequest]) -> AsyncIterator[AgentEvent]:
+    async def _run_tools(self, calls: list[CallRequest]) -> AsyncGenerator[AgentEvent, None]:
         """Runs the response's calls concurrently; results enter the history in call order."""
         outcomes: dict[str, ToolOutcome] = {}
         tasks: list[asyncio.Task[tuple[CallRequest, ToolOutcome, int]]] = []
@@ -195,6 +200,8 @@ class AgentRun:
         finally:
             for task in tasks:
                 task.cancel()
+            # Wait for the cancelled tools to finish their own cleanup before the turn records them.
+            await asyncio.gather(*tasks, return_exceptions=True)
         for call in calls:
             self.messages.append(
                 {"role": "tool", "tool_call_id": call.id, "content": outcomes[call.id].content}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from types import ModuleType
 from typing import Any
 
@@ -24,7 +24,7 @@ class LiteLLMAdapter:
     def __init__(self, litellm: ModuleType) -> None:
         self._litellm = litellm
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
         kwargs: dict[str, Any] = {
             "model": request.model.name,
             "messages": list(request.messages),

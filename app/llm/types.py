@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -72,4 +72,4 @@ class ProviderError(Exception):
 class ModelAdapter(Protocol):
     """One provider call: yields parts until the model's response ends; closes the upstream on exit."""
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]: ...
+    def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]: ...

@@ -180,7 +180,7 @@ def _parse_arguments(tool: Tool, arguments: str) -> BaseModel | ToolOutcome:
     else:
         try:
             raw = json.loads(arguments)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             return _error(f"Arguments for tool '{tool.name}' are not valid JSON: {exc}")
     if not isinstance(raw, dict):
         kind = "null" if raw is None else _JSON_TYPE_NAMES.get(type(raw), type(raw).__name__)

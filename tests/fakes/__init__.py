@@ -14,11 +14,25 @@ if TYPE_CHECKING:
     from tests.fakes.strict import validate_history
     from tests.fakes.upstream import FakeUpstream, RecordedRequest
 
-__all__ = ["FakeUpstream", "HttpError", "RecordedRequest", "Script", "ToolCall", "error_body",
-           "validate_history"]
+__all__ = [
+    "FakeUpstream",
+    "HttpError",
+    "RecordedRequest",
+    "Script",
+    "ToolCall",
+    "error_body",
+    "validate_history",
+]
 
-_HOMES = {"FakeUpstream": "upstream", "RecordedRequest": "upstream", "HttpError": "script",
-          "Script": "script", "ToolCall": "script", "error_body": "script", "validate_history": "strict"}
+_HOMES = {
+    "FakeUpstream": "upstream",
+    "RecordedRequest": "upstream",
+    "HttpError": "script",
+    "Script": "script",
+    "ToolCall": "script",
+    "error_body": "script",
+    "validate_history": "strict",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -69,7 +69,7 @@ class Connection:
             if len(self.buf) > _MAX_HEAD or not await self._more():
                 raise BadRequest("incomplete request")
         data = bytes(self.buf[:pos])
-        del self.buf[:pos + len(sep)]
+        del self.buf[: pos + len(sep)]
         return data
 
     async def _read_exact(self, n: int) -> bytes:
@@ -135,8 +135,13 @@ class Connection:
         lines = [f"HTTP/1.1 {status} {phrase}"] + [f"{k}: {v}" for k, v in headers.items()]
         return await self.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
 
-    async def send_full(self, status: int, body: bytes, headers: dict[str, str] | None = None,
-                        content_type: str = "application/json") -> bool:
+    async def send_full(
+        self,
+        status: int,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> bool:
         hdrs = {"content-type": content_type, "content-length": str(len(body)), **(headers or {})}
         return await self.send_head(status, hdrs) and await self.send(body)
 

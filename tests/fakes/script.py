@@ -22,11 +22,17 @@ DONE_EVENT = b"[DONE]"
 # same `type`/`code` it would in production.
 _ERROR_DEFAULTS: dict[int, tuple[str, str, str | None]] = {
     400: ("Invalid request.", "invalid_request_error", None),
-    401: ("Incorrect API key provided. You can find your API key at https://example.invalid.",
-          "invalid_request_error", "invalid_api_key"),
+    401: (
+        "Incorrect API key provided. You can find your API key at https://example.invalid.",
+        "invalid_request_error",
+        "invalid_api_key",
+    ),
     403: ("You are not allowed to use this model.", "invalid_request_error", "permission_denied"),
-    404: ("The model does not exist or you do not have access to it.", "invalid_request_error",
-          "model_not_found"),
+    404: (
+        "The model does not exist or you do not have access to it.",
+        "invalid_request_error",
+        "model_not_found",
+    ),
     429: ("Rate limit reached for requests. Please try again in 1s.", "requests", "rate_limit_exceeded"),
     500: ("The server had an error while processing your request. Sorry about that!", "server_error", None),
     503: ("The engine is currently overloaded, please try again later.", "server_error", None),
@@ -38,14 +44,24 @@ CONTEXT_LENGTH_MESSAGE = (
 )
 
 
-def error_body(status: int, message: str | None = None, *, type: str | None = None,
-               code: str | None = None, param: str | None = None) -> dict[str, Any]:
+def error_body(
+    status: int,
+    message: str | None = None,
+    *,
+    type: str | None = None,
+    code: str | None = None,
+    param: str | None = None,
+) -> dict[str, Any]:
     """OpenAI-style `{"error": {message, type, param, code}}`, defaults filled in from the status."""
     d_message, d_type, d_code = _ERROR_DEFAULTS.get(status, ("Upstream error.", "api_error", None))
-    return {"error": {"message": message if message is not None else d_message,
-                      "type": type if type is not None else d_type,
-                      "param": param,
-                      "code": code if code is not None else d_code}}
+    return {
+        "error": {
+            "message": message if message is not None else d_message,
+            "type": type if type is not None else d_type,
+            "param": param,
+            "code": code if code is not None else d_code,
+        }
+    }
 
 
 def split_evenly(text: str, pieces: int) -> list[str]:
@@ -57,7 +73,7 @@ def split_evenly(text: str, pieces: int) -> list[str]:
     out, pos = [], 0
     for i in range(pieces):
         step = size + (1 if i < extra else 0)
-        out.append(text[pos:pos + step])
+        out.append(text[pos : pos + step])
         pos += step
     return out
 
@@ -112,22 +128,52 @@ class Script:
     # ----- convenient constructors -------------------------------------------------------------------
 
     @classmethod
-    def text(cls, text: str = DEFAULT_REPLY, *, chunks: int = 5, delay: float = 0.0,
-                   usage: tuple[int, int] | None = (10, 5), **extra: Any) -> Script:
+    def text(
+        cls,
+        text: str = DEFAULT_REPLY,
+        *,
+        chunks: int = 5,
+        delay: float = 0.0,
+        usage: tuple[int, int] | None = (10, 5),
+        **extra: Any,
+    ) -> Script:
         return cls(text_pieces=split_evenly(text, chunks), delay=delay, usage=usage, **extra)
 
     @classmethod
-    def tool_calls(cls, calls: Sequence[tuple[str, str, str] | ToolCall], *, fragments: int = 3,
-                         text_before: str | None = None, text_chunks: int = 3, delay: float = 0.0,
-                         usage: tuple[int, int] | None = (10, 5), **extra: Any) -> Script:
+    def tool_calls(
+        cls,
+        calls: Sequence[tuple[str, str, str] | ToolCall],
+        *,
+        fragments: int = 3,
+        text_before: str | None = None,
+        text_chunks: int = 3,
+        delay: float = 0.0,
+        usage: tuple[int, int] | None = (10, 5),
+        **extra: Any,
+    ) -> Script:
         specs = [c if isinstance(c, ToolCall) else ToolCall(*c) for c in calls]
-        return cls(text_pieces=split_evenly(text_before or "", text_chunks), calls=specs, fragments=fragments,
-                   delay=delay, usage=usage, **extra)
+        return cls(
+            text_pieces=split_evenly(text_before or "", text_chunks),
+            calls=specs,
+            fragments=fragments,
+            delay=delay,
+            usage=usage,
+            **extra,
+        )
 
     @classmethod
-    def error(cls, status: int, message: str | None = None, *, type: str | None = None,
-                    code: str | None = None, headers: dict[str, str] | None = None,
-                    retry_after: float | None = None, body: Any = None, **extra: Any) -> Script:
+    def error(
+        cls,
+        status: int,
+        message: str | None = None,
+        *,
+        type: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        retry_after: float | None = None,
+        body: Any = None,
+        **extra: Any,
+    ) -> Script:
         hdrs = dict(headers or {})
         if status == 429 and retry_after is None and "retry-after" not in {k.lower() for k in hdrs}:
             retry_after = 1
@@ -139,13 +185,19 @@ class Script:
 
     @classmethod
     def context_length_exceeded(cls, message: str = CONTEXT_LENGTH_MESSAGE, **extra: Any) -> Script:
-        return cls.error(400, message, type="invalid_request_error", code="context_length_exceeded",
-                               body=error_body(400, message, code="context_length_exceeded",
-                                               param="messages"), **extra)
+        return cls.error(
+            400,
+            message,
+            type="invalid_request_error",
+            code="context_length_exceeded",
+            body=error_body(400, message, code="context_length_exceeded", param="messages"),
+            **extra,
+        )
 
     @classmethod
-    def cut(cls, text: str = DEFAULT_REPLY, *, after: int = 2, chunks: int = 5, delay: float = 0.0,
-            **extra: Any) -> Script:
+    def cut(
+        cls, text: str = DEFAULT_REPLY, *, after: int = 2, chunks: int = 5, delay: float = 0.0, **extra: Any
+    ) -> Script:
         return cls(text_pieces=split_evenly(text, chunks), cut_after=after, delay=delay, **extra)
 
     @classmethod
@@ -188,10 +240,18 @@ class Script:
         """OpenAI delta fragments: first one per call carries id/type/name and arguments ''."""
         per_call: list[list[dict[str, Any]]] = []
         for index, call in enumerate(self.calls):
-            frags: list[dict[str, Any]] = [{"index": index, "id": call.id, "type": "function",
-                                            "function": {"name": call.name, "arguments": ""}}]
-            frags += [{"index": index, "function": {"arguments": piece}}
-                      for piece in split_evenly(call.arguments, self.fragments)]
+            frags: list[dict[str, Any]] = [
+                {
+                    "index": index,
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": ""},
+                }
+            ]
+            frags += [
+                {"index": index, "function": {"arguments": piece}}
+                for piece in split_evenly(call.arguments, self.fragments)
+            ]
             per_call.append(frags)
         if not self.interleave:
             return [f for frags in per_call for f in frags]
@@ -204,10 +264,14 @@ class Script:
         created = int(time.time())
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-            out: dict[str, Any] = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                                   "model": model, "system_fingerprint": "fp_fake",
-                                   "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                "finish_reason": finish}]}
+            out: dict[str, Any] = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "system_fingerprint": "fp_fake",
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            }
             if include_usage:
                 out["usage"] = None  # OpenAI sends an explicit null on every chunk but the last
             return out
@@ -218,22 +282,46 @@ class Script:
         chunks.append(chunk({}, self.effective_finish_reason))
         usage = self.usage_json()
         if include_usage and usage is not None:
-            chunks.append({"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                           "model": model, "system_fingerprint": "fp_fake", "choices": [], "usage": usage})
+            chunks.append(
+                {
+                    "id": completion_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "system_fingerprint": "fp_fake",
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
         return [json.dumps(c, separators=(",", ":")).encode() for c in chunks] + [DONE_EVENT]
 
     def completion_body(self, *, model: str, completion_id: str) -> dict[str, Any]:
         """A complete non-streaming `chat.completion` object."""
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text_pieces) or None,
-                                   "refusal": None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self.text_pieces) or None,
+            "refusal": None,
+        }
         if self.calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments}}
-                                     for c in self.calls]
-        body: dict[str, Any] = {"id": completion_id, "object": "chat.completion", "created": int(time.time()),
-                                "model": model, "system_fingerprint": "fp_fake",
-                                "choices": [{"index": 0, "message": message, "logprobs": None,
-                                             "finish_reason": self.effective_finish_reason}]}
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.calls
+            ]
+        body: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": "fp_fake",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self.effective_finish_reason,
+                }
+            ],
+        }
         usage = self.usage_json()
         if usage is not None:
             body["usage"] = usage

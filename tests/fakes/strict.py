@@ -76,7 +76,8 @@ class _Checker:
                 where = f"before messages[{index}]" if index >= 0 else "at the end of the list"
                 self.problems.append(
                     f"messages[{self.pending_at}]: assistant tool_calls without a tool result {where}: "
-                    + ", ".join(missing))
+                    + ", ".join(missing)
+                )
         self.pending, self.pending_at = {}, -1
 
     def check(self, index: int, message: Any) -> None:
@@ -95,7 +96,8 @@ class _Checker:
             return
         if self.prev_role is None and role != "user":
             self.problems.append(
-                f"messages[{index}]: the first non-system message must be 'user', not {role!r}")
+                f"messages[{index}]: the first non-system message must be 'user', not {role!r}"
+            )
         self.check_order(index, role)
         if role == "tool":
             self.check_tool(index, message)
@@ -108,25 +110,32 @@ class _Checker:
     def check_order(self, index: int, role: str) -> None:
         prev = self.prev_role
         if prev == role and role in ("user", "assistant"):
-            self.problems.append(f"messages[{index}]: two consecutive {role!r} messages "
-                                 f"(messages[{self.prev_index}] and messages[{index}])")
+            self.problems.append(
+                f"messages[{index}]: two consecutive {role!r} messages "
+                f"(messages[{self.prev_index}] and messages[{index}])"
+            )
         elif prev == "tool" and role == "user" and self.forbid_tool_then_user:
-            self.problems.append(f"messages[{index}]: 'user' message right after tool results "
-                                 "(Anthropic counts tool results as a user turn)")
+            self.problems.append(
+                f"messages[{index}]: 'user' message right after tool results "
+                "(Anthropic counts tool results as a user turn)"
+            )
 
     def check_assistant(self, index: int, message: Mapping[str, Any]) -> None:
         ids = _call_ids(message, index, self.problems)
         if not message.get("tool_calls") and not _has_text(message.get("content")):
             self.problems.append(
-                f"messages[{index}]: assistant message has empty text content and no tool_calls")
+                f"messages[{index}]: assistant message has empty text content and no tool_calls"
+            )
         if ids:
             self.pending, self.pending_at = dict.fromkeys(ids, False), index
 
     def check_tool(self, index: int, message: Mapping[str, Any]) -> None:
         call_id = message.get("tool_call_id")
         if self.pending_at < 0 or call_id not in self.pending:
-            self.problems.append(f"messages[{index}]: tool message with tool_call_id {call_id!r} has no "
-                                 "matching call in the immediately preceding assistant message")
+            self.problems.append(
+                f"messages[{index}]: tool message with tool_call_id {call_id!r} has no "
+                "matching call in the immediately preceding assistant message"
+            )
         elif self.pending[call_id]:
             self.problems.append(f"messages[{index}]: duplicate tool result for tool_call_id {call_id!r}")
         else:

@@ -35,7 +35,8 @@ litellm.suppress_debug_info = True
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Item 'summary' on TypedDict class:UserWarning"),
     pytest.mark.filterwarnings(
-        "ignore:Accessing the 'model_.*' attribute on the instance is deprecated:DeprecationWarning"),
+        "ignore:Accessing the 'model_.*' attribute on the instance is deprecated:DeprecationWarning"
+    ),
 ]
 
 USER = [{"role": "user", "content": "What time is it?"}]
@@ -64,9 +65,16 @@ class Turn:
 
 async def stream_turn(upstream: FakeUpstream, messages: list[dict[str, Any]] = USER, **kw: Any) -> Turn:
     """Consume one streamed completion the way the service will: accumulate tool calls by index."""
-    s = await litellm.acompletion(model="openai/fake", api_base=upstream.base_url, api_key="k", stream=True,
-                                  stream_options={"include_usage": True}, max_retries=0, messages=messages,
-                                  **kw)
+    s = await litellm.acompletion(
+        model="openai/fake",
+        api_base=upstream.base_url,
+        api_key="k",
+        stream=True,
+        stream_options={"include_usage": True},
+        max_retries=0,
+        messages=messages,
+        **kw,
+    )
     turn = Turn()
     try:
         async for ch in s:
@@ -102,26 +110,39 @@ def test_litellm_streams_default_text_with_usage(upstream: FakeUpstream) -> None
 
 
 def test_litellm_reassembles_fragmented_parallel_tool_calls(upstream: FakeUpstream) -> None:
-    upstream.enqueue(Script.tool_calls([("call_1", "current_time", '{"timezone": "UTC"}'),
-                                        ("call_2", "get_weather", '{"city": "Paris", "unit": "C"}')],
-                                       fragments=4, text_before="Let me check.", usage=(42, 17)))
+    upstream.enqueue(
+        Script.tool_calls(
+            [
+                ("call_1", "current_time", '{"timezone": "UTC"}'),
+                ("call_2", "get_weather", '{"city": "Paris", "unit": "C"}'),
+            ],
+            fragments=4,
+            text_before="Let me check.",
+            usage=(42, 17),
+        )
+    )
     turn = asyncio.run(stream_turn(upstream))
     assert turn.text == "Let me check."
-    assert turn.calls == {0: {"id": "call_1", "name": "current_time", "arguments": '{"timezone": "UTC"}'},
-                          1: {"id": "call_2", "name": "get_weather",
-                              "arguments": '{"city": "Paris", "unit": "C"}'}}
+    assert turn.calls == {
+        0: {"id": "call_1", "name": "current_time", "arguments": '{"timezone": "UTC"}'},
+        1: {"id": "call_2", "name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'},
+    }
     assert turn.finish == "tool_calls"
     assert (turn.usage.prompt_tokens, turn.usage.completion_tokens) == (42, 17)
 
 
 def test_litellm_non_streaming_completion(upstream: FakeUpstream) -> None:
     upstream.enqueue(Script.tool_calls([("call_9", "current_time", "{}")], text_before="One moment."))
-    resp = asyncio.run(litellm.acompletion(model="openai/fake", api_base=upstream.base_url, api_key="k",
-                                           max_retries=0, messages=USER))
+    resp = asyncio.run(
+        litellm.acompletion(
+            model="openai/fake", api_base=upstream.base_url, api_key="k", max_retries=0, messages=USER
+        )
+    )
     msg = resp.choices[0].message
     assert msg.content == "One moment."
     assert [(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls] == [
-        ("call_9", "current_time", "{}")]
+        ("call_9", "current_time", "{}")
+    ]
     assert resp.choices[0].finish_reason == "tool_calls"
     assert resp.usage.total_tokens == 15
 
@@ -129,16 +150,21 @@ def test_litellm_non_streaming_completion(upstream: FakeUpstream) -> None:
 # ----- LiteLLM, errors --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("script", "exc_type", "status"), [
-    (Script.error(401), litellm.AuthenticationError, 401),
-    (Script.error(429), litellm.RateLimitError, 429),
-    (Script.error(500), litellm.InternalServerError, 500),
-    (Script.error(503), litellm.ServiceUnavailableError, 503),
-    (Script.error(400, "bad tools"), litellm.BadRequestError, 400),
-    (Script.context_length_exceeded(), litellm.ContextWindowExceededError, 400),
-], ids=["401", "429", "500", "503", "400", "context-length"])
-def test_litellm_maps_error_statuses(upstream: FakeUpstream, script: Script, exc_type: type[Exception],
-                                     status: int) -> None:
+@pytest.mark.parametrize(
+    ("script", "exc_type", "status"),
+    [
+        (Script.error(401), litellm.AuthenticationError, 401),
+        (Script.error(429), litellm.RateLimitError, 429),
+        (Script.error(500), litellm.InternalServerError, 500),
+        (Script.error(503), litellm.ServiceUnavailableError, 503),
+        (Script.error(400, "bad tools"), litellm.BadRequestError, 400),
+        (Script.context_length_exceeded(), litellm.ContextWindowExceededError, 400),
+    ],
+    ids=["401", "429", "500", "503", "400", "context-length"],
+)
+def test_litellm_maps_error_statuses(
+    upstream: FakeUpstream, script: Script, exc_type: type[Exception], status: int
+) -> None:
     upstream.enqueue(script)
     with pytest.raises(exc_type) as info:
         asyncio.run(stream_turn(upstream))
@@ -170,9 +196,15 @@ def test_cancel_mid_stream_is_seen_as_disconnect_quickly(upstream: FakeUpstream)
     upstream.enqueue(Script.text("tick " * 40, chunks=40, delay=0.05))
 
     async def scenario() -> float:
-        s = await litellm.acompletion(model="openai/fake", api_base=upstream.base_url, api_key="k",
-                                      stream=True, stream_options={"include_usage": True}, max_retries=0,
-                                      messages=USER)
+        s = await litellm.acompletion(
+            model="openai/fake",
+            api_base=upstream.base_url,
+            api_key="k",
+            stream=True,
+            stream_options={"include_usage": True},
+            max_retries=0,
+            messages=USER,
+        )
         three = asyncio.Event()
 
         async def consume() -> None:
@@ -221,29 +253,42 @@ def test_timeout_while_upstream_hangs_before_headers_is_a_disconnect(upstream: F
 
 
 def _events(body: str) -> list[Any]:
-    datas = [line[len("data: "):] for line in body.split("\n\n") if line.startswith("data: ")]
+    datas = [line[len("data: ") :] for line in body.split("\n\n") if line.startswith("data: ")]
     assert datas[-1] == "[DONE]"
     return [json.loads(d) for d in datas[:-1]]
 
 
 def test_wire_format_matches_openai(upstream: FakeUpstream) -> None:
-    upstream.enqueue(Script.tool_calls([ToolCall("call_a", "f", '{"x": 1}'), ToolCall("call_b", "g", "{}")],
-                                       fragments=2, delay=0.02))
+    upstream.enqueue(
+        Script.tool_calls(
+            [ToolCall("call_a", "f", '{"x": 1}'), ToolCall("call_b", "g", "{}")], fragments=2, delay=0.02
+        )
+    )
     with httpx.Client(base_url=upstream.base_url) as client:
-        resp = client.post("/chat/completions", json={"model": "m", "messages": USER, "stream": True,
-                                                      "stream_options": {"include_usage": True}})
+        resp = client.post(
+            "/chat/completions",
+            json={"model": "m", "messages": USER, "stream": True, "stream_options": {"include_usage": True}},
+        )
         assert resp.headers["content-type"].startswith("text/event-stream")
         assert resp.headers["transfer-encoding"] == "chunked"
         events = _events(resp.text)
         assert client.get("/models").json()["data"][0]["id"] == "fake"  # same keep-alive connection
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
     frags = [e["choices"][0]["delta"]["tool_calls"][0] for e in events[1:-2]]
-    assert frags[0] == {"index": 0, "id": "call_a", "type": "function",
-                        "function": {"name": "f", "arguments": ""}}
+    assert frags[0] == {
+        "index": 0,
+        "id": "call_a",
+        "type": "function",
+        "function": {"name": "f", "arguments": ""},
+    }
     assert frags[1]["id"] == "call_b"
     assert frags[2] == {"index": 0, "function": {"arguments": '{"x"'}}  # later fragments: arguments only
-    assert events[-2]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
-                                        "finish_reason": "tool_calls"}
+    assert events[-2]["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "tool_calls",
+    }
     assert events[-1]["choices"] == []
     assert events[-1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     rec = upstream.requests[0]
@@ -254,18 +299,25 @@ def test_wire_format_matches_openai(upstream: FakeUpstream) -> None:
 def test_wire_cut_is_an_incomplete_chunked_body(upstream: FakeUpstream) -> None:
     upstream.enqueue(Script.cut(after=99))  # everything including [DONE], minus the zero-length chunk
     body = {"model": "m", "messages": USER, "stream": True}
-    with (httpx.Client(base_url=upstream.base_url) as client,
-          client.stream("POST", "/chat/completions", json=body) as resp,
-          pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read")):
+    with (
+        httpx.Client(base_url=upstream.base_url) as client,
+        client.stream("POST", "/chat/completions", json=body) as resp,
+        pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"),
+    ):
         resp.read()
 
 
 # ----- strict mode -------------------------------------------------------------------------------------
 
 ASK = {"role": "user", "content": "What time is it in Paris and Tokyo?"}
-CALLS = {"role": "assistant", "content": "",
-         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "t", "arguments": "{}"}},
-                        {"id": "c2", "type": "function", "function": {"name": "t", "arguments": "{}"}}]}
+CALLS = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "t", "arguments": "{}"}},
+        {"id": "c2", "type": "function", "function": {"name": "t", "arguments": "{}"}},
+    ],
+}
 R1 = {"role": "tool", "tool_call_id": "c1", "content": "10:00"}
 R2 = {"role": "tool", "tool_call_id": "c2", "content": "17:00"}
 ANSWER = {"role": "assistant", "content": "10:00 and 17:00."}
@@ -273,34 +325,46 @@ SYSTEM = {"role": "system", "content": "Be brief."}
 THANKS = {"role": "user", "content": "Thanks"}
 
 
-@pytest.mark.parametrize("history", [
-    [ASK],
-    [SYSTEM, ASK, ANSWER, THANKS],
-    [SYSTEM, ASK, CALLS, R2, R1, ANSWER],
-    [ASK, CALLS, R1, R2, CALLS | {"content": None}, R2, R1],
-    [ASK, CALLS, R1, R2, THANKS],  # tool -> user is allowed unless forbid_tool_then_user
-    [ASK, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}],
-])
+@pytest.mark.parametrize(
+    "history",
+    [
+        [ASK],
+        [SYSTEM, ASK, ANSWER, THANKS],
+        [SYSTEM, ASK, CALLS, R2, R1, ANSWER],
+        [ASK, CALLS, R1, R2, CALLS | {"content": None}, R2, R1],
+        [ASK, CALLS, R1, R2, THANKS],  # tool -> user is allowed unless forbid_tool_then_user
+        [ASK, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}],
+    ],
+)
 def test_validate_history_accepts_valid(history: list[dict[str, Any]]) -> None:
     assert validate_history(history) == []
 
 
-@pytest.mark.parametrize(("history", "expected"), [
-    ([], "empty"),
-    ([ASK, SYSTEM], "messages[1]: system message must be the first"),
-    ([ASK, CALLS, R1, ANSWER], "without a tool result before messages[3]: c2"),
-    ([ASK, CALLS, R1], "without a tool result at the end of the list: c2"),
-    ([ASK, CALLS, R1, THANKS, R2], "messages[4]: tool message with tool_call_id 'c2' has no matching call"),
-    ([ASK, CALLS, R1, R1, R2], "messages[3]: duplicate tool result"),
-    ([ASK, R1], "messages[1]: tool message with tool_call_id 'c1' has no matching call"),
-    ([ASK, THANKS], "two consecutive 'user' messages (messages[0] and messages[1])"),
-    ([ASK, ANSWER, ANSWER], "two consecutive 'assistant' messages"),
-    ([SYSTEM, ANSWER, ASK], "messages[1]: the first non-system message must be 'user'"),
-    ([ASK, {"role": "assistant", "content": ""}], "messages[1]: assistant message has empty text content"),
-    ([ASK, {"role": "assistant", "content": [{"type": "text", "text": " "}]}], "empty text content"),
-    ([ASK, {"role": "assistant"}], "empty text content and no tool_calls"),
-    ([{"role": "user", "content": ""}], "user message has empty content"),
-])
+@pytest.mark.parametrize(
+    ("history", "expected"),
+    [
+        ([], "empty"),
+        ([ASK, SYSTEM], "messages[1]: system message must be the first"),
+        ([ASK, CALLS, R1, ANSWER], "without a tool result before messages[3]: c2"),
+        ([ASK, CALLS, R1], "without a tool result at the end of the list: c2"),
+        (
+            [ASK, CALLS, R1, THANKS, R2],
+            "messages[4]: tool message with tool_call_id 'c2' has no matching call",
+        ),
+        ([ASK, CALLS, R1, R1, R2], "messages[3]: duplicate tool result"),
+        ([ASK, R1], "messages[1]: tool message with tool_call_id 'c1' has no matching call"),
+        ([ASK, THANKS], "two consecutive 'user' messages (messages[0] and messages[1])"),
+        ([ASK, ANSWER, ANSWER], "two consecutive 'assistant' messages"),
+        ([SYSTEM, ANSWER, ASK], "messages[1]: the first non-system message must be 'user'"),
+        (
+            [ASK, {"role": "assistant", "content": ""}],
+            "messages[1]: assistant message has empty text content",
+        ),
+        ([ASK, {"role": "assistant", "content": [{"type": "text", "text": " "}]}], "empty text content"),
+        ([ASK, {"role": "assistant"}], "empty text content and no tool_calls"),
+        ([{"role": "user", "content": ""}], "user message has empty content"),
+    ],
+)
 def test_validate_history_reports_problem(history: list[dict[str, Any]], expected: str) -> None:
     problems = validate_history(history)
     assert any(expected in p for p in problems), problems
@@ -327,14 +391,22 @@ def test_strict_mode_answers_400_naming_the_problem(upstream: FakeUpstream) -> N
 
 
 def test_script_json_round_trip() -> None:
-    for script in (Script.tool_calls([("c", "n", '{"a": 1}')], text_before="hi"), Script.error(429),
-                   Script.cut("abc", after=1), Script.context_length_exceeded()):
+    for script in (
+        Script.tool_calls([("c", "n", '{"a": 1}')], text_before="hi"),
+        Script.error(429),
+        Script.cut("abc", after=1),
+        Script.context_length_exceeded(),
+    ):
         assert Script.from_json(json.loads(json.dumps(script.to_json()))) == script
 
 
 def test_cli_process_is_scriptable_over_control_endpoints() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.upstream", "--port", "0", "--strict"],
-                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.upstream", "--port", "0", "--strict"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.getcwd(),
+    )
     try:
         assert proc.stdout is not None
         base = proc.stdout.readline().split()[-1]
@@ -344,8 +416,10 @@ def test_cli_process_is_scriptable_over_control_endpoints() -> None:
             assert client.post(f"{root}/_control/scripts", json=scripts).json()["queued"] == 2
             body = {"model": "m", "messages": USER}
             assert client.post(f"{base}/chat/completions", json=body).status_code == 503
-            assert client.post(f"{base}/chat/completions", json=body).json()["choices"][0]["message"][
-                "content"] == "ok"
+            assert (
+                client.post(f"{base}/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+                == "ok"
+            )
             # --strict applies to the default script
             bad = client.post(f"{base}/chat/completions", json={"model": "m", "messages": [ASK, THANKS]})
             assert bad.status_code == 400

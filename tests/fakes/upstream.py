@@ -33,8 +33,16 @@ from tests.fakes.script import HttpError, Script, ToolCall, error_body, scripts_
 from tests.fakes.strict import validate_history
 
 # Everything a test needs is importable from here.
-__all__ = ["FakeUpstream", "HttpError", "RecordedRequest", "Script", "ToolCall", "error_body", "main",
-           "validate_history"]
+__all__ = [
+    "FakeUpstream",
+    "HttpError",
+    "RecordedRequest",
+    "Script",
+    "ToolCall",
+    "error_body",
+    "main",
+    "validate_history",
+]
 
 
 @dataclass
@@ -70,9 +78,17 @@ class FakeUpstream:
     problems (a Script's `strict` overrides it). `api_key`, if set, makes a wrong bearer token a 401.
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, strict: bool = False,
-                 forbid_tool_then_user: bool = False, api_key: str | None = None,
-                 model: str = "fake", default: Script | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        strict: bool = False,
+        forbid_tool_then_user: bool = False,
+        api_key: str | None = None,
+        model: str = "fake",
+        default: Script | None = None,
+    ) -> None:
         self.host, self.port = host, port
         self.strict, self.forbid_tool_then_user = strict, forbid_tool_then_user
         self.api_key, self.model = api_key, model
@@ -125,8 +141,9 @@ class FakeUpstream:
     def wait_for_disconnect(self, within: float = 2.0) -> RecordedRequest:
         return self.wait_for(lambda r: r.disconnected, within)
 
-    async def await_request(self, predicate: Callable[[RecordedRequest], bool],
-                            within: float = 2.0) -> RecordedRequest:
+    async def await_request(
+        self, predicate: Callable[[RecordedRequest], bool], within: float = 2.0
+    ) -> RecordedRequest:
         """Async twin of `wait_for` for a loop in another thread (polls; never blocks that loop)."""
         deadline = time.monotonic() + within
         while True:
@@ -174,8 +191,9 @@ class FakeUpstream:
     def __enter__(self) -> FakeUpstream:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     async def serve(self, on_ready: Callable[[], None] | None = None) -> None:
@@ -216,14 +234,16 @@ class FakeUpstream:
                 try:
                     req = await conn.read_request()
                 except (BadRequest, ValueError) as exc:
-                    await conn.send_full(400, json.dumps(error_body(400, str(exc))).encode(),
-                                         {"connection": "close"})
+                    await conn.send_full(
+                        400, json.dumps(error_body(400, str(exc))).encode(), {"connection": "close"}
+                    )
                     break
                 if req is None:
                     break
                 keep_alive = await self._dispatch(conn, req)
-                wants_close = (req.headers.get("connection", "").lower() == "close"
-                               or req.version == "HTTP/1.0")
+                wants_close = (
+                    req.headers.get("connection", "").lower() == "close" or req.version == "HTTP/1.0"
+                )
                 if not keep_alive or wants_close or conn.gone.is_set():
                     break
         except asyncio.CancelledError:
@@ -250,11 +270,21 @@ class FakeUpstream:
             if req.method == "POST" and req.path == "/v1/chat/completions":
                 return await self._chat(conn, rec)
             if req.method == "GET" and req.path == "/v1/models":
-                models = {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
-                                                      "owned_by": "fake-upstream"}]}
+                models = {
+                    "object": "list",
+                    "data": [
+                        {"id": self.model, "object": "model", "created": 0, "owned_by": "fake-upstream"}
+                    ],
+                }
                 return await self._answer(conn, rec, 200, json.dumps(models).encode())
-            return await self._answer(conn, rec, 404, json.dumps(error_body(
-                404, f"Unknown route {req.method} {req.path}", code="unknown_url")).encode())
+            return await self._answer(
+                conn,
+                rec,
+                404,
+                json.dumps(
+                    error_body(404, f"Unknown route {req.method} {req.path}", code="unknown_url")
+                ).encode(),
+            )
         except Exception as exc:  # a bug in the fake or a bad script: answer loudly, keep serving
             rec.problems.append(f"fake upstream error: {exc!r}")
             if rec.status is None:
@@ -272,8 +302,14 @@ class FakeUpstream:
         rec.finished_at = time.monotonic()
         self._notify()
 
-    async def _answer(self, conn: Connection, rec: RecordedRequest, status: int, body: bytes,
-                      headers: dict[str, str] | None = None) -> bool:
+    async def _answer(
+        self,
+        conn: Connection,
+        rec: RecordedRequest,
+        status: int,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+    ) -> bool:
         rec.status = status
         ok = await conn.send_full(status, body, headers)
         self._finish(conn, rec, ok)
@@ -295,10 +331,13 @@ class FakeUpstream:
             forbid = script.forbid_tool_then_user
             rec.problems = validate_history(
                 rec.body["messages"],
-                forbid_tool_then_user=self.forbid_tool_then_user if forbid is None else forbid)
+                forbid_tool_then_user=self.forbid_tool_then_user if forbid is None else forbid,
+            )
             if rec.problems:
-                return HttpError(400, error_body(400, "; ".join(rec.problems), type="invalid_request_error",
-                                                 param="messages"))
+                return HttpError(
+                    400,
+                    error_body(400, "; ".join(rec.problems), type="invalid_request_error", param="messages"),
+                )
         return None
 
     async def _chat(self, conn: Connection, rec: RecordedRequest) -> bool:
@@ -318,8 +357,9 @@ class FakeUpstream:
                 return await self._answer(conn, rec, 200, payload)
             # Non-streaming cut: announce the full length, send half, hang up.
             rec.status, rec.cut = 200, True
-            ok = await conn.send_head(200, {"content-type": "application/json",
-                                            "content-length": str(len(payload))})
+            ok = await conn.send_head(
+                200, {"content-type": "application/json", "content-length": str(len(payload))}
+            )
             ok = ok and await conn.send(payload[: len(payload) // 2])
             self._finish(conn, rec, ok)
             return False
@@ -327,11 +367,18 @@ class FakeUpstream:
         events = script.stream_events(model=model, include_usage=include_usage, completion_id=completion_id)
         return await self._stream(conn, rec, script, events)
 
-    async def _stream(self, conn: Connection, rec: RecordedRequest, script: Script,
-                      events: list[bytes]) -> bool:
+    async def _stream(
+        self, conn: Connection, rec: RecordedRequest, script: Script, events: list[bytes]
+    ) -> bool:
         rec.status = 200
-        ok = await conn.send_head(200, {"content-type": "text/event-stream; charset=utf-8",
-                                        "cache-control": "no-cache", "transfer-encoding": "chunked"})
+        ok = await conn.send_head(
+            200,
+            {
+                "content-type": "text/event-stream; charset=utf-8",
+                "cache-control": "no-cache",
+                "transfer-encoding": "chunked",
+            },
+        )
         limit = len(events) + 1 if script.cut_after is None else script.cut_after
         for n, event in enumerate(events[:limit]):
             if not ok:
@@ -377,16 +424,22 @@ class FakeUpstream:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.fakes.upstream",
-                                     description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.fakes.upstream", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on startup)")
     parser.add_argument("--strict", action="store_true", help="validate histories like Anthropic")
     parser.add_argument("--forbid-tool-then-user", action="store_true")
     parser.add_argument("--api-key", default=None, help="answer 401 unless this bearer token is sent")
     args = parser.parse_args(argv)
-    upstream = FakeUpstream(host=args.host, port=args.port, strict=args.strict,
-                            forbid_tool_then_user=args.forbid_tool_then_user, api_key=args.api_key)
+    upstream = FakeUpstream(
+        host=args.host,
+        port=args.port,
+        strict=args.strict,
+        forbid_tool_then_user=args.forbid_tool_then_user,
+        api_key=args.api_key,
+    )
 
     def on_ready() -> None:
         loop = asyncio.get_running_loop()
