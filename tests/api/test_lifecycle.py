@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from app.settings import Settings
 from tests.support.server import LiveServer, live_server
@@ -118,3 +121,68 @@ async def test_history_and_sequence_survive_a_restart(settings: Settings) -> Non
                 await client.post(f"/v1/sessions/{sid}/messages", json={"content": "thanks"})
                 await reader.wait_type("turn_done")
             assert int(reader.events[0].id) == last_seq + 1
+
+
+async def test_streamed_text_is_flushed_within_a_second_but_never_per_delta(paced: LiveServer) -> None:
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if "chat_messages" in statement and statement.lstrip().upper().startswith(("UPDATE", "INSERT")):
+            statements.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        async with httpx.AsyncClient(base_url=paced.base_url, timeout=30) as client:
+            sid = await _session(client)
+            async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+                await client.post(f"/v1/sessions/{sid}/messages", json={"content": "[long] please"})
+                first = (await reader.wait_type("text_delta"))[0]
+                await asyncio.sleep(1.4)
+                mid = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
+                streamed_by_then = len(reader.of_type("text_delta"))
+                await reader.wait_type("turn_done")
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)
+
+    deltas = reader.of_type("text_delta")
+    final = "".join(d["text"] for d in deltas)
+    partial = next(m for m in mid if m["id"] == first.data["id"])
+    # A crash at this moment would have kept what was flushed: more than the first delta, less than all.
+    assert len(first.data["text"]) < len(partial["content"]) < len(final)
+    assert final.startswith(partial["content"])
+    assert streamed_by_then < len(deltas)
+    # ~400 deltas; rows are written at turn start, first delta, each flush (≤ 1/s) and the response end.
+    assert len(deltas) > 300
+    assert len(statements) <= 10, statements
+
+
+async def test_history_pages_forward_and_backward(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        sid = await _session(client)
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+            for n in range(3):
+                await client.post(f"/v1/sessions/{sid}/messages", json={"content": f"message {n}"})
+                await reader.wait_type("turn_done", count=n + 1)
+        everything = (await client.get(f"/v1/sessions/{sid}/messages")).json()
+        assert everything["next_cursor"] is None
+        ids = [m["id"] for m in everything["chat_messages"]]
+        assert len(ids) == 12
+
+        forward: list[str] = []
+        params: dict[str, str | int] = {"limit": 5}
+        while True:
+            page = (await client.get(f"/v1/sessions/{sid}/messages", params=params)).json()
+            forward += [m["id"] for m in page["chat_messages"]]
+            if page["next_cursor"] is None:
+                break
+            params = {"limit": 5, "after": page["next_cursor"]}
+        assert forward == ids
+
+        last = (
+            await client.get(f"/v1/sessions/{sid}/messages", params={"limit": 5, "before": ids[-1]})
+        ).json()
+        assert [m["id"] for m in last["chat_messages"]] == ids[-6:-1]
+        assert last["next_cursor"] == ids[-6]
+        unknown = await client.get(f"/v1/sessions/{sid}/messages", params={"after": "m_0000000000"})
+        assert unknown.status_code == 400
+        assert unknown.json()["error"]["code"] == "invalid_cursor"

@@ -220,3 +220,25 @@ async def test_unreachable_provider(server: LiveServer) -> None:
     _, reader = await _turn(server, "hi", model="openai/down")
     assert reader.of_type("error")[0]["code"] == "provider_unreachable"
     assert reader.of_type("turn_done")[0]["status"] == "failed"
+
+
+async def test_patching_the_model_switches_it_between_turns(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    sid, first = await _turn(server, "hello", model="parley/demo")
+    assert {d["model"] for d in first.of_type("text_delta") if "model" in d} == {"parley/demo"}
+    assert upstream.requests == []
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        patched = (await client.patch(f"/v1/sessions/{sid}", json={"model": MODEL})).json()
+    assert (patched["model"], patched["context_window"]) == (MODEL, 1000)
+
+    upstream.enqueue(Script.text("From the other model."))
+    second = await _post(server, sid, "and now?")
+    assert second.of_type("user_message")[0]["model"] == MODEL
+    assert second.of_type("text_delta")[0]["model"] == MODEL
+    assert second.of_type("token_usage")[0]["context_window"] == 1000
+    [request] = upstream.requests
+    assert [m["role"] for m in request.body["messages"]] == ["user", "assistant", "user"]
+    history = await _history(server, sid)
+    models = [m.get("model") for m in history if m["type"] == "text" and m["role"] == "assistant"]
+    assert models == ["parley/demo", MODEL]
