@@ -19,13 +19,14 @@ from app.recovery import close_open_turns
 from app.runner import Runner
 from app.service import ChatService
 from app.settings import Settings
-from app.tools.registry import build_default_registry
+from app.tools.registry import ToolRegistry, build_default_registry
 from app.writer import WriteBehind
 
 log = logging.getLogger("parley")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None = None) -> FastAPI:
+    """`tools` replaces the built-in registry (tests register slow or failing tools through it)."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -40,9 +41,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 return await repository.last_event_seq(db, session_id)
 
         broker = Broker(last_seq, writer.sink(), settings.subscriber_queue_size)
-        tools = build_default_registry()
-        runner = Runner(settings, database, broker, writer, models, tools)
-        chat = ChatService(settings, database, runner, models, tools, broker, writer)
+        registry = tools or build_default_registry()
+        runner = Runner(settings, database, broker, writer, models, registry)
+        chat = ChatService(settings, database, runner, models, registry, broker, writer)
         writer.start()
         await close_open_turns(database, broker)
         await runner.resume_waiting()

@@ -16,6 +16,7 @@ from alembic.config import Config
 
 from app.main import create_app
 from app.settings import Settings
+from app.tools.registry import ToolRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,12 +35,16 @@ def migrate(database_url: str) -> None:
 
 
 class LiveServer:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tools: ToolRegistry | None = None) -> None:
         self.settings = settings
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+            create_app(settings, tools=tools),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name=f"uvicorn:{self.port}", daemon=True)
@@ -74,8 +79,8 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(settings: Settings) -> Iterator[LiveServer]:
-    server = LiveServer(settings)
+def live_server(settings: Settings, tools: ToolRegistry | None = None) -> Iterator[LiveServer]:
+    server = LiveServer(settings, tools)
     server.start()
     try:
         yield server
