@@ -146,6 +146,21 @@ class AgentCancelled(_Event):
     interrupted_tool_call_ids: list[str]
 
 
+class QueuedItem(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    content: str
+    sender: str
+    timestamp: str
+    delivery: str
+
+
+class QueueUpdated(_Event):
+    type: Literal["queue_updated"] = "queue_updated"
+    queue: list[QueuedItem] = Field(description="Every message still waiting for a turn, in order.")
+
+
 class ErrorEvent(_Event):
     type: Literal["error"] = "error"
     id: str = Field(description="The error chat message id.")
@@ -166,6 +181,7 @@ Event = Annotated[
     | AgentStatus
     | TokenUsage
     | AgentCancelled
+    | QueueUpdated
     | ErrorEvent,
     Field(discriminator="type"),
 ]

@@ -1,8 +1,8 @@
 """Rebuilds the LLM history (OpenAI chat format, as LiteLLM takes it) from chat_messages (seed 000 §2.2.2).
 
-user text → user message; an assistant text and the tool_groups of the same model response → one
-assistant message with `tool_calls`, followed by one role "tool" message per result (seed 001);
-turn markers and errors are skipped: they never reach the model.
+user text → user message (consecutive ones merged into one); an assistant text and the tool_groups of
+the same model response → one assistant message with `tool_calls`, followed by one role "tool" message
+per result (seed 001); turn markers and errors are skipped: they never reach the model.
 """
 
 from __future__ import annotations
@@ -39,7 +39,13 @@ def rebuild(rows: Iterable[ChatMessageRow], system_prompt: str | None) -> list[d
     for row in rows:
         if row.type == "text" and row.role == "user":
             close_response()
-            messages.append({"role": "user", "content": row.content or ""})
+            previous = messages[-1] if messages else None
+            if previous is not None and previous["role"] == "user":
+                # Several waiting messages taken together, or a turn that failed before the model
+                # answered: one user turn, since strict providers refuse two in a row.
+                previous["content"] = f"{previous['content']}\n\n{row.content or ''}"
+            else:
+                messages.append({"role": "user", "content": row.content or ""})
         elif row.type in ("text", "tool_group"):
             if assistant is None or row.response_id != response_id:
                 close_response()

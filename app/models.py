@@ -73,6 +73,8 @@ class QueuedMessageRow(SQLModel, table=True):
     content: str
     sender: str
     timestamp: str
+    # steer: taken at the running turn's next breakpoint; queue: after it ends; interrupt: it was stopped.
+    delivery: str = Field(default="steer", sa_column_kwargs={"server_default": "steer"})
 
 
 class EventRow(SQLModel, table=True):

@@ -19,6 +19,7 @@ from app.agent import (
     AgentEvent,
     AgentRun,
     BreakpointReached,
+    CallRequest,
     ResponseFinished,
     ResponseStarted,
     TextChunk,
@@ -52,6 +53,7 @@ from app.writer import TextBuffer, WriteBehind
 log = logging.getLogger(__name__)
 
 TOOL_INTERRUPTED_BY_USER = "[Tool execution interrupted by user]"
+TOOL_INTERRUPTED_BY_ERROR = "[Tool execution interrupted by an error]"
 
 
 @dataclass
@@ -78,41 +80,45 @@ class TurnRecorder:
     turn_id: str
     model: str
     context_window: int | None
+    taken_ids: frozenset[str] = frozenset()
     started: float = field(default_factory=time.monotonic)
     closed: bool = False
     _response_id: str | None = None
     _text: TextBuffer | None = None
     _text_timestamp: str = ""
     _open_tools: dict[str, _OpenTool] = field(default_factory=dict)
+    # The calls of the current tool round, so a stop can give the ones not started yet their result.
+    _round_calls: list[CallRequest] = field(default_factory=list)
+    _started_calls: set[str] = field(default_factory=set)
+    interrupted_message_ids: list[str] = field(default_factory=list)
+    interrupted_tool_call_ids: list[str] = field(default_factory=list)
 
     # --- the turn ------------------------------------------------------------------------------------
 
     async def record(self, agent: AgentRun) -> None:
         """Runs the agent to the end of the turn; every way out closes the turn exactly once."""
-        status: TurnStatus = "completed"
         events = agent.run()
         try:
             async for event in events:
                 await self._on(event)
         except asyncio.CancelledError:
-            status = "cancelled"
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+            # Close the agent first: that closes the provider stream and cancels running tools.
             await events.aclose()
-            await self.commit_interrupted(TOOL_INTERRUPTED_BY_USER)
+            await self.finish_cancelled()
+            return
         except (ProviderError, AgentError) as exc:
-            status = "failed"
-            await self.commit_interrupted(TOOL_INTERRUPTED_BY_USER, announce=False)
-            await self.fail(exc.code, exc.message)
+            await events.aclose()
+            await self.finish_failed(exc.code, exc.message)
+            return
         except Exception:
             log.exception("turn %s failed", self.turn_id)
-            status = "failed"
-            await self.commit_interrupted(TOOL_INTERRUPTED_BY_USER, announce=False)
-            await self.fail("internal_error", "The turn failed because of an internal error.")
-        finally:
             await events.aclose()
-        await self.close(status)
+            await self.finish_failed("internal_error", "The turn failed because of an internal error.")
+            return
+        await self.close("completed")
 
     async def _on(self, event: AgentEvent) -> None:
         if isinstance(event, TextChunk):
@@ -121,6 +127,7 @@ class TurnRecorder:
             self._response_id = new_message_id()
             self._text = None
         elif isinstance(event, ResponseFinished):
+            self._round_calls, self._started_calls = list(event.calls), set()
             await self._on_response_done(event)
         elif isinstance(event, ToolStarted):
             await self._on_tool_start(event)
@@ -240,6 +247,7 @@ class TurnRecorder:
             await repository.insert_messages(db, [row])
             await db.commit()
         self._open_tools[call.id] = _OpenTool(row_id, call.name)
+        self._started_calls.add(call.id)
         self._emit(
             ToolExecStart,
             id=row_id,
@@ -276,10 +284,33 @@ class TurnRecorder:
 
     # --- ends ----------------------------------------------------------------------------------------
 
-    async def commit_interrupted(self, tool_result: str, *, announce: bool = True) -> None:
-        """Seed 004's partial-state commit: streamed text is kept and marked, open tools get a result."""
+    async def commit_partial(self, tool_result: str) -> None:
+        """Seed 004's partial-state commit: streamed text is kept and marked, and every call of the
+        interrupted round ends with exactly one result (finished calls keep theirs)."""
         buffer, self._text = self._text, None
         open_tools, self._open_tools = self._open_tools, {}
+        unstarted = [c for c in self._round_calls if c.id not in self._started_calls]
+        self._round_calls = []
+        at = now_iso()
+        rows = [
+            ChatMessageRow(
+                id=new_message_id(),
+                session_id=self.session_id,
+                turn_id=self.turn_id,
+                type="tool_group",
+                role="assistant",
+                model=self.model,
+                timestamp=at,
+                response_id=self._response_id,
+                tool_call_id=call.id,
+                tool_name=call.name,
+                arguments=call.arguments,
+                result=tool_result,
+                is_error=True,
+                duration_ms=0,
+            )
+            for call in unstarted
+        ]
         async with self.db.session() as db:
             if buffer is not None:
                 self.writer.untrack(buffer)
@@ -288,18 +319,31 @@ class TurnRecorder:
                 )
             for tool in open_tools.values():
                 await repository.update_message(db, tool.row_id, {"result": tool_result, "is_error": True})
+            if rows:
+                await repository.insert_messages(db, rows)
             await db.commit()
-        if not announce:
-            return
+        self.interrupted_message_ids = [
+            *([buffer.message_id] if buffer is not None else []),
+            *(tool.row_id for tool in open_tools.values()),
+            *(row.id for row in rows),
+        ]
+        self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
+
+    async def finish_cancelled(self) -> None:
+        await self.commit_partial(TOOL_INTERRUPTED_BY_USER)
+        self.set_status("idle")
         self._emit(
             AgentCancelled,
             turn_id=self.turn_id,
-            interrupted_message_ids=[
-                *([buffer.message_id] if buffer is not None else []),
-                *(tool.row_id for tool in open_tools.values()),
-            ],
-            interrupted_tool_call_ids=list(open_tools),
+            interrupted_message_ids=self.interrupted_message_ids,
+            interrupted_tool_call_ids=self.interrupted_tool_call_ids,
         )
+        await self.close("cancelled")
+
+    async def finish_failed(self, code: str, message: str) -> None:
+        await self.commit_partial(TOOL_INTERRUPTED_BY_ERROR)
+        await self.fail(code, message)
+        await self.close("failed")
 
     async def fail(self, code: str, message: str) -> None:
         row_id = new_message_id()
@@ -339,7 +383,8 @@ class TurnRecorder:
         async with self.db.session() as db:
             await repository.insert_messages(db, [row])
             await db.commit()
-        self.set_status("idle")
+        if self.live.agent_status != "idle":
+            self.set_status("idle")
         self._emit(
             TurnDone, id=row_id, turn_id=self.turn_id, timestamp=at, duration_seconds=duration, status=status
         )

@@ -1,8 +1,11 @@
 """Runs turns: one task per running turn, a waiting line per session, stop, and shutdown.
 
-A session is idle or runs exactly one turn. A message posted to an idle session starts a turn at once;
-one posted to a busy session is stored durably in the waiting line and taken, together with everything
-else waiting, when the turn reaches its next breakpoint or ends.
+A session is idle or runs exactly one turn. A message posted to an idle session starts a turn at once.
+One posted to a busy session is stored durably in the waiting line and announced; what happens next
+depends on its delivery (seed 004 §2.5): `steer` ends the running turn at its next breakpoint (after a
+tool round's results, before the next model call), `queue` waits for the turn to end by itself,
+`interrupt` stops the turn as Stop does, `reject` refuses with 409. When a turn ends, everything waiting
+is taken together, in order, as the next turn.
 """
 
 from __future__ import annotations
@@ -13,15 +16,15 @@ from dataclasses import dataclass, field
 
 from app import repository
 from app.agent import AgentRun
-from app.broker import Broker
+from app.broker import Broker, Channel
 from app.clock import new_message_id, new_turn_id, now_iso
 from app.db import Database
-from app.events import AgentStatus, TurnStart, UserMessage
+from app.events import AgentStatus, QueuedItem, QueueUpdated, TurnStart, UserMessage
 from app.history import rebuild
 from app.llm.layer import ModelLayer
 from app.models import ChatMessageRow, ChatSessionRow, QueuedMessageRow
 from app.recorder import LiveStatus, TurnRecorder
-from app.schemas import CancelResult, MessageAccepted
+from app.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.settings import Settings
 from app.tools.registry import ToolRegistry
 from app.writer import WriteBehind
@@ -33,12 +36,18 @@ class SessionClosed(LookupError):
     """The session is being deleted."""
 
 
-@dataclass
-class _Pending:
-    id: str
-    content: str
-    sender: str
-    timestamp: str
+class ShuttingDown(RuntimeError):
+    """The server is stopping and takes no new messages."""
+
+
+class TurnRunning(RuntimeError):
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(turn_id)
+        self.turn_id = turn_id
+
+
+class NotWaiting(LookupError):
+    """The message is not (or no longer) in the waiting line."""
 
 
 @dataclass
@@ -47,14 +56,13 @@ class SessionState:
     live: LiveStatus = field(default_factory=LiveStatus)
     task: asyncio.Task[None] | None = None
     recorder: TurnRecorder | None = None
-    waiting: int = 0
+    # Mirror of the session's waiting line (the queued_messages rows), in order.
+    waiting: dict[str, QueuedMessage] = field(default_factory=dict)
     cancelling: bool = False
-    # Set when the session is being deleted: nothing more may start.
     closed: bool = False
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def __post_init__(self) -> None:
-        self.idle.set()
+    def wants_breakpoint(self) -> bool:
+        return any(m.delivery in ("steer", "interrupt") for m in self.waiting.values())
 
 
 class Runner:
@@ -88,59 +96,50 @@ class Runner:
 
     # --- posting -------------------------------------------------------------------------------------
 
-    async def post(self, session: ChatSessionRow, content: str, sender: str) -> MessageAccepted:
+    async def post(
+        self, session: ChatSessionRow, content: str, sender: str, delivery: Delivery
+    ) -> MessageAccepted:
         if self._closing:
-            raise RuntimeError("shutting down")
+            raise ShuttingDown
         state = self.state(session.id)
         if state.closed:
             raise SessionClosed(session.id)
-        pending = _Pending(new_message_id(), content, sender, now_iso())
+        message = QueuedMessage(
+            id=new_message_id(), content=content, sender=sender, timestamp=now_iso(), delivery=delivery
+        )
         async with state.lock:
             if state.task is None:
-                turn_id = await self._begin(session, state, [pending], queued_ids=[])
-                return MessageAccepted(
-                    id=pending.id,
-                    session_id=session.id,
-                    content=content,
-                    sender=sender,
-                    timestamp=pending.timestamp,
-                    turn_id=turn_id,
-                    queued=False,
-                )
-            row = QueuedMessageRow(
-                id=pending.id,
-                session_id=session.id,
-                content=content,
-                sender=sender,
-                timestamp=pending.timestamp,
-            )
+                turn_id = await self._begin(session, state, [message], from_queue=False)
+                return _accepted(session.id, message, turn_id)
+            if delivery == "reject":
+                assert state.recorder is not None
+                raise TurnRunning(state.recorder.turn_id)
+            row = QueuedMessageRow(session_id=session.id, **message.model_dump())
             async with self._db.session() as db:
                 await repository.enqueue(db, row)
                 await db.commit()
-            state.waiting += 1
+            state.waiting[message.id] = message
             channel = await self._broker.channel(session.id)
             channel.publish(
                 UserMessage,
-                id=pending.id,
+                id=message.id,
                 text=content,
-                timestamp=pending.timestamp,
+                timestamp=message.timestamp,
                 turn_id=None,
                 model=session.model,
                 sender=sender,
                 queued=True,
             )
-        return MessageAccepted(
-            id=pending.id,
-            session_id=session.id,
-            content=content,
-            sender=sender,
-            timestamp=pending.timestamp,
-            turn_id=None,
-            queued=True,
-        )
+            self._announce_queue(state, channel)
+        if delivery == "interrupt":
+            await self.cancel(session.id)
+            taker = state.recorder
+            if taker is not None and message.id in taker.taken_ids:
+                return _accepted(session.id, message, taker.turn_id)
+        return _accepted(session.id, message, None)
 
     async def _begin(
-        self, session: ChatSessionRow, state: SessionState, messages: list[_Pending], queued_ids: list[str]
+        self, session: ChatSessionRow, state: SessionState, messages: list[QueuedMessage], *, from_queue: bool
     ) -> str:
         """Writes turn_start and the user messages in one transaction, announces them, starts the task."""
         turn_id = new_turn_id()
@@ -165,11 +164,15 @@ class Runner:
             for m in messages
         ]
         async with self._db.session() as db:
-            if queued_ids:
-                await repository.dequeue(db, queued_ids)
+            if from_queue:
+                await repository.dequeue(db, [m.id for m in messages])
             await repository.insert_messages(db, rows)
             await db.commit()
         channel = await self._broker.channel(session.id)
+        if from_queue:
+            for m in messages:
+                state.waiting.pop(m.id, None)
+            self._announce_queue(state, channel)
         channel.publish(TurnStart, id=start_id, turn_id=turn_id, timestamp=started_at)
         for m in messages:
             channel.publish(
@@ -193,27 +196,29 @@ class Runner:
             turn_id=turn_id,
             model=session.model,
             context_window=None,
+            taken_ids=frozenset(m.id for m in messages),
         )
         state.recorder = recorder
         state.cancelling = False
-        state.idle.clear()
         state.task = asyncio.create_task(self._run(session.id, state, recorder), name=f"turn:{turn_id}")
         return turn_id
+
+    @staticmethod
+    def _announce_queue(state: SessionState, channel: Channel) -> None:
+        channel.publish(QueueUpdated, queue=[QueuedItem(**m.model_dump()) for m in state.waiting.values()])
 
     async def _run(self, session_id: str, state: SessionState, recorder: TurnRecorder) -> None:
         try:
             await self._execute(session_id, state, recorder)
         except asyncio.CancelledError:
-            # Cancelled before the recorder took charge (the turn had not reached the model yet).
+            # Stopped before the recorder took charge (the turn had not reached the model yet).
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            await recorder.commit_interrupted("[Tool execution interrupted by user]")
-            await recorder.close("cancelled")
+            await recorder.finish_cancelled()
         except Exception:
             log.exception("turn %s could not run", recorder.turn_id)
-            await recorder.fail("internal_error", "The turn failed because of an internal error.")
-            await recorder.close("failed")
+            await recorder.finish_failed("internal_error", "The turn failed because of an internal error.")
         finally:
             await self._after(session_id, state)
 
@@ -240,39 +245,69 @@ class Runner:
             provider_timeout=settings.provider_timeout,
             retries=settings.provider_retries,
             retry_backoff=settings.provider_retry_backoff,
-            should_pause=lambda: state.waiting > 0,
+            should_pause=state.wants_breakpoint,
         )
         await recorder.record(agent)
 
     async def _after(self, session_id: str, state: SessionState) -> None:
-        """The turn is closed: take what waits as the next turn, or go idle."""
+        """The turn is closed: take everything waiting as the next turn, or go idle."""
         async with state.lock:
             state.task = None
-            state.recorder = None
             if not self._closing and not state.closed:
-                async with self._db.session() as db:
-                    session = await repository.get_session(db, session_id)
-                    waiting = await repository.queued(db, session_id) if session is not None else []
-                if session is not None and waiting:
-                    state.waiting = 0
-                    pending = [_Pending(w.id, w.content, w.sender, w.timestamp) for w in waiting]
-                    await self._begin(session, state, pending, queued_ids=[w.id for w in waiting])
-                    return
-            state.waiting = 0
-            state.idle.set()
+                await self._take_waiting(session_id, state)
+
+    async def _take_waiting(self, session_id: str, state: SessionState) -> None:
+        async with self._db.session() as db:
+            session = await repository.get_session(db, session_id)
+            rows = await repository.queued(db, session_id) if session is not None else []
+        if session is None or not rows:
+            return
+        await self._begin(session, state, [_queued(r) for r in rows], from_queue=True)
+
+    # --- the waiting line ----------------------------------------------------------------------------
+
+    async def queue(self, session_id: str) -> list[QueuedMessage]:
+        async with self._db.session() as db:
+            rows = await repository.queued(db, session_id)
+        return [_queued(r) for r in rows]
+
+    async def withdraw(self, session_id: str, message_ids: list[str] | None = None) -> list[QueuedMessage]:
+        """Takes messages out of the waiting line (all of them when `message_ids` is None)."""
+        state = self.state(session_id)
+        async with state.lock:
+            current = await self.queue(session_id)
+            chosen = [m for m in current if message_ids is None or m.id in message_ids]
+            if message_ids is not None and len(chosen) != len(message_ids):
+                raise NotWaiting(message_ids)
+            if not chosen:
+                return []
+            async with self._db.session() as db:
+                await repository.dequeue(db, [m.id for m in chosen])
+                await db.commit()
+            for m in chosen:
+                state.waiting.pop(m.id, None)
+            self._announce_queue(state, await self._broker.channel(session_id))
+        return chosen
 
     # --- stopping ------------------------------------------------------------------------------------
 
-    async def cancel(self, session_id: str) -> CancelResult:
+    async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult:
+        withdrawn = await self.withdraw(session_id) if clear_queue else []
         state = self._states.get(session_id)
         if state is None or state.task is None or state.recorder is None:
-            return CancelResult(cancelled=False)
-        task, turn_id = state.task, state.recorder.turn_id
+            return CancelResult(cancelled=False, withdrawn=withdrawn)
+        task, recorder = state.task, state.recorder
         if not state.cancelling:
             state.cancelling = True
             task.cancel()
         await asyncio.wait({task})
-        return CancelResult(cancelled=True, turn_id=turn_id)
+        return CancelResult(
+            cancelled=True,
+            turn_id=recorder.turn_id,
+            interrupted_message_ids=recorder.interrupted_message_ids,
+            interrupted_tool_call_ids=recorder.interrupted_tool_call_ids,
+            withdrawn=withdrawn,
+        )
 
     async def resume_waiting(self) -> None:
         """At startup: messages acknowledged before a restart but never taken start their turns now."""
@@ -282,15 +317,7 @@ class Runner:
             state = self.state(session_id)
             async with state.lock:
                 if state.task is None:
-                    await self._after_locked_start(session_id, state)
-
-    async def _after_locked_start(self, session_id: str, state: SessionState) -> None:
-        async with self._db.session() as db:
-            session = await repository.get_session(db, session_id)
-            waiting = await repository.queued(db, session_id)
-        if session is not None and waiting:
-            pending = [_Pending(w.id, w.content, w.sender, w.timestamp) for w in waiting]
-            await self._begin(session, state, pending, queued_ids=[w.id for w in waiting])
+                    await self._take_waiting(session_id, state)
 
     async def close_session(self, session_id: str) -> None:
         """Before a delete: stop the turn and start nothing after it."""
@@ -302,5 +329,22 @@ class Runner:
 
     async def shutdown(self) -> None:
         self._closing = True
-        running = [(sid, s) for sid, s in self._states.items() if s.task is not None]
-        await asyncio.gather(*(self.cancel(sid) for sid, _ in running), return_exceptions=True)
+        running = [sid for sid, s in self._states.items() if s.task is not None]
+        await asyncio.gather(*(self.cancel(sid) for sid in running), return_exceptions=True)
+
+
+def _queued(row: QueuedMessageRow) -> QueuedMessage:
+    return QueuedMessage.model_validate(row, from_attributes=True)
+
+
+def _accepted(session_id: str, message: QueuedMessage, turn_id: str | None) -> MessageAccepted:
+    return MessageAccepted(
+        id=message.id,
+        session_id=session_id,
+        content=message.content,
+        sender=message.sender,
+        timestamp=message.timestamp,
+        turn_id=turn_id,
+        queued=turn_id is None,
+        delivery=message.delivery,
+    )

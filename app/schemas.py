@@ -47,9 +47,20 @@ class SessionPage(BaseModel):
     next_cursor: str | None = Field(description="Pass as `cursor` to get the next page; null at the end.")
 
 
+Delivery = Literal["steer", "queue", "interrupt", "reject"]
+
+
 class MessageCreate(_Strict):
     content: str = Field(min_length=1, max_length=100_000)
     sender: str = Field("User", min_length=1, max_length=100)
+    delivery: Delivery = Field(
+        "steer",
+        description=(
+            "What to do when a turn is running. steer: take it at the next breakpoint (after the current "
+            "tool round, before the next model call). queue: wait until the turn ends by itself. "
+            "interrupt: stop the turn (as POST .../cancel would), then answer this. reject: 409."
+        ),
+    )
 
 
 class MessageAccepted(BaseModel):
@@ -60,11 +71,35 @@ class MessageAccepted(BaseModel):
     timestamp: str
     turn_id: str | None = Field(description="The turn this message started; null while it waits its turn.")
     queued: bool
+    delivery: Delivery
+
+
+class QueuedMessage(BaseModel):
+    """A message acknowledged while a turn runs, not yet taken by a turn."""
+
+    id: str
+    content: str
+    sender: str
+    timestamp: str
+    delivery: Delivery
+
+
+class QueueList(BaseModel):
+    queue: list[QueuedMessage]
+
+
+class CancelRequest(_Strict):
+    clear_queue: bool = Field(
+        False, description="Also withdraw the waiting messages (returned, so a client can restore its input)."
+    )
 
 
 class CancelResult(BaseModel):
-    cancelled: bool
+    cancelled: bool = Field(description="False when no turn was running.")
     turn_id: str | None = None
+    interrupted_message_ids: list[str] = Field(default_factory=list)
+    interrupted_tool_call_ids: list[str] = Field(default_factory=list)
+    withdrawn: list[QueuedMessage] = Field(default_factory=list)
 
 
 class ModelInfo(BaseModel):

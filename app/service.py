@@ -11,19 +11,22 @@ from app import repository
 from app.broker import Broker
 from app.clock import new_session_id, now_iso
 from app.db import Database
-from app.errors import ApiError, NotFound
+from app.errors import ApiError, Conflict, NotFound, Unavailable
 from app.llm.layer import ModelLayer
 from app.models import ChatMessageRow, ChatSessionRow
-from app.runner import Runner, SessionClosed
+from app.runner import NotWaiting, Runner, SessionClosed, ShuttingDown, TurnRunning
 from app.schemas import (
     AssistantTextMessage,
     CancelResult,
     ChatMessage,
     ErrorMessage,
     MessageAccepted,
+    MessageCreate,
     MessagePage,
     ModelInfo,
     ModelList,
+    QueuedMessage,
+    QueueList,
     SessionCreate,
     SessionOut,
     SessionPage,
@@ -171,16 +174,44 @@ class ChatService:
 
     # --- messages ------------------------------------------------------------------------------------
 
-    async def post_message(self, session_id: str, content: str, sender: str) -> MessageAccepted:
+    async def post_message(self, session_id: str, body: MessageCreate) -> MessageAccepted:
         session = await self.get_row(session_id)
         try:
-            return await self._runner.post(session, content, sender)
+            return await self._runner.post(session, body.content, body.sender, body.delivery)
         except SessionClosed as exc:
             raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id}) from exc
+        except TurnRunning as exc:
+            raise Conflict(
+                f"A turn is running ({exc.turn_id}); the message was not stored.",
+                code="turn_running",
+                details={"turn_id": exc.turn_id},
+            ) from exc
+        except ShuttingDown as exc:
+            raise Unavailable("The server is shutting down; retry on another instance.") from exc
 
-    async def cancel(self, session_id: str) -> CancelResult:
+    async def cancel(self, session_id: str, clear_queue: bool) -> CancelResult:
         await self.get_row(session_id)
-        return await self._runner.cancel(session_id)
+        return await self._runner.cancel(session_id, clear_queue=clear_queue)
+
+    async def queue(self, session_id: str) -> QueueList:
+        await self.get_row(session_id)
+        return QueueList(queue=await self._runner.queue(session_id))
+
+    async def withdraw(self, session_id: str, message_id: str) -> QueuedMessage:
+        await self.get_row(session_id)
+        try:
+            [withdrawn] = await self._runner.withdraw(session_id, [message_id])
+        except NotWaiting as exc:
+            async with self._db.session() as db:
+                taken = await repository.message_position(db, session_id, message_id)
+            if taken is not None:
+                raise Conflict(
+                    f"Message {message_id!r} was already taken by a turn.",
+                    code="already_taken",
+                    details={"message_id": message_id},
+                ) from exc
+            raise NotFound(f"No waiting message {message_id!r}.", details={"message_id": message_id}) from exc
+        return withdrawn
 
     async def history(
         self, session_id: str, *, limit: int, after: str | None, before: str | None

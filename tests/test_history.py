@@ -417,18 +417,13 @@ def test_multi_turn_history_round_trips_exactly() -> None:
         {"role": "assistant", "content": "17 × 23 = 391."},
         {"role": "user", "content": "Tell me a long story [long]"},
         {"role": "assistant", "content": "Once upon a\n\n[interrupted]"},
-        {"role": "user", "content": "thanks"},
-        {"role": "user", "content": "still there?"},
+        {"role": "user", "content": "thanks\n\nstill there?"},
         {"role": "assistant", "content": "Yes."},
     ]
     messages = rebuild(rows, "You are Parley.")
     assert messages == expected
-    # A failed turn leaves two user messages in a row ("thanks", "still there?"); LiteLLM merges those for
-    # Anthropic, so only that rule may be reported.
-    problems = validate_history(messages)
-    assert len(problems) == 1
-    assert "two consecutive 'user' messages" in problems[0]
-    assert validate_history([m for m in messages if m["content"] != "thanks"]) == []
+    # A failed turn left two user rows in a row ("thanks", "still there?"): they reach the model as one.
+    assert validate_history(messages) == []
 
 
 def test_rebuild_takes_any_iterable_and_does_not_touch_the_rows() -> None:

@@ -8,15 +8,23 @@ from fastapi import APIRouter, Query, Response, status
 
 from app.api.deps import ChatDep
 from app.api.responses import errors
-from app.schemas import CancelResult, MessageAccepted, MessageCreate, MessagePage
+from app.schemas import (
+    CancelRequest,
+    CancelResult,
+    MessageAccepted,
+    MessageCreate,
+    MessagePage,
+    QueuedMessage,
+    QueueList,
+)
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["messages"])
 
 
-@router.post("/messages", status_code=status.HTTP_202_ACCEPTED, responses=errors(404, 422))
+@router.post("/messages", status_code=status.HTTP_202_ACCEPTED, responses=errors(404, 409, 422, 503))
 async def post_message(session_id: str, body: MessageCreate, chat: ChatDep) -> MessageAccepted:
-    """Store a user message (durably, before answering) and start a turn, or wait for the running one."""
-    return await chat.post_message(session_id, body.content, body.sender)
+    """Store a user message (durably, before answering); it starts a turn, or waits as `delivery` says."""
+    return await chat.post_message(session_id, body)
 
 
 @router.get("/messages", responses=errors(400, 404, 422))
@@ -38,9 +46,23 @@ async def list_messages(
     status_code=status.HTTP_202_ACCEPTED,
     responses={200: {"model": CancelResult, "description": "Nothing was running"}, **errors(404)},
 )
-async def cancel(session_id: str, chat: ChatDep, response: Response) -> CancelResult:
+async def cancel(
+    session_id: str, chat: ChatDep, response: Response, body: CancelRequest | None = None
+) -> CancelResult:
     """Stop the running turn now, keeping its partial output; 200 with cancelled=false when idle."""
-    result = await chat.cancel(session_id)
+    result = await chat.cancel(session_id, clear_queue=body.clear_queue if body else False)
     if not result.cancelled:
         response.status_code = status.HTTP_200_OK
     return result
+
+
+@router.get("/queue", responses=errors(404))
+async def list_queue(session_id: str, chat: ChatDep) -> QueueList:
+    """Messages acknowledged while a turn runs and not taken by a turn yet, in order."""
+    return await chat.queue(session_id)
+
+
+@router.delete("/queue/{message_id}", responses=errors(404, 409))
+async def withdraw(session_id: str, message_id: str, chat: ChatDep) -> QueuedMessage:
+    """Withdraw a waiting message; 409 once a turn has taken it."""
+    return await chat.withdraw(session_id, message_id)

@@ -72,20 +72,25 @@ async def test_cancel_keeps_partial_text_and_the_session_stays_usable(paced: Liv
             await reader.wait_type("text_delta", count=5)
             stopped = await client.post(f"/v1/sessions/{sid}/cancel")
             assert stopped.status_code == 202
-            assert stopped.json() == {"cancelled": True, "turn_id": posted["turn_id"]}
+            result = stopped.json()
+            assert (result["cancelled"], result["turn_id"], result["withdrawn"]) == (
+                True,
+                posted["turn_id"],
+                [],
+            )
             await reader.wait_type("turn_done")
             again = await client.post(f"/v1/sessions/{sid}/cancel")
             assert again.status_code == 200
             assert again.json()["cancelled"] is False
 
             types = [e.event for e in reader.events]
-            tail = types[types.index("agent_cancelled") :]
-            assert tail == ["agent_cancelled", "agent_status", "turn_done"]
+            tail = types[types.index("agent_cancelled") - 1 :]
+            assert tail == ["agent_status", "agent_cancelled", "turn_done"]
             cancelled = reader.of_type("agent_cancelled")[0]
             deltas = reader.of_type("text_delta")
             text_id = deltas[0]["id"]
-            assert cancelled["interrupted_message_ids"] == [text_id]
-            assert cancelled["interrupted_tool_call_ids"] == []
+            assert cancelled["interrupted_message_ids"] == [text_id] == result["interrupted_message_ids"]
+            assert cancelled["interrupted_tool_call_ids"] == [] == result["interrupted_tool_call_ids"]
             assert reader.of_type("turn_done")[0]["status"] == "cancelled"
 
             history = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
