@@ -136,6 +136,34 @@ class TurnRecorder:
         elif isinstance(event, BreakpointReached):
             pass
 
+    def _row(self, type_: str, timestamp: str, **fields: Any) -> ChatMessageRow:
+        return ChatMessageRow(
+            id=fields.pop("id", None) or new_message_id(),
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            type=type_,
+            timestamp=timestamp,
+            **fields,
+        )
+
+    async def _insert(self, row: ChatMessageRow) -> None:
+        async with self.db.session() as db:
+            await repository.insert_messages(db, [row])
+            await db.commit()
+
+    def _tool_row(self, call: CallRequest, timestamp: str, **fields: Any) -> ChatMessageRow:
+        return self._row(
+            "tool_group",
+            timestamp,
+            role="assistant",
+            model=self.model,
+            response_id=self._response_id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            arguments=call.arguments,
+            **fields,
+        )
+
     def _emit(self, cls: Any, **fields: Any) -> None:
         self.channel.publish(cls, **fields)
 
@@ -158,20 +186,17 @@ class TurnRecorder:
         self._emit(
             TextDelta, id=buffer.message_id, text=text, timestamp=self._text_timestamp, model=self.model
         )
-        row = ChatMessageRow(
-            id=buffer.message_id,
-            session_id=self.session_id,
-            turn_id=self.turn_id,
-            type="text",
-            role="assistant",
-            content=text,
-            model=self.model,
-            timestamp=self._text_timestamp,
-            response_id=self._response_id,
+        await self._insert(
+            self._row(
+                "text",
+                self._text_timestamp,
+                id=buffer.message_id,
+                role="assistant",
+                content=text,
+                model=self.model,
+                response_id=self._response_id,
+            )
         )
-        async with self.db.session() as db:
-            await repository.insert_messages(db, [row])
-            await db.commit()
         self.writer.track(buffer)
 
     async def _on_response_done(self, event: ResponseFinished) -> None:
@@ -227,31 +252,15 @@ class TurnRecorder:
 
     async def _on_tool_start(self, event: ToolStarted) -> None:
         call = event.call
-        row_id = new_message_id()
-        at = now_iso()
-        arguments = call.arguments
-        row = ChatMessageRow(
-            id=row_id,
-            session_id=self.session_id,
-            turn_id=self.turn_id,
-            type="tool_group",
-            role="assistant",
-            model=self.model,
-            timestamp=at,
-            response_id=self._response_id,
-            tool_call_id=call.id,
-            tool_name=call.name,
-            arguments=arguments,
-        )
-        async with self.db.session() as db:
-            await repository.insert_messages(db, [row])
-            await db.commit()
-        self._open_tools[call.id] = _OpenTool(row_id, call.name)
+        row = self._tool_row(call, now_iso())
+        await self._insert(row)
+        self._open_tools[call.id] = _OpenTool(row.id, call.name)
         self._started_calls.add(call.id)
+        at = row.timestamp
         self._emit(
             ToolExecStart,
-            id=row_id,
-            tool_call=ToolCall(id=call.id, name=call.name, arguments=arguments),
+            id=row.id,
+            tool_call=ToolCall(id=call.id, name=call.name, arguments=row.arguments),
             timestamp=at,
             model=self.model,
         )
@@ -293,23 +302,7 @@ class TurnRecorder:
         self._round_calls = []
         at = now_iso()
         rows = [
-            ChatMessageRow(
-                id=new_message_id(),
-                session_id=self.session_id,
-                turn_id=self.turn_id,
-                type="tool_group",
-                role="assistant",
-                model=self.model,
-                timestamp=at,
-                response_id=self._response_id,
-                tool_call_id=call.id,
-                tool_name=call.name,
-                arguments=call.arguments,
-                result=tool_result,
-                is_error=True,
-                duration_ms=0,
-            )
-            for call in unstarted
+            self._tool_row(call, at, result=tool_result, is_error=True, duration_ms=0) for call in unstarted
         ]
         async with self.db.session() as db:
             if buffer is not None:
@@ -346,45 +339,26 @@ class TurnRecorder:
         await self.close("failed")
 
     async def fail(self, code: str, message: str) -> None:
-        row_id = new_message_id()
-        at = now_iso()
-        row = ChatMessageRow(
-            id=row_id,
-            session_id=self.session_id,
-            turn_id=self.turn_id,
-            type="error",
-            role="assistant",
-            content=message,
-            code=code,
-            model=self.model,
-            timestamp=at,
+        row = self._row("error", now_iso(), role="assistant", content=message, code=code, model=self.model)
+        await self._insert(row)
+        self._emit(
+            ErrorEvent, id=row.id, message=message, code=code, model=self.model, timestamp=row.timestamp
         )
-        async with self.db.session() as db:
-            await repository.insert_messages(db, [row])
-            await db.commit()
-        self._emit(ErrorEvent, id=row_id, message=message, code=code, model=self.model, timestamp=at)
 
     async def close(self, status: TurnStatus) -> None:
         if self.closed:
             return
         self.closed = True
-        row_id = new_message_id()
-        at = now_iso()
         duration = round(time.monotonic() - self.started, 3)
-        row = ChatMessageRow(
-            id=row_id,
-            session_id=self.session_id,
-            turn_id=self.turn_id,
-            type="turn_done",
-            timestamp=at,
-            duration_seconds=duration,
-            status=status,
-        )
-        async with self.db.session() as db:
-            await repository.insert_messages(db, [row])
-            await db.commit()
+        row = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
+        await self._insert(row)
         if self.live.agent_status != "idle":
             self.set_status("idle")
         self._emit(
-            TurnDone, id=row_id, turn_id=self.turn_id, timestamp=at, duration_seconds=duration, status=status
+            TurnDone,
+            id=row.id,
+            turn_id=self.turn_id,
+            timestamp=row.timestamp,
+            duration_seconds=duration,
+            status=status,
         )
