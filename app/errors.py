@@ -1,4 +1,4 @@
-"""One error model for every 4xx and 5xx, {"error": {"code", "message", "details"}}, from one handler."""
+"""One error model for every 4xx and 5xx: {"error": {"code", "message", "details", "request_id"}}."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.middleware import BodyTooLarge, error_body
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,17 @@ class Unavailable(ApiError):
     code = "unavailable"
 
 
-def _body(code: str, message: str, details: Any = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "details": details}}
+class PayloadTooLarge(ApiError):
+    status = 413
+    code = "payload_too_large"
+
+
+def _respond(
+    request: Request, status: int, code: str, message: str, details: Any = None, **kw: Any
+) -> JSONResponse:
+    # The request id ties what the client saw to the server's log line.
+    log.info("%s %s -> %d %s", request.method, request.url.path, status, code)
+    return JSONResponse(error_body(code, message, details), status_code=status, **kw)
 
 
 _HTTP_CODES = {
@@ -54,11 +65,15 @@ _HTTP_CODES = {
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(_body(exc.code, exc.message, exc.details), status_code=exc.status)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _respond(request, exc.status, exc.code, exc.message, exc.details)
+
+    @app.exception_handler(BodyTooLarge)
+    async def body_too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
+        return _respond(request, 413, "payload_too_large", f"The request body exceeds {exc.limit} bytes.")
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         details = [
             {
                 "field": ".".join(str(p) for p in err.get("loc", ())),
@@ -67,16 +82,16 @@ def install(app: FastAPI) -> None:
             }
             for err in exc.errors()
         ]
-        return JSONResponse(_body("validation_error", "The request is not valid.", details), status_code=422)
+        return _respond(request, 422, "validation_error", "The request is not valid.", details)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "http_error")
-        return JSONResponse(
-            _body(code, str(exc.detail)), status_code=exc.status_code, headers=getattr(exc, "headers", None)
+        return _respond(
+            request, exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None)
         )
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", exc_info=exc)
-        return JSONResponse(_body("internal_error", "Internal server error."), status_code=500)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(error_body("internal_error", "Internal server error."), status_code=500)

@@ -88,3 +88,21 @@ class EventRow(SQLModel, table=True):
     seq: int = Field(primary_key=True)
     type: str
     data: str
+
+
+class IdempotencyKeyRow(SQLModel, table=True):
+    """A client's Idempotency-Key: the request it named, the resource id reserved for it, and the answer.
+
+    The resource id is reserved before the work starts, so a retry after a crash in between finds the
+    message (or session) by that id instead of creating a second one.
+    """
+
+    __tablename__ = "idempotency_keys"
+
+    principal: str = Field(primary_key=True, max_length=100)
+    key: str = Field(primary_key=True, max_length=255)
+    fingerprint: str = Field(max_length=64)
+    resource_id: str = Field(max_length=40)
+    status_code: int | None = None
+    response: str | None = None
+    created_at: float = Field(index=True, description="Unix time; keys expire after the configured TTL.")

@@ -10,7 +10,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.models import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
+from app.models import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
 
 # --- chat sessions ---------------------------------------------------------------------------------
 
@@ -97,6 +97,14 @@ async def list_messages(
     return list((await db.exec(query)).all())
 
 
+async def get_message(db: AsyncSession, message_id: str) -> ChatMessageRow | None:
+    return (await db.exec(select(ChatMessageRow).where(col(ChatMessageRow.id) == message_id))).first()
+
+
+async def get_queued(db: AsyncSession, message_id: str) -> QueuedMessageRow | None:
+    return (await db.exec(select(QueuedMessageRow).where(col(QueuedMessageRow.id) == message_id))).first()
+
+
 async def message_position(db: AsyncSession, session_id: str, message_id: str) -> int | None:
     query = select(ChatMessageRow.position).where(
         col(ChatMessageRow.session_id) == session_id, col(ChatMessageRow.id) == message_id
@@ -171,3 +179,45 @@ async def events_after(db: AsyncSession, session_id: str, after: int, limit: int
         .limit(limit)
     )
     return list((await db.exec(query)).all())
+
+
+async def events_between(db: AsyncSession, session_id: str, after: int, before: int) -> list[EventRow]:
+    """The session's events with after < seq < before, in order: one read, so one consistent snapshot."""
+    query = (
+        select(EventRow)
+        .where(col(EventRow.session_id) == session_id, col(EventRow.seq) > after, col(EventRow.seq) < before)
+        .order_by(col(EventRow.seq))
+    )
+    return list((await db.exec(query)).all())
+
+
+async def prune_events(db: AsyncSession, session_id: str, *, keep_after: int) -> None:
+    """Retention: deletes the session's events with seq <= keep_after."""
+    await db.exec(
+        delete(EventRow).where(col(EventRow.session_id) == session_id, col(EventRow.seq) <= keep_after)
+    )
+
+
+async def message_deltas(db: AsyncSession, session_id: str, message_id: str) -> list[EventRow]:
+    """The logged text_delta events of one assistant message, in order."""
+    query = (
+        select(EventRow)
+        .where(
+            col(EventRow.session_id) == session_id,
+            col(EventRow.type) == "text_delta",
+            func.json_extract(EventRow.data, "$.id") == message_id,
+        )
+        .order_by(col(EventRow.seq))
+    )
+    return list((await db.exec(query)).all())
+
+
+# --- idempotency keys ------------------------------------------------------------------------------
+
+
+async def get_idempotency_key(db: AsyncSession, principal: str, key: str) -> IdempotencyKeyRow | None:
+    return await db.get(IdempotencyKeyRow, (principal, key))
+
+
+async def prune_idempotency_keys(db: AsyncSession, *, created_before: float) -> None:
+    await db.exec(delete(IdempotencyKeyRow).where(col(IdempotencyKeyRow.created_at) < created_before))

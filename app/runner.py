@@ -97,7 +97,13 @@ class Runner:
     # --- posting -------------------------------------------------------------------------------------
 
     async def post(
-        self, session: ChatSessionRow, content: str, sender: str, delivery: Delivery
+        self,
+        session: ChatSessionRow,
+        content: str,
+        sender: str,
+        delivery: Delivery,
+        *,
+        message_id: str | None = None,
     ) -> MessageAccepted:
         if self._closing:
             raise ShuttingDown
@@ -105,7 +111,11 @@ class Runner:
         if state.closed:
             raise SessionClosed(session.id)
         message = QueuedMessage(
-            id=new_message_id(), content=content, sender=sender, timestamp=now_iso(), delivery=delivery
+            id=message_id or new_message_id(),
+            content=content,
+            sender=sender,
+            timestamp=now_iso(),
+            delivery=delivery,
         )
         async with state.lock:
             if state.task is None:

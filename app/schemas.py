@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.events import AgentState, TurnStatus
 
@@ -51,7 +51,7 @@ Delivery = Literal["steer", "queue", "interrupt", "reject"]
 
 
 class MessageCreate(_Strict):
-    content: str = Field(min_length=1, max_length=100_000)
+    content: str = Field(min_length=1, description="The message; longer than the configured limit gets 413.")
     sender: str = Field("User", min_length=1, max_length=100)
     delivery: Delivery = Field(
         "steer",
@@ -61,6 +61,13 @@ class MessageCreate(_Strict):
             "interrupt: stop the turn (as POST .../cancel would), then answer this. reject: 409."
         ),
     )
+
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the message is empty")
+        return value
 
 
 class MessageAccepted(BaseModel):
@@ -193,9 +200,10 @@ class MessagePage(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    code: str
-    message: str
+    code: str = Field(description="Stable, machine-readable: e.g. not_found, validation_error, turn_running.")
+    message: str = Field(description="For people; never a stack trace.")
     details: Any = None
+    request_id: str = Field(description="Also in the X-Request-ID header and the server's log.")
 
 
 class ErrorResponse(BaseModel):

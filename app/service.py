@@ -9,9 +9,10 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app import repository
 from app.broker import Broker
-from app.clock import new_session_id, now_iso
+from app.clock import new_message_id, new_session_id, now_iso
 from app.db import Database
-from app.errors import ApiError, Conflict, NotFound, Unavailable
+from app.errors import ApiError, Conflict, NotFound, PayloadTooLarge, Unavailable
+from app.idempotency import Idempotency, check_key, fingerprint
 from app.llm.layer import ModelLayer
 from app.models import ChatMessageRow, ChatSessionRow
 from app.runner import NotWaiting, Runner, SessionClosed, ShuttingDown, TurnRunning
@@ -71,6 +72,7 @@ class ChatService:
         self._tools = tools
         self._broker = broker
         self._writer = writer
+        self._idempotency = Idempotency(db, ttl_seconds=settings.idempotency_ttl_hours * 3600)
 
     # --- sessions ------------------------------------------------------------------------------------
 
@@ -90,14 +92,36 @@ class ChatService:
                 details={"unknown": unknown, "available": self._tools.names()},
             )
 
-    async def create_session(self, body: SessionCreate) -> SessionOut:
+    async def create_session(
+        self, body: SessionCreate, *, principal: str = "", idempotency_key: str | None = None
+    ) -> tuple[SessionOut, bool]:
+        """The session, and whether it is the replayed answer of an earlier request with the same key."""
+        if idempotency_key is None:
+            return await self._create_session(body, new_session_id()), False
+        request = fingerprint("POST", "/v1/sessions", body.model_dump(mode="json"))
+        async with self._idempotency.reserve(
+            principal, check_key(idempotency_key), request, new_session_id
+        ) as res:
+            if res.replay is not None:
+                return SessionOut.model_validate(res.replay), True
+            existing = await self._find_session(res.resource_id) if res.resumed else None
+            created = existing or await self._create_session(body, res.resource_id)
+            await self._idempotency.complete(res, 201, created.model_dump_json())
+            return created, existing is not None
+
+    async def _find_session(self, session_id: str) -> SessionOut | None:
+        async with self._db.session() as db:
+            row = await repository.get_session(db, session_id)
+        return self._out(row) if row is not None else None
+
+    async def _create_session(self, body: SessionCreate, session_id: str) -> SessionOut:
         model = body.model or self._settings.default_model
         window = await self._check_model(model)
         tools = list(dict.fromkeys(body.tools)) if body.tools is not None else self._tools.names()
         self._check_tools(tools)
         at = now_iso()
         row = ChatSessionRow(
-            id=new_session_id(),
+            id=session_id,
             title=body.title,
             model=model,
             system_prompt=body.system_prompt,
@@ -174,10 +198,65 @@ class ChatService:
 
     # --- messages ------------------------------------------------------------------------------------
 
-    async def post_message(self, session_id: str, body: MessageCreate) -> MessageAccepted:
+    async def post_message(
+        self, session_id: str, body: MessageCreate, *, principal: str = "", idempotency_key: str | None = None
+    ) -> tuple[MessageAccepted, bool]:
+        """The stored message, and whether it is the replayed answer of an earlier request with the key."""
         session = await self.get_row(session_id)
+        if len(body.content) > self._settings.max_message_chars:
+            limit = self._settings.max_message_chars
+            raise PayloadTooLarge(
+                f"The message has {len(body.content)} characters; the limit is {limit}.",
+                details={"field": "content", "limit": limit},
+            )
+        if idempotency_key is None:
+            return await self._post(session, body, new_message_id()), False
+        request = fingerprint("POST", f"/v1/sessions/{session_id}/messages", body.model_dump(mode="json"))
+        async with self._idempotency.reserve(
+            principal, check_key(idempotency_key), request, new_message_id
+        ) as res:
+            if res.replay is not None:
+                return MessageAccepted.model_validate(res.replay), True
+            existing = await self._find_message(session_id, res.resource_id) if res.resumed else None
+            accepted = existing or await self._post(session, body, res.resource_id)
+            await self._idempotency.complete(res, 202, accepted.model_dump_json())
+            return accepted, existing is not None
+
+    async def _find_message(self, session_id: str, message_id: str) -> MessageAccepted | None:
+        """A message an earlier attempt stored before it could answer (it crashed in between)."""
+        async with self._db.session() as db:
+            stored = await repository.get_message(db, message_id)
+            waiting = await repository.get_queued(db, message_id) if stored is None else None
+        if stored is not None and stored.session_id == session_id:
+            return MessageAccepted(
+                id=stored.id,
+                session_id=session_id,
+                content=stored.content or "",
+                sender=stored.sender or "User",
+                timestamp=stored.timestamp,
+                turn_id=stored.turn_id,
+                queued=False,
+                delivery="steer",
+            )
+        if waiting is not None and waiting.session_id == session_id:
+            return MessageAccepted(
+                id=waiting.id,
+                session_id=session_id,
+                content=waiting.content,
+                sender=waiting.sender,
+                timestamp=waiting.timestamp,
+                turn_id=None,
+                queued=True,
+                delivery=waiting.delivery,
+            )
+        return None
+
+    async def _post(self, session: ChatSessionRow, body: MessageCreate, message_id: str) -> MessageAccepted:
+        session_id = session.id
         try:
-            return await self._runner.post(session, body.content, body.sender, body.delivery)
+            return await self._runner.post(
+                session, body.content, body.sender, body.delivery, message_id=message_id
+            )
         except SessionClosed as exc:
             raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id}) from exc
         except TurnRunning as exc:

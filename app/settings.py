@@ -30,8 +30,27 @@ class Settings(BaseSettings):
     provider_retry_backoff: float = Field(0.5, ge=0, description="First retry delay in seconds; doubles.")
     flush_interval: float = Field(1.0, gt=0, le=1.0, description="Max seconds streamed text stays unflushed.")
     sse_ping_interval: float = Field(15.0, gt=0, description="Seconds between SSE heartbeat comments.")
+    sse_retry_ms: int = Field(
+        2000, ge=0, description="The `retry:` hint: milliseconds a client waits before it reconnects."
+    )
+    event_retention: int = Field(
+        10_000, ge=1, description="Events kept per session for resuming; older positions get a resync."
+    )
+    event_flush_interval: float = Field(
+        0.05, gt=0, le=1.0, description="Seconds between event log batches: events reach clients once logged."
+    )
+    shutdown_timeout: float = Field(
+        5.0, gt=0, description="Seconds turns get at SIGTERM to commit their state before the streams close."
+    )
     subscriber_queue_size: int = Field(10_000, ge=16, description="Events buffered per slow SSE client.")
     page_size_max: int = Field(1000, ge=1)
+    idempotency_ttl_hours: float = Field(24.0, gt=0, description="Hours an Idempotency-Key is remembered.")
+    max_message_chars: int = Field(
+        100_000, ge=1, description="Longest accepted message; longer ones get 413."
+    )
+    max_body_bytes: int = Field(
+        1_000_000, ge=1024, description="Largest accepted request body; larger get 413."
+    )
 
     @cached_property
     def sync_database_url(self) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 
 from app.broker import Broker
 from app.llm.layer import ModelLayer
@@ -30,5 +30,12 @@ def get_chat(request: Request) -> ChatService:
     return get_services(request).chat
 
 
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Retries with the same key and body get the first answer; with another body, 422.",
+    ),
+]
 ServicesDep = Annotated[Services, Depends(get_services)]
 ChatDep = Annotated[ChatService, Depends(get_chat)]

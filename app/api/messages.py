@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from app.api.deps import ChatDep
+from app.api.deps import ChatDep, IdempotencyKey
 from app.api.responses import errors
 from app.schemas import (
     CancelRequest,
@@ -21,10 +21,21 @@ from app.schemas import (
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["messages"])
 
 
-@router.post("/messages", status_code=status.HTTP_202_ACCEPTED, responses=errors(404, 409, 422, 503))
-async def post_message(session_id: str, body: MessageCreate, chat: ChatDep) -> MessageAccepted:
+@router.post(
+    "/messages", status_code=status.HTTP_202_ACCEPTED, responses=errors(400, 404, 409, 413, 415, 422, 503)
+)
+async def post_message(
+    session_id: str,
+    body: MessageCreate,
+    chat: ChatDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> MessageAccepted:
     """Store a user message (durably, before answering); it starts a turn, or waits as `delivery` says."""
-    return await chat.post_message(session_id, body)
+    accepted, replayed = await chat.post_message(session_id, body, idempotency_key=idempotency_key)
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return accepted
 
 
 @router.get("/messages", responses=errors(400, 404, 422))

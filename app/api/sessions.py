@@ -6,17 +6,22 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from app.api.deps import ChatDep
+from app.api.deps import ChatDep, IdempotencyKey
 from app.api.responses import errors
 from app.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, responses=errors(400, 422))
-async def create_session(body: SessionCreate, chat: ChatDep) -> SessionOut:
+@router.post("", status_code=status.HTTP_201_CREATED, responses=errors(400, 415, 422))
+async def create_session(
+    body: SessionCreate, chat: ChatDep, response: Response, idempotency_key: IdempotencyKey = None
+) -> SessionOut:
     """Create a chat session with a model, an optional system prompt and the tools it may use."""
-    return await chat.create_session(body)
+    session, replayed = await chat.create_session(body, idempotency_key=idempotency_key)
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return session
 
 
 @router.get("", responses=errors(400, 422))

@@ -90,7 +90,7 @@ async def test_refused_messages_store_nothing(server: LiveServer) -> None:
         sid = (await client.post("/v1/sessions", json={})).json()["id"]
         for body in (
             {"content": ""},
-            {"content": "x" * 100_001},
+            {"content": " \n "},
             {"text": "hi"},
             {"content": "hi", "extra": 1},
         ):

@@ -1,0 +1,121 @@
+"""Pure ASGI middleware (no buffering, so SSE streams pass untouched): request ids and request bodies.
+
+Every request gets an id (the client's `X-Request-ID` when it is sane, else a new one) that is echoed in
+the response header, put in every error body and attached to log records. Bodies are refused before
+they are read when they are too large (413) or not JSON (415).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+from contextvars import ContextVar
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
+
+_SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds `request_id` to every record, so log formats can show it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id_var.get()
+        return True
+
+
+def error_body(code: str, message: str, details: object = None) -> dict[str, object]:
+    return {
+        "error": {"code": code, "message": message, "details": details, "request_id": request_id_var.get()}
+    }
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        given = headers.get("x-request-id", "")
+        request_id = given if _SANE_ID.match(given) else "req_" + secrets.token_hex(8)
+        token = request_id_var.set(request_id)
+        try:
+
+            async def send_with_id(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    message = {
+                        **message,
+                        "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode())],
+                    }
+                await send(message)
+
+            refusal = self._refusal(scope["method"], headers)
+            if refusal is not None:
+                status, code, text = refusal
+                await _send_json(send_with_id, status, error_body(code, text))
+                return
+            await self.app(scope, self._limited(receive), send_with_id)
+        finally:
+            request_id_var.reset(token)
+
+    def _refusal(self, method: str, headers: dict[str, str]) -> tuple[int, str, str] | None:
+        if method not in _BODY_METHODS:
+            return None
+        length = headers.get("content-length")
+        has_body = (length is not None and length.strip() not in ("", "0")) or "transfer-encoding" in headers
+        if length is not None and length.strip().isdigit() and int(length) > self.max_body_bytes:
+            return 413, "payload_too_large", f"The request body exceeds {self.max_body_bytes} bytes."
+        content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if has_body and not (content_type == "application/json" or content_type.endswith("+json")):
+            return (
+                415,
+                "unsupported_media_type",
+                "Send the request body as JSON (Content-Type: application/json).",
+            )
+        return None
+
+    def _limited(self, receive: Receive) -> Receive:
+        """Counts body bytes of chunked uploads too, which carry no Content-Length to check up front."""
+        seen = 0
+        limit = self.max_body_bytes
+
+        async def wrapped() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        return wrapped
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+async def _send_json(send: Send, status: int, body: dict[str, object]) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
