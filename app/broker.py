@@ -1,19 +1,31 @@
-"""Per-session event channels: sequence numbers, fan-out to subscribers, and the write-behind event log.
+"""Per-session event channels: sequence numbers, fan-out to subscribers, replay and resync.
 
-Each event is serialized once into a Frame; every subscriber gets the same Frame through its own bounded
-buffer. A subscriber that falls too far behind is dropped (it resumes by Last-Event-ID) rather than ever
-slowing the agent or the other subscribers.
+An event is numbered and serialized once, into a Frame, when it is published; it reaches subscribers only
+once the write-behind has committed it to the event log (`deliver`). So every frame a client ever saw is
+durable: a resume never depends on memory, and a crash can only lose frames nobody saw, whose numbers the
+next process then reuses without ambiguity.
+
+Every subscriber has its own bounded buffer. One that falls too far behind is dropped (its stream ends and
+it resumes by Last-Event-ID) rather than ever slowing the agent or the other subscribers.
+
+A subscription starts at a position: it is registered for live frames first, then the frames after the
+position are taken from the channel's ring of recent frames and, for older ones, from the log, all without
+an await between registering and reading the ring. So nothing falls between replay and live, and nothing
+comes twice. A position the log no longer holds (or never held) starts the stream with a `resync` frame.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from app.events import _Event
+from app.errors import Unavailable
+from app.events import Resync, _Event
+
+RING_SIZE = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +33,14 @@ class Frame:
     seq: int
     type: str
     data: str
+
+
+# Frames of one session with after < seq < before, in order, as the event log holds them.
+LoadFrames = Callable[[str, int, int], Awaitable[list[Frame]]]
+
+
+class StreamsClosed(Unavailable):
+    code = "shutting_down"
 
 
 @dataclass(eq=False, slots=True)
@@ -45,7 +65,7 @@ class Subscriber:
         self.wake.set()
 
     async def next_batch(self) -> list[Frame] | None:
-        """Frames in order; None when the subscription ended (overflow or close)."""
+        """Frames in order; None once the subscription ended (overflow or close) and its buffer is empty."""
         while not self.buffer:
             if self.overflowed or self.closed:
                 return None
@@ -57,25 +77,57 @@ class Subscriber:
 
 
 class Channel:
+    """One session's numbering, its recent delivered frames and its subscribers.
+
+    `last_seq` is the last number handed out; `delivered_seq` the last frame committed and delivered.
+    Everything up to `delivered_seq` is in the log (or was pruned from it by retention).
+    """
+
     def __init__(
-        self, session_id: str, last_seq: int, sink: Callable[[str, Frame], None], limit: int
+        self,
+        session_id: str,
+        last_seq: int,
+        sink: Callable[[str, Frame], None],
+        limit: int,
+        ring_size: int = RING_SIZE,
     ) -> None:
         self.session_id = session_id
         self.last_seq = last_seq
+        self.delivered_seq = last_seq
         self._sink = sink
         self._limit = limit
+        self._ring: deque[Frame] = deque(maxlen=ring_size)
         self.subscribers: set[Subscriber] = set()
 
     def publish(self, cls: type[_Event], **fields: Any) -> Frame:
-        """Builds the event with the next sequence number, then hands its one serialization to everyone."""
+        """Numbers and serializes the event, and hands it to the log; subscribers get it once committed."""
         self.last_seq += 1
         event = cls(seq=self.last_seq, session_id=self.session_id, **fields)
         frame = Frame(self.last_seq, event.type, event.model_dump_json())
         self._sink(self.session_id, frame)
-        dropped = [sub for sub in self.subscribers if not sub.push(frame)]
-        for sub in dropped:
-            self.subscribers.discard(sub)
         return frame
+
+    def deliver(self, frames: Iterable[Frame]) -> None:
+        """Committed frames, in order: into the ring and every subscriber's buffer."""
+        for frame in frames:
+            if frame.seq <= self.delivered_seq:
+                continue
+            self.delivered_seq = frame.seq
+            self._ring.append(frame)
+            dropped = [sub for sub in self.subscribers if not sub.push(frame)]
+            for sub in dropped:
+                self.subscribers.discard(sub)
+
+    def recent_after(self, after: int) -> list[Frame]:
+        """The ring's frames after `after`: contiguous, ending at delivered_seq."""
+        if after >= self.delivered_seq:
+            return []
+        return [frame for frame in self._ring if frame.seq > after]
+
+    def resync(self, head: int, reason: Literal["expired", "unknown"]) -> Frame:
+        """A stream's first frame when it cannot replay: it takes no number, it repeats `head`'s."""
+        event = Resync(seq=head, session_id=self.session_id, last_event_id=head, reason=reason)
+        return Frame(head, event.type, event.model_dump_json())
 
     def subscribe(self) -> Subscriber:
         sub = Subscriber(limit=self._limit)
@@ -91,6 +143,24 @@ class Channel:
         self.subscribers.clear()
 
 
+@dataclass(eq=False)
+class Subscription:
+    """A stream's frames: the replay (or a resync), then live frames, each exactly once and in order."""
+
+    channel: Channel
+    subscriber: Subscriber
+    replay: list[Frame]
+
+    async def batches(self) -> AsyncIterator[list[Frame]]:
+        if self.replay:
+            yield self.replay
+        while (batch := await self.subscriber.next_batch()) is not None:
+            yield batch
+
+    def close(self) -> None:
+        self.channel.unsubscribe(self.subscriber)
+
+
 class Broker:
     """Channels by session id, created on first use with the sequence the event log ended at."""
 
@@ -99,12 +169,18 @@ class Broker:
         load_last_seq: Callable[[str], Awaitable[int]],
         sink: Callable[[str, Frame], None],
         subscriber_limit: int,
+        *,
+        load_frames: LoadFrames | None = None,
+        ring_size: int = RING_SIZE,
     ) -> None:
         self._load_last_seq = load_last_seq
+        self._load_frames = load_frames
         self._sink = sink
         self._limit = subscriber_limit
+        self._ring_size = ring_size
         self._channels: dict[str, Channel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self.closed = False
 
     async def channel(self, session_id: str) -> Channel:
         existing = self._channels.get(session_id)
@@ -115,10 +191,59 @@ class Broker:
             existing = self._channels.get(session_id)
             if existing is None:
                 last = await self._load_last_seq(session_id)
-                existing = Channel(session_id, last, self._sink, self._limit)
+                existing = Channel(session_id, last, self._sink, self._limit, self._ring_size)
                 self._channels[session_id] = existing
         self._locks.pop(session_id, None)
         return existing
+
+    async def last_seq(self, session_id: str) -> int:
+        """The last event clients can have seen: read it before the history, then subscribe after it."""
+        return (await self.channel(session_id)).delivered_seq
+
+    def deliver(self, committed: Sequence[tuple[str, Frame]]) -> None:
+        """Called by the write-behind after each commit, with the frames in publication order."""
+        by_session: dict[str, list[Frame]] = {}
+        for session_id, frame in committed:
+            by_session.setdefault(session_id, []).append(frame)
+        for session_id, frames in by_session.items():
+            channel = self._channels.get(session_id)
+            if channel is not None:
+                channel.deliver(frames)
+
+    async def subscribe(self, session_id: str, after: int | None) -> Subscription:
+        """Live frames from now on, preceded by every frame after `after` (None: live only)."""
+        if self.closed:
+            raise StreamsClosed("The server is shutting down; reconnect in a moment.")
+        channel = await self.channel(session_id)
+        sub = channel.subscribe()
+        head = channel.delivered_seq
+        if after is None or after == head:
+            return Subscription(channel, sub, [])
+        if after > head:
+            return Subscription(channel, sub, [channel.resync(head, "unknown")])
+        recent = channel.recent_after(after)
+        if recent and recent[0].seq == after + 1:
+            return Subscription(channel, sub, recent)
+        before = recent[0].seq if recent else head + 1
+        try:
+            older = await self._older(session_id, after, before)
+        except BaseException:
+            channel.unsubscribe(sub)
+            raise
+        if older is None:
+            # Frames delivered meanwhile are in the buffer, all after `head`: the resync names `head`.
+            return Subscription(channel, sub, [channel.resync(head, "expired")])
+        return Subscription(channel, sub, older + recent)
+
+    async def _older(self, session_id: str, after: int, before: int) -> list[Frame] | None:
+        """Frames after < seq < before from the log, or None when it no longer holds all of them."""
+        if self._load_frames is None:
+            return None
+        frames = await self._load_frames(session_id, after, before)
+        expected = range(after + 1, before)
+        if len(frames) != len(expected) or any(f.seq != s for f, s in zip(frames, expected, strict=True)):
+            return None
+        return frames
 
     def drop(self, session_id: str) -> None:
         channel = self._channels.pop(session_id, None)
@@ -126,5 +251,7 @@ class Broker:
             channel.close_all()
 
     def close_all(self) -> None:
+        """Shutdown: every stream ends once its buffered frames are sent, and no new one starts."""
+        self.closed = True
         for channel in self._channels.values():
             channel.close_all()

@@ -1,9 +1,11 @@
 """Write-behind persistence for the hot path: the event log and streamed text, in one periodic batch.
 
 Nothing is written per text delta. Every `interval` one short transaction inserts the events published
-since the last batch and updates the text of assistant messages still streaming (at most every
-`text_interval`). Everything else (user messages, response ends, tool results, turn ends) is written
-directly by the turn, because those moments must be durable when they are announced.
+since the last batch, trims each of their sessions' logs to the newest `retention` events, and updates the
+text of assistant messages still streaming (at most every `text_interval`). Only after that commit are
+the events handed to the broker for delivery: a client never sees an event the log could lose.
+Everything else (user messages, response ends, tool results, turn ends) is written directly by the turn,
+because those moments must be durable when they are announced.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app import repository
 from app.broker import Frame
@@ -36,12 +40,25 @@ class TextBuffer:
         return "".join(self.parts)
 
 
+Deliver = Callable[[Sequence[tuple[str, Frame]]], None]
+
+
 class WriteBehind:
-    def __init__(self, db: Database, *, interval: float = 0.1, text_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        interval: float = 0.05,
+        text_interval: float = 1.0,
+        retention: int | None = None,
+        deliver: Deliver | None = None,
+    ) -> None:
         self._db = db
         self._interval = interval
         self._text_interval = text_interval
-        self._events: list[dict[str, object]] = []
+        self._retention = retention
+        self._deliver = deliver
+        self._events: list[tuple[str, Frame]] = []
         self._texts: dict[str, TextBuffer] = {}
         self._forgotten: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -52,11 +69,13 @@ class WriteBehind:
         events = self._events
 
         def add(session_id: str, frame: Frame) -> None:
-            events.append(
-                {"session_id": session_id, "seq": frame.seq, "type": frame.type, "data": frame.data}
-            )
+            events.append((session_id, frame))
 
         return add
+
+    def deliver_to(self, deliver: Deliver) -> None:
+        """Where committed events go (the broker); set once, after both exist."""
+        self._deliver = deliver
 
     def track(self, buffer: TextBuffer) -> None:
         self._texts[buffer.message_id] = buffer
@@ -92,11 +111,12 @@ class WriteBehind:
             if not self._events and not texts:
                 return
             taken = len(self._events)
-            events = [e for e in self._events if e["session_id"] not in self._forgotten]
+            events = [(sid, frame) for sid, frame in self._events[:taken] if sid not in self._forgotten]
             snapshots = [(b, b.text(), len(b.parts)) for b in texts]
             async with self._db.session() as db:
                 if events:
-                    await repository.insert_events(db, events)
+                    await repository.insert_events(db, [_row(sid, frame) for sid, frame in events])
+                    await self._prune(db, events)
                 for buffer, text, _ in snapshots:
                     await repository.update_message(db, buffer.message_id, {"content": text})
                 await db.commit()
@@ -105,9 +125,26 @@ class WriteBehind:
             for buffer, _, count in snapshots:
                 buffer.flushed_len = count
                 buffer.flushed_at = now
+            if events and self._deliver is not None:
+                self._deliver(events)
+
+    async def _prune(self, db: AsyncSession, events: list[tuple[str, Frame]]) -> None:
+        """Once per batch and session: keep the newest `retention` events."""
+        if self._retention is None:
+            return
+        heads: dict[str, int] = {}
+        for session_id, frame in events:
+            heads[session_id] = frame.seq
+        for session_id, head in heads.items():
+            if head > self._retention:
+                await repository.prune_events(db, session_id, keep_after=head - self._retention)
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self.flush()
+
+
+def _row(session_id: str, frame: Frame) -> dict[str, object]:
+    return {"session_id": session_id, "seq": frame.seq, "type": frame.type, "data": frame.data}

@@ -1,49 +1,101 @@
-"""The session's Server-Sent Events stream."""
+"""The session's Server-Sent Events stream, resumable from any position the log still holds."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
 from app.api.deps import ServicesDep
 from app.api.responses import errors
+from app.broker import Subscription
+from app.errors import ApiError
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["events"])
 
+# How long a stream may wait on a client that does not read before it is cut (it then resumes).
+SEND_TIMEOUT = 30
+_POSITION = re.compile(r"[0-9]+")
+
 _STREAM_DOC = """Every event of the session, across all its turns, until the client leaves.
 
-Framing: each event is one SSE frame with `id:` the session's sequence number (+1 per event),
-`event:` the event type and `data:` one JSON object that repeats `type` and carries `seq` and
-`session_id`. A comment line (`: ping`) is sent as a heartbeat while nothing happens."""
+Resuming: the position is the `Last-Event-ID` header (what EventSource sends when it reconnects) or the
+`after` query parameter; when both are given the header wins, because a reconnecting EventSource keeps
+the URL (and its original `after`) but sends the newer header. The stream then sends every event after
+that position, in order, and goes on live, with no gap and no duplicate. Without a position it starts
+live. `after` = the `last_event_id` of `GET .../messages` picks up exactly where that history read ended.
+
+When the position cannot be replayed (older than the events kept per session, or newer than any event
+the server has) the first frame is a `resync` event whose `id:` and `last_event_id` are the session's
+current last event: reload the history, then go on with the frames that follow it. A position that is not
+a non-negative integer is a 400.
+
+The first frame carries only `retry:` (the reconnection delay); a `: ping` comment comes every
+`PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the
+server shuts down, sees its stream end: reconnecting with Last-Event-ID loses nothing."""
+
+
+class InvalidPosition(ApiError):
+    code = "invalid_position"
+
+
+def resume_position(last_event_id: str | None, after: str | None) -> int | None:
+    """The position to resume after: the header wins over `after`; an empty header means none."""
+    name, raw = ("Last-Event-ID", last_event_id) if last_event_id else ("after", after)
+    if raw is None:
+        return None
+    try:
+        if _POSITION.fullmatch(raw):
+            return int(raw)
+    except ValueError:  # more digits than int() converts: no stream ever got that far
+        pass
+    raise InvalidPosition(
+        f"{name} must be a non-negative integer: the id of an event of this stream.",
+        details={name: raw[:100]},
+    )
 
 
 @router.get(
     "/events",
     response_class=EventSourceResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "The event stream"}, **errors(404)},
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "The event stream"},
+        **errors(400, 404, 503),
+    },
     description=_STREAM_DOC,
 )
-async def stream_events(session_id: str, services: ServicesDep) -> EventSourceResponse:
+async def stream_events(
+    session_id: str,
+    services: ServicesDep,
+    after: Annotated[str | None, Query(description="Resume after this event id (seq).")] = None,
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", description="Resume after this event id; wins over after.")
+    ] = None,
+) -> EventSourceResponse:
+    position = resume_position(last_event_id, after)
     await services.chat.get_row(session_id)
-    channel = await services.broker.channel(session_id)
-    subscriber = channel.subscribe()
-
-    async def frames() -> AsyncIterator[ServerSentEvent]:
-        try:
-            while True:
-                batch = await subscriber.next_batch()
-                if batch is None:
-                    return
-                for frame in batch:
-                    yield ServerSentEvent(data=frame.data, event=frame.type, id=str(frame.seq))
-        finally:
-            channel.unsubscribe(subscriber)
-
+    # Subscribed before the response starts: a client that posts once the headers arrive misses nothing.
+    subscription = await services.broker.subscribe(session_id, position)
+    settings = services.settings
     return EventSourceResponse(
-        frames(),
-        ping=services.settings.sse_ping_interval,
+        _frames(subscription, settings.sse_retry_ms),
+        ping=settings.sse_ping_interval,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        send_timeout=30,
+        send_timeout=SEND_TIMEOUT,
+        # Also when the body never starts (HEAD, a client gone at once): nothing is left subscribed.
+        background=BackgroundTask(subscription.close),
     )
+
+
+async def _frames(subscription: Subscription, retry_ms: int) -> AsyncIterator[ServerSentEvent]:
+    try:
+        yield ServerSentEvent(retry=retry_ms)
+        async for batch in subscription.batches():
+            for frame in batch:
+                yield ServerSentEvent(data=frame.data, event=frame.type, id=str(frame.seq))
+    finally:
+        subscription.close()

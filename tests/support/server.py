@@ -35,12 +35,24 @@ def migrate(database_url: str) -> None:
 
 
 class LiveServer:
-    def __init__(self, settings: Settings, tools: ToolRegistry | None = None) -> None:
+    def __init__(
+        self, settings: Settings, tools: ToolRegistry | None = None, *, send_buffer: int | None = None
+    ) -> None:
+        """`send_buffer` caps every connection's kernel send buffer (SO_SNDBUF), so that a client that
+        does not read blocks the server's sends after a few kilobytes instead of megabytes."""
         self.settings = settings
         self.port = free_port()
+        self._socket: socket.socket | None = None
+        if send_buffer is not None:
+            # Accepted connections inherit the listening socket's buffer sizes.
+            self._socket = socket.socket()
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+            self._socket.bind(("127.0.0.1", 0))
+            self.port = int(self._socket.getsockname()[1])
         self.base_url = f"http://127.0.0.1:{self.port}"
+        self.app = create_app(settings, tools=tools)
         config = uvicorn.Config(
-            create_app(settings, tools=tools),
+            self.app,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
@@ -54,7 +66,8 @@ class LiveServer:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         try:
-            self.loop.run_until_complete(self.server.serve())
+            sockets = [self._socket] if self._socket is not None else None
+            self.loop.run_until_complete(self.server.serve(sockets=sockets))
         finally:
             # Libraries leave watcher tasks behind (sse-starlette's shutdown watcher): end them politely.
             pending = asyncio.all_tasks(self.loop)
@@ -74,13 +87,25 @@ class LiveServer:
             time.sleep(0.01)
 
     def stop(self) -> None:
+        self.drain()
         self.server.should_exit = True
         self._thread.join(timeout=30)
 
+    def drain(self) -> None:
+        """What SIGTERM starts in a real process: turns stop, the log is flushed, every stream ends.
+
+        A thread gets no signal, and uvicorn would wait for open streams before the lifespan's own drain.
+        """
+        drain = getattr(self.app.state, "drain", None)
+        if drain is not None and self.loop is not None and self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(drain.run(), self.loop).result(timeout=30)
+
 
 @contextmanager
-def live_server(settings: Settings, tools: ToolRegistry | None = None) -> Iterator[LiveServer]:
-    server = LiveServer(settings, tools)
+def live_server(
+    settings: Settings, tools: ToolRegistry | None = None, *, send_buffer: int | None = None
+) -> Iterator[LiveServer]:
+    server = LiveServer(settings, tools, send_buffer=send_buffer)
     server.start()
     try:
         yield server

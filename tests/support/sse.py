@@ -28,6 +28,7 @@ class EventReader:
     _task: asyncio.Task[None] | None = None
     _open: asyncio.Event = field(default_factory=asyncio.Event)
     headers: dict[str, str] = field(default_factory=dict)
+    retry: int | None = None
 
     async def __aenter__(self) -> EventReader:
         self._task = asyncio.create_task(self._read())
@@ -44,6 +45,10 @@ class EventReader:
             source.response.raise_for_status()
             self._open.set()
             async for sse in source.aiter_sse():
+                if sse.retry is not None:
+                    self.retry = sse.retry
+                if not sse.data:  # the stream's first frame only sets the reconnection delay
+                    continue
                 self.events.append(Received(sse.id, sse.event, json.loads(sse.data)))
                 self._changed.set()
 

@@ -1,0 +1,164 @@
+"""The broker on its own: delivery only after the log commit, atomic replay, resync, slow subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import pytest
+
+from app.broker import Broker, Frame, Subscription
+from app.events import AgentStatus
+
+pytestmark = pytest.mark.anyio
+
+SID = "s_1"
+
+
+class Log:
+    """A stand-in for the write-behind and the events table."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, Frame]] = []
+        self.rows: dict[int, Frame] = {}
+        self.broker: Broker | None = None
+        self.during_load: list[int] = []
+
+    def sink(self, session_id: str, frame: Frame) -> None:
+        self.pending.append((session_id, frame))
+
+    def commit(self) -> None:
+        batch, self.pending = self.pending, []
+        for _, frame in batch:
+            self.rows[frame.seq] = frame
+        assert self.broker is not None
+        self.broker.deliver(batch)
+
+    def prune(self, keep_after: int) -> None:
+        self.rows = {seq: f for seq, f in self.rows.items() if seq > keep_after}
+
+    async def last_seq(self, _: str) -> int:
+        return max(self.rows, default=0)
+
+    async def load(self, _: str, after: int, before: int) -> list[Frame]:
+        await asyncio.sleep(0)
+        snapshot = [self.rows[s] for s in sorted(self.rows) if after < s < before]
+        # Meanwhile the agent goes on: these frames must come live, once.
+        for _step in self.during_load:
+            await self.publish(1)
+        await asyncio.sleep(0)
+        return snapshot
+
+    async def publish(self, count: int) -> None:
+        assert self.broker is not None
+        channel = await self.broker.channel(SID)
+        for _n in range(count):
+            channel.publish(AgentStatus, status="thinking")
+        self.commit()
+
+
+def make(log: Log, *, limit: int = 1000, ring: int = 8) -> Broker:
+    broker = Broker(log.last_seq, log.sink, limit, load_frames=log.load, ring_size=ring)
+    log.broker = broker
+    return broker
+
+
+async def take(subscription: Subscription, count: int) -> list[Frame]:
+    got: list[Frame] = []
+    async with asyncio.timeout(2):
+        async for batch in subscription.batches():
+            got += batch
+            if len(got) >= count:
+                break
+    return got
+
+
+async def test_subscribers_see_a_frame_only_once_it_is_committed() -> None:
+    log = Log()
+    broker = make(log)
+    subscription = await broker.subscribe(SID, None)
+    channel = await broker.channel(SID)
+    channel.publish(AgentStatus, status="thinking")
+    assert subscription.subscriber.buffer == deque()
+    assert await broker.last_seq(SID) == 0
+    log.commit()
+    assert [f.seq for f in subscription.subscriber.buffer] == [1]
+    assert await broker.last_seq(SID) == 1
+
+
+async def test_replay_from_the_log_then_the_ring_then_live_without_gap_or_duplicate() -> None:
+    log = Log()
+    broker = make(log, ring=8)
+    await log.publish(30)
+    log.during_load = [1, 2, 3]  # three frames are delivered while the replay reads the log
+    subscription = await broker.subscribe(SID, 4)
+    await log.publish(2)
+    got = await take(subscription, 31)
+    assert [f.seq for f in got] == list(range(5, 36))
+
+
+async def test_a_recent_position_is_served_from_the_ring_alone() -> None:
+    log = Log()
+    broker = make(log, ring=8)
+    await log.publish(20)
+    log.rows.clear()  # the log is not read at all
+    subscription = await broker.subscribe(SID, 15)
+    assert [f.seq for f in subscription.replay] == [16, 17, 18, 19, 20]
+
+
+async def test_a_pruned_position_resyncs_at_the_head_it_replays_from() -> None:
+    log = Log()
+    broker = make(log, ring=4)
+    await log.publish(20)
+    log.prune(keep_after=10)
+    log.during_load = [1]
+    subscription = await broker.subscribe(SID, 3)
+    got = await take(subscription, 2)
+    assert [(f.type, f.seq) for f in got] == [("resync", 20), ("agent_status", 21)]
+    assert '"last_event_id":20' in got[0].data
+    assert '"reason":"expired"' in got[0].data
+    # From the oldest kept position the replay works.
+    subscription = await broker.subscribe(SID, 10)
+    assert [f.seq for f in subscription.replay] == list(range(11, 22))
+
+
+async def test_a_position_ahead_of_the_log_resyncs_without_taking_a_number() -> None:
+    log = Log()
+    broker = make(log)
+    await log.publish(3)
+    subscription = await broker.subscribe(SID, 7)
+    assert [(f.type, f.seq) for f in subscription.replay] == [("resync", 3)]
+    await log.publish(1)
+    assert [f.seq for f in await take(subscription, 2)] == [3, 4]
+
+
+async def test_a_subscriber_that_overflows_is_dropped_and_the_others_are_not() -> None:
+    log = Log()
+    broker = make(log, limit=16)
+    stalled = await broker.subscribe(SID, None)
+    reading = await broker.subscribe(SID, None)
+    got: list[Frame] = []
+    for _ in range(5):
+        await log.publish(10)
+        got += await take(reading, 10)
+    assert [f.seq for f in got] == list(range(1, 51))
+    channel = await broker.channel(SID)
+    assert stalled.subscriber not in channel.subscribers
+    # What it had buffered is still sent, then its stream ends: it resumes from the last one it got.
+    kept = await take(stalled, 16)
+    assert [f.seq for f in kept] == list(range(1, 17))
+    assert await stalled.subscriber.next_batch() is None
+    resumed = await broker.subscribe(SID, kept[-1].seq)
+    assert [f.seq for f in resumed.replay] == list(range(17, 51))
+
+
+async def test_after_close_all_streams_end_and_new_ones_are_refused() -> None:
+    log = Log()
+    broker = make(log)
+    subscription = await broker.subscribe(SID, None)
+    await log.publish(2)
+    broker.close_all()
+    assert [f.seq for f in await take(subscription, 2)] == [1, 2]
+    assert await subscription.subscriber.next_batch() is None
+    with pytest.raises(Exception, match="shutting down"):
+        await broker.subscribe(SID, None)

@@ -1,0 +1,161 @@
+"""Crash repair at startup, on a database a killed process left behind (the process test does it for real)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from app import repository
+from app.broker import Broker, Frame
+from app.db import Database
+from app.history import rebuild
+from app.models import ChatMessageRow, ChatSessionRow
+from app.recorder import TOOL_INTERRUPTED_BY_RESTART
+from app.recovery import close_open_turns
+from app.writer import WriteBehind
+from tests.fakes.strict import validate_history
+
+pytestmark = pytest.mark.anyio
+
+SID = "s_0123456789abcdef"
+TURN = "t_000000000001"
+# The turn started a minute ago; its text and tool began 1 s and 2.5 s into it.
+_START = datetime.now(UTC) - timedelta(minutes=1)
+T0, T1, T2 = ((_START + timedelta(seconds=s)).isoformat(timespec="milliseconds") for s in (0.0, 1.0, 2.5))
+
+
+def row(id_: str, type_: str, timestamp: str, **fields: Any) -> ChatMessageRow:
+    return ChatMessageRow(id=id_, session_id=SID, turn_id=TURN, type=type_, timestamp=timestamp, **fields)
+
+
+def event(seq: int, type_: str, **fields: object) -> dict[str, object]:
+    data = {"type": type_, "seq": seq, "session_id": SID, **fields}
+    return {"session_id": SID, "seq": seq, "type": type_, "data": json.dumps(data)}
+
+
+async def seed(database: Database) -> None:
+    """A turn killed mid-answer: one tool call without a result, then text flushed up to "Hel"."""
+    async with database.session() as db:
+        db.add(ChatSessionRow(id=SID, model="parley/demo", tools=[], created_at=T0, updated_at=T0))
+        await db.flush()
+        await repository.insert_messages(
+            db,
+            [
+                row("m_00000start", "turn_start", T0),
+                row("m_000000user", "text", T0, role="user", content="hi", sender="User"),
+                row(
+                    "m_000000tool",
+                    "tool_group",
+                    T1,
+                    role="assistant",
+                    model="parley/demo",
+                    response_id="r1",
+                    tool_call_id="call_1",
+                    tool_name="current_time",
+                    arguments={},
+                ),
+                row(
+                    "m_000000text",
+                    "text",
+                    T2,
+                    role="assistant",
+                    model="parley/demo",
+                    response_id="r2",
+                    content="Hel",
+                ),
+            ],
+        )
+        await repository.insert_events(
+            db,
+            [
+                event(1, "turn_start", id="m_00000start", turn_id=TURN, timestamp=T0),
+                event(2, "tool_exec_start", id="m_000000tool"),
+                event(3, "text_delta", id="m_000000text", text="Hel", timestamp=T0, model="parley/demo"),
+                event(4, "text_delta", id="m_000000text", text="lo, wor"),
+                event(5, "text_delta", id="m_000000text", text="ld"),
+            ],
+        )
+        await db.commit()
+
+
+async def test_an_open_turn_is_closed_as_interrupted_with_what_clients_saw(database_url: str) -> None:
+    database = Database(database_url)
+    await seed(database)
+    writer = WriteBehind(database)
+
+    async def last_seq(session_id: str) -> int:
+        async with database.session() as db:
+            return await repository.last_event_seq(db, session_id)
+
+    delivered: list[Frame] = []
+    broker = Broker(last_seq, writer.sink(), 100)
+    writer.deliver_to(lambda batch: delivered.extend(frame for _, frame in batch))
+    try:
+        assert await close_open_turns(database, broker) == 1
+        assert delivered == []  # nothing reaches a client before it is in the log
+        await writer.flush()
+        async with database.session() as db:
+            rows = {r.id: r for r in await repository.list_messages(db, SID)}
+            logged = await repository.events_after(db, SID, 0, 100)
+        assert await close_open_turns(database, broker) == 0  # idempotent: the turn is closed
+    finally:
+        await database.dispose()
+
+    text = rows["m_000000text"]
+    assert (text.content, text.interrupted) == ("Hello, world", True)  # the logged deltas, not just "Hel"
+    tool = rows["m_000000tool"]
+    assert (tool.result, tool.is_error) == (TOOL_INTERRUPTED_BY_RESTART, True)
+    done = list(rows.values())[-1]
+    assert (done.type, done.status) == ("turn_done", "interrupted")
+    # Like every turn's: from turn_start to turn_done, here the restart that closed it.
+    assert done.duration_seconds is not None and done.duration_seconds >= 60
+    assert done.duration_seconds == round(
+        (datetime.fromisoformat(done.timestamp) - datetime.fromisoformat(T0)).total_seconds(), 3
+    )
+
+    assert [e.seq for e in logged] == [1, 2, 3, 4, 5, 6, 7, 8]
+    tail = [json.loads(e.data) for e in logged[5:]]
+    assert [t["type"] for t in tail] == ["agent_status", "agent_cancelled", "turn_done"]  # as a stop ends
+    assert tail[0]["status"] == "idle"
+    assert tail[1]["interrupted_message_ids"] == ["m_000000tool", "m_000000text"]
+    assert tail[1]["interrupted_tool_call_ids"] == ["call_1"]
+    assert tail[2] == {
+        "type": "turn_done",
+        "seq": 8,
+        "session_id": SID,
+        "id": done.id,
+        "turn_id": TURN,
+        "timestamp": done.timestamp,
+        "duration_seconds": done.duration_seconds,
+        "status": "interrupted",
+    }
+    assert [f.seq for f in delivered] == [6, 7, 8]
+
+    # The next turn's history is one a strict provider accepts.
+    history = rebuild([*rows.values(), row("m_00000next", "text", T0, role="user", content="and?")], None)
+    assert validate_history(history) == []
+
+
+async def test_text_whose_first_deltas_were_pruned_keeps_the_flushed_text(database_url: str) -> None:
+    database = Database(database_url)
+    await seed(database)
+    async with database.session() as db:
+        await repository.prune_events(db, SID, keep_after=3)  # retention took the first delta
+        await db.commit()
+    writer = WriteBehind(database)
+
+    async def last_seq(session_id: str) -> int:
+        return 5
+
+    broker = Broker(last_seq, writer.sink(), 100)
+    try:
+        await close_open_turns(database, broker)
+        await writer.flush()
+        async with database.session() as db:
+            text = next(r for r in await repository.list_messages(db, SID) if r.id == "m_000000text")
+    finally:
+        await database.dispose()
+    assert (text.content, text.interrupted) == ("Hel", True)

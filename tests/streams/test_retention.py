@@ -1,0 +1,123 @@
+"""The event log across restarts: resume from the database, retention, and resync when a position is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import httpx
+import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from app.settings import Settings
+from tests.streams.conftest import LONG, new_session, post
+from tests.support.server import live_server
+from tests.support.stream import StreamClient, assert_contiguous
+
+pytestmark = pytest.mark.anyio
+
+RETENTION = 40
+
+
+def logged_seqs(settings: Settings, session_id: str) -> list[int]:
+    path = settings.database_url.split("///", 1)[1]
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT seq FROM events WHERE session_id = ? ORDER BY seq", (session_id,))
+        return [int(seq) for (seq,) in rows]
+
+
+async def first_turn(client: httpx.AsyncClient, sid: str, content: str) -> StreamClient:
+    stream = StreamClient(client, sid)
+    opened = asyncio.Event()
+    reading = asyncio.create_task(stream.read_until_type("turn_done", opened=opened))
+    await opened.wait()
+    await post(client, sid, content)
+    await reading
+    return stream
+
+
+async def test_a_stream_resumes_from_the_log_after_a_restart(settings: Settings) -> None:
+    with live_server(settings) as first:
+        async with httpx.AsyncClient(base_url=first.base_url, timeout=30) as client:
+            sid = await new_session(client)
+            full = await first_turn(client, sid, "what time is it? and 2+3*4")
+            # A client still connected when the server stops sees its stream end, not break.
+            lingering = StreamClient(client, sid)
+            opened = asyncio.Event()
+            lingering_read = asyncio.create_task(lingering.read(seconds=30, opened=opened))
+            await opened.wait()
+            first.drain()
+            assert await lingering_read == "ended"
+            # Until the process is gone, a new stream is refused (the client retries elsewhere).
+            refused = await client.get(f"/v1/sessions/{sid}/events")
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "shutting_down"
+
+    with live_server(settings) as second:
+        async with httpx.AsyncClient(base_url=second.base_url, timeout=30) as client:
+            resumed = StreamClient(client, sid, frames=full.frames[:5])
+            opened = asyncio.Event()
+            reading = asyncio.create_task(resumed.read(resumed.turns_done(2), seconds=30, opened=opened))
+            await opened.wait()
+            await post(client, sid, "thanks")
+            assert await reading == "matched"
+    assert resumed.frames[: len(full.frames)] == full.frames  # replayed from the database, byte for byte
+    assert_contiguous(resumed.frames)
+    assert resumed.types()[len(full.frames)] == "turn_start"
+
+
+async def test_the_log_keeps_the_newest_events_and_older_positions_resync(settings: Settings) -> None:
+    tuned = settings.model_copy(update={"event_retention": RETENTION})
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if "events" in statement and statement.lstrip().upper().startswith(("INSERT", "DELETE")):
+            statements.append(statement.lstrip().split()[0].upper())
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        with live_server(tuned) as server:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+                sid = await new_session(client)
+                full = await first_turn(client, sid, LONG)
+                head = full.last_id
+                assert head is not None and head > 10 * RETENTION
+                # Pruned in the write-behind's batches, not once per event.
+                assert statements.count("DELETE") <= statements.count("INSERT") < head / 10
+                assert logged_seqs(tuned, sid) == list(range(head - RETENTION + 1, head + 1))
+
+                oldest_kept = head - RETENTION  # the oldest position that can still be replayed
+                from_memory = StreamClient(client, sid)
+                assert await from_memory.read(seconds=0.5, params={"after": str(oldest_kept)}) == "timeout"
+                assert from_memory.frames == full.frames[-RETENTION:]
+
+                gone = StreamClient(client, sid)
+                opened = asyncio.Event()
+                reading = asyncio.create_task(
+                    gone.read_until_type("turn_done", params={"after": str(oldest_kept - 1)}, opened=opened)
+                )
+                await opened.wait()
+                await post(client, sid, "hello again")
+                await reading
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)
+
+    resync, *live = gone.frames
+    assert (resync.event, resync.id) == ("resync", head)
+    assert resync.payload["last_event_id"] == head
+    assert resync.payload["reason"] == "expired"
+    assert_contiguous(live, head + 1)
+
+    # After a restart the ring is empty: the same positions are answered from the log alone.
+    known = full.frames + live
+    assert_contiguous(known)
+    new_head = known[-1].id
+    with live_server(tuned) as again:
+        async with httpx.AsyncClient(base_url=again.base_url, timeout=30) as client:
+            from_log = StreamClient(client, sid)
+            assert await from_log.read(seconds=0.5, params={"after": str(new_head - RETENTION)}) == "timeout"
+            assert from_log.frames == known[-RETENTION:]
+            expired = StreamClient(client, sid)
+            await expired.read(seconds=0.5, params={"after": str(new_head - RETENTION - 1)})
+            assert [(f.event, f.id) for f in expired.frames] == [("resync", new_head)]
