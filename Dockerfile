@@ -1,4 +1,5 @@
-# Parley: the demo model works offline; real providers take their keys from the environment.
+# Parley: `docker run --rm -p 8000:8000 -v parley-data:/data parley` serves the offline demo model.
+# Configuration is PARLEY_* environment variables (README); real providers take their keys the same way.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -10,23 +11,25 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# A venv keeps the install away from the distribution's Python (PEP 668) on any base image.
+# A venv keeps the install away from the distribution's Python (PEP 668) on any base image; the lock
+# pins every package with its hashes, so the image gets exactly what the tests ran.
 COPY requirements.lock ./
 RUN python -m venv /opt/venv \
     && pip install --require-hashes --no-deps -r requirements.lock
 
-RUN useradd --system --uid 10001 --no-create-home --home-dir /app parley \
-    && mkdir -p /data && chown parley /data
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin parley \
+    && mkdir /data && chown 10001:10001 /data
 
 COPY alembic.ini ./
 COPY migrations ./migrations
 COPY app ./app
 
-USER parley
+USER 10001:10001
 VOLUME ["/data"]
 EXPOSE 8000
 
-HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
 
+# Migrations run at every start (a no-op when the database is current), then uvicorn takes over PID 1.
 CMD ["sh", "-c", "alembic upgrade head && exec uvicorn app.main:app --host 0.0.0.0 --port 8000"]

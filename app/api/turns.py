@@ -1,0 +1,43 @@
+"""Turn routes: a session's chat_messages grouped by turn (seed 002's message with its nodes)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from app import turns
+from app.api.deps import ChatDep
+from app.api.responses import errors
+from app.db import Database
+from app.turns import Turn, TurnPage
+
+router = APIRouter(prefix="/v1/sessions/{session_id}/turns", tags=["turns"])
+
+
+def get_database(request: Request) -> Database:
+    database: Database = request.state.database
+    return database
+
+
+DatabaseDep = Annotated[Database, Depends(get_database)]
+
+
+@router.get("", responses=errors(400, 404, 422))
+async def list_turns(
+    session_id: str,
+    chat: ChatDep,
+    database: DatabaseDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    before: Annotated[
+        str | None, Query(description="A turn id: return the turns just before it (next_cursor).")
+    ] = None,
+) -> TurnPage:
+    """The session's newest turns, oldest first; page back with `before`."""
+    return await turns.list_turns(database, chat, session_id, limit=limit, before=before)
+
+
+@router.get("/{turn_id}", responses=errors(404, 422))
+async def get_turn(session_id: str, turn_id: str, chat: ChatDep, database: DatabaseDep) -> Turn:
+    """One turn with its user input, nodes, status, times and final answer."""
+    return await turns.get_turn(database, chat, session_id, turn_id)

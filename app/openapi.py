@@ -1,0 +1,159 @@
+"""The published contract: FastAPI's spec completed with the event stream, generated, never hand-written.
+
+`install_openapi(app)` makes `app.openapi()` add, to what FastAPI derives from the routes:
+
+* every event model of `app.events.Event` as a named component, and `Event`, their union discriminated
+  on `type`, both generated from the models the server serializes, so the spec follows the wire;
+* the `text/event-stream` body of the stream operation (any operation whose response declares that media
+  type), referencing `Event`, with the framing in the operation's description;
+* `ErrorResponse` as the 422 body: the one error handler renders every validation error in that shape,
+  not in FastAPI's `HTTPValidationError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import TypeAdapter
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
+
+from app.events import Event
+
+SCHEMAS = "#/components/schemas/"
+EVENT = "Event"
+ERROR = "ErrorResponse"
+STREAM_MEDIA_TYPE = "text/event-stream"
+_FASTAPI_422 = ("HTTPValidationError", "ValidationError")
+
+FRAMING_HEADING = "**Frames**"
+FRAMING = f"""{FRAMING_HEADING} (`text/event-stream`): one frame per event, its `data:` the `Event` schema.
+
+```
+id: 42
+event: text_delta
+data: {{"type": "text_delta", "seq": 42, "session_id": "s_…", "id": "m_…", "text": "Hel"}}
+```
+
+`id:` is the event's `seq` (the session's sequence number, +1 per event, kept across restarts), `event:`
+its `type`, and `data:` one JSON object discriminated on `type` that always carries `type`, `seq` and
+`session_id`. Lines that carry no event: `retry:` (the reconnection delay, in milliseconds) and `: ping`
+heartbeat comments."""
+
+
+class _WireSchema(GenerateJsonSchema):
+    """Describes a model that post-processes its own serialization by its fields, as they are sent.
+
+    A wrap serializer returning a dict (TextDelta drops its first-delta-only fields when absent) would
+    otherwise make the model an untyped object. Its fields are what is sent, except that those with
+    defaults may be left out rather than sent with the default, so they lose their `default`.
+    Every other field with a default is sent with it, which is what a default means to openapi-typescript.
+    """
+
+    def ser_schema(
+        self,
+        schema: core_schema.SerSchema | core_schema.IncExSeqSerSchema | core_schema.IncExDictSerSchema,
+    ) -> JsonSchemaValue | None:
+        if _drops_fields(schema):
+            return None
+        return super().ser_schema(schema)
+
+    def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
+        json_schema = super().model_schema(schema)
+        if self.mode == "serialization" and _drops_fields(schema.get("serialization")):
+            required = set(json_schema.get("required", []))
+            for name, field in json_schema.get("properties", {}).items():
+                if name not in required:
+                    field.pop("default", None)
+        return json_schema
+
+
+def _drops_fields(serialization: Mapping[str, Any] | None) -> bool:
+    return (
+        serialization is not None
+        and serialization["type"] == "function-wrap"
+        and serialization.get("return_schema", {}).get("type") == "dict"
+    )
+
+
+def event_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The event components by name and the `Event` union, as the server serializes them."""
+    generated = TypeAdapter(Event).json_schema(
+        mode="serialization", ref_template=SCHEMAS + "{model}", schema_generator=_WireSchema
+    )
+    components: dict[str, Any] = generated.pop("$defs")
+    discriminator = generated["discriminator"]
+    for ref in discriminator["mapping"].values():
+        # The discriminator is always on the wire (OpenAPI requires it of every member), even though
+        # each model declares it with a default.
+        member = components[ref.removeprefix(SCHEMAS)]
+        member["required"] = [discriminator["propertyName"], *member.get("required", [])]
+    return components, generated
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Make `app.openapi()` return the completed spec, built once."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = build()
+            _add_events(spec)
+            _document_streams(spec)
+            _validation_errors(spec)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _add_events(spec: dict[str, Any]) -> None:
+    schemas: dict[str, Any] = spec.setdefault("components", {}).setdefault("schemas", {})
+    components, union = event_schemas()
+    for name, schema in {**components, EVENT: union}.items():
+        if schemas.setdefault(name, schema) != schema:
+            raise RuntimeError(f"The event schema {name!r} collides with a REST schema of the same name")
+
+
+def _document_streams(spec: dict[str, Any]) -> None:
+    for operation in _operations(spec):
+        streams = [
+            response["content"][STREAM_MEDIA_TYPE]
+            for response in operation.get("responses", {}).values()
+            if STREAM_MEDIA_TYPE in response.get("content", {})
+        ]
+        if not streams:
+            continue
+        for media in streams:
+            media.clear()
+            media["schema"] = {"$ref": SCHEMAS + EVENT}
+        description = operation.get("description", "")
+        if FRAMING_HEADING not in description:
+            operation["description"] = f"{description}\n\n{FRAMING}".strip()
+
+
+def _validation_errors(spec: dict[str, Any]) -> None:
+    fastapi_ref = SCHEMAS + _FASTAPI_422[0]
+    for operation in _operations(spec):
+        response = operation.get("responses", {}).get("422")
+        body = response.get("content", {}).get("application/json", {}) if response else {}
+        if body.get("schema") == {"$ref": fastapi_ref}:
+            body["schema"] = {"$ref": SCHEMAS + ERROR}
+            response["description"] = "Validation error"
+    schemas = spec.get("components", {}).get("schemas", {})
+    for name in _FASTAPI_422:  # HTTPValidationError first: it is what refers to ValidationError
+        schema = schemas.pop(name, None)
+        if schema is not None and f'"{SCHEMAS}{name}"' in json.dumps(spec):
+            schemas[name] = schema
+
+
+def _operations(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        operation
+        for item in spec.get("paths", {}).values()
+        for method, operation in item.items()
+        if method in {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+    ]

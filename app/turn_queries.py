@@ -1,0 +1,45 @@
+"""The SQL of the turn view: a session's turns found by their turn_start rows, then their messages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.models import ChatMessageRow
+
+
+async def turn_position(db: AsyncSession, session_id: str, turn_id: str) -> int | None:
+    """The history position of the turn's turn_start, or None when the session has no such turn."""
+    query = select(ChatMessageRow.position).where(
+        col(ChatMessageRow.session_id) == session_id,
+        col(ChatMessageRow.turn_id) == turn_id,
+        col(ChatMessageRow.type) == "turn_start",
+    )
+    return (await db.exec(query)).first()
+
+
+async def latest_turn_ids(
+    db: AsyncSession, session_id: str, *, limit: int, before_position: int | None
+) -> list[str]:
+    """The ids of the session's `limit` newest turns (before `before_position`), newest first."""
+    query = select(ChatMessageRow.turn_id).where(
+        col(ChatMessageRow.session_id) == session_id, col(ChatMessageRow.type) == "turn_start"
+    )
+    if before_position is not None:
+        query = query.where(col(ChatMessageRow.position) < before_position)
+    query = query.order_by(col(ChatMessageRow.position).desc()).limit(limit)
+    return list((await db.exec(query)).all())
+
+
+async def messages_of_turns(
+    db: AsyncSession, session_id: str, turn_ids: Sequence[str]
+) -> list[ChatMessageRow]:
+    """Every chat message of those turns of the session, in history order."""
+    query = (
+        select(ChatMessageRow)
+        .where(col(ChatMessageRow.session_id) == session_id, col(ChatMessageRow.turn_id).in_(turn_ids))
+        .order_by(col(ChatMessageRow.position))
+    )
+    return list((await db.exec(query)).all())

@@ -1,0 +1,149 @@
+"""The published spec: fresh, complete for every route and event, and true to the frames the server sends."""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+import re
+from typing import Any, get_args
+
+import httpx
+import pytest
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from app.events import Event
+from scripts.export_openapi import ROOT, SPEC, render_spec
+from tests.support.server import LiveServer
+from tests.support.sse import EventReader, Received
+
+SCHEMAS = "#/components/schemas/"
+METHODS = {"get", "put", "post", "delete", "patch"}
+
+
+@pytest.fixture(scope="module")
+def spec() -> dict[str, Any]:
+    rendered: dict[str, Any] = json.loads(render_spec())
+    return rendered
+
+
+def _event_models() -> list[type[BaseModel]]:
+    union = get_args(Event)[0]
+    return list(get_args(union))
+
+
+def _operations(spec: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (method.upper(), path, operation)
+        for path, item in spec["paths"].items()
+        for method, operation in item.items()
+        if method in METHODS
+    ]
+
+
+def test_the_committed_spec_is_what_the_app_generates() -> None:
+    committed = SPEC.read_text() if SPEC.exists() else ""
+    generated = render_spec()
+    if committed != generated:
+        diff = difflib.unified_diff(
+            committed.splitlines(), generated.splitlines(), "committed", "generated", lineterm=""
+        )
+        pytest.fail(
+            f"{SPEC.relative_to(ROOT)} differs from what the app generates: run `make openapi` and commit "
+            "it.\n" + "\n".join(itertools.islice(diff, 60)),
+            pytrace=False,
+        )
+
+
+def test_every_event_is_a_component_and_a_member_of_the_discriminated_union(spec: dict[str, Any]) -> None:
+    schemas = spec["components"]["schemas"]
+    union = schemas["Event"]
+    assert union["discriminator"]["propertyName"] == "type"
+    mapping = union["discriminator"]["mapping"]
+    members = [member["$ref"] for member in union["oneOf"]]
+    models = _event_models()
+    assert len(members) == len(mapping) == len(models)
+    for model in models:
+        name, type_ = model.__name__, model.model_fields["type"].default
+        ref = SCHEMAS + name
+        assert mapping[type_] == ref and ref in members, name
+        component = schemas[name]
+        assert component["properties"]["type"]["const"] == type_
+        assert {"type", "seq", "session_id"} <= set(component["required"]), name
+        assert set(component["properties"]) == set(model.model_fields), name
+
+
+def test_the_stream_is_documented_as_text_event_stream_of_events(spec: dict[str, Any]) -> None:
+    operation = spec["paths"]["/v1/sessions/{session_id}/events"]["get"]
+    assert operation["responses"]["200"]["content"] == {
+        "text/event-stream": {"schema": {"$ref": SCHEMAS + "Event"}}
+    }
+    description = operation["description"]
+    for word in ("id:", "event:", "data:", "seq", ": ping", "retry:", "resync", "Last-Event-ID", "after"):
+        assert word in description, word
+
+
+def test_every_route_documents_its_errors_as_error_responses(spec: dict[str, Any]) -> None:
+    error = {"application/json": {"schema": {"$ref": SCHEMAS + "ErrorResponse"}}}
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    for method, path, operation in _operations(spec):
+        responses = operation["responses"]
+        where = f"{method} {path}"
+        for status, response in responses.items():
+            if status.startswith("4"):
+                assert response.get("content") == error, f"{where} {status}"
+        if operation.get("parameters") or operation.get("requestBody"):
+            assert "422" in responses, f"{where} validates its input but lists no 422"
+        if "{session_id}" in path:
+            assert "404" in responses, f"{where} lists no 404 for an unknown session"
+        assert any(s.startswith("2") for s in responses), where
+
+
+@pytest.mark.anyio
+async def test_each_event_schema_validates_the_frames_a_demo_turn_sends(
+    paced_server: LiveServer, spec: dict[str, Any]
+) -> None:
+    """A tool round, then a stopped answer with a message waiting: most event types, checked against
+    their documented schema (which must not lack a field the server sends) and the union."""
+    async with httpx.AsyncClient(base_url=paced_server.base_url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions", json={})).json()["id"]
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+            await client.post(f"/v1/sessions/{sid}/messages", json={"content": "what time is it?"})
+            await reader.wait_type("turn_done")
+            await client.post(f"/v1/sessions/{sid}/messages", json={"content": "[long] go"})
+            await reader.wait_type("text_delta", count=len(reader.of_type("text_delta")) + 5)
+            await client.post(f"/v1/sessions/{sid}/messages", json={"content": "and then?"})
+            await client.post(f"/v1/sessions/{sid}/cancel")
+            await reader.wait_type("turn_done", count=3)
+
+    registry: Registry[Any] = Registry().with_resource(
+        "urn:parley", Resource.from_contents(spec, default_specification=DRAFT202012)
+    )
+    union = Draft202012Validator({"$ref": "urn:parley#/components/schemas/Event"}, registry=registry)
+    mapping = spec["components"]["schemas"]["Event"]["discriminator"]["mapping"]
+    for frame in reader.events:
+        assert frame.data["type"] == frame.event and frame.data["seq"] == int(frame.id)
+        _validate(frame, union, registry, spec, mapping[frame.event])
+    seen = {frame.event for frame in reader.events}
+    assert seen >= {
+        "turn_start", "user_message", "agent_status", "text_delta", "response_done", "token_usage",
+        "tool_exec_start", "tool_exec_end", "agent_cancelled", "turn_done",
+    }  # fmt: skip
+
+
+def _validate(
+    frame: Received,
+    union: Draft202012Validator,
+    registry: Registry[Any],
+    spec: dict[str, Any],
+    ref: str,
+) -> None:
+    member = Draft202012Validator({"$ref": "urn:parley" + ref}, registry=registry)
+    for validator in (union, member):
+        errors = [e.message for e in validator.iter_errors(frame.data)]
+        assert not errors, f"{frame.event} #{frame.id}: {errors}"
+    documented = set(spec["components"]["schemas"][re.sub("^.*/", "", ref)]["properties"])
+    assert set(frame.data) <= documented, f"{frame.event} sends undocumented {set(frame.data) - documented}"
