@@ -4,7 +4,12 @@ A turn emits, in order: turn_start, user_message, agent_status(thinking), then p
 text_delta... (the first one carries timestamp and model), response_done, token_usage, and per tool call
 tool_exec_start, agent_status(tool_calling), tool_exec_end, agent_status(thinking); it ends with
 agent_status(idle) and turn_done. A stop adds agent_cancelled; a failure adds error before turn_done.
+Outside turns: user_message (queued) and queue_updated when messages wait, and resync as the first frame
+of a stream whose asked-for position is gone.
 Every event carries `seq` (the SSE `id:`, +1 per event within the session) and `session_id`.
+
+One frame is not part of the log: `resync`, sent first on a stream whose asked-for position can no
+longer be replayed. It takes no sequence number; its `seq` repeats the last event's.
 """
 
 from __future__ import annotations
@@ -170,6 +175,20 @@ class ErrorEvent(_Event):
     timestamp: str
 
 
+class Resync(_Event):
+    """The asked-for position cannot be replayed: reload the history, then continue from this frame."""
+
+    type: Literal["resync"] = "resync"
+    seq: int = Field(description="Equals last_event_id: a resync is not logged and takes no seq of its own.")
+    last_event_id: int = Field(
+        description="The session's last event: the stream goes on after it, and a reconnect resumes from it."
+    )
+    reason: Literal["expired", "unknown"] = Field(
+        description="expired: older than the kept log (retention); unknown: newer than any event the server "
+        "has, e.g. after the database was restored."
+    )
+
+
 Event = Annotated[
     TurnStart
     | UserMessage
@@ -182,6 +201,7 @@ Event = Annotated[
     | TokenUsage
     | AgentCancelled
     | QueueUpdated
-    | ErrorEvent,
+    | ErrorEvent
+    | Resync,
     Field(discriminator="type"),
 ]

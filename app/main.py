@@ -10,19 +10,23 @@ from typing import Any
 from fastapi import FastAPI
 
 from app import errors, repository
-from app.api import events, health, messages, sessions
+from app.api import events, health, messages, sessions, turns
 from app.api.deps import Services
-from app.broker import Broker
+from app.broker import RING_SIZE, Broker, Frame
 from app.db import Database
 from app.llm.layer import ModelLayer
+from app.middleware import RequestContextMiddleware, install_request_id_logging
+from app.openapi import install_openapi
 from app.recovery import close_open_turns
 from app.runner import Runner
 from app.service import ChatService
 from app.settings import Settings
+from app.shutdown import Drain, drain_on_signals
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.writer import WriteBehind
 
 log = logging.getLogger("parley")
+install_request_id_logging()
 
 
 def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None = None) -> FastAPI:
@@ -30,28 +34,51 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     settings = settings or Settings()
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         database = Database(settings.database_url)
         models = ModelLayer(settings)
         models.start()
-        writer = WriteBehind(database, text_interval=settings.flush_interval)
+        writer = WriteBehind(
+            database,
+            interval=settings.event_flush_interval,
+            text_interval=settings.flush_interval,
+            retention=settings.event_retention,
+        )
 
         async def last_seq(session_id: str) -> int:
             async with database.session() as db:
                 return await repository.last_event_seq(db, session_id)
 
-        broker = Broker(last_seq, writer.sink(), settings.subscriber_queue_size)
+        async def load_frames(session_id: str, after: int, before: int) -> list[Frame]:
+            async with database.session() as db:
+                rows = await repository.events_between(db, session_id, after, before)
+            return [Frame(row.seq, row.type, row.data) for row in rows]
+
+        broker = Broker(
+            last_seq,
+            writer.sink(),
+            settings.subscriber_queue_size,
+            load_frames=load_frames,
+            ring_size=min(RING_SIZE, settings.event_retention),
+        )
+        writer.deliver_to(broker.deliver)
         registry = tools or build_default_registry()
         runner = Runner(settings, database, broker, writer, models, registry)
         chat = ChatService(settings, database, runner, models, registry, broker, writer)
+        drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
         writer.start()
         await close_open_turns(database, broker)
+        # The repair is in the log (and the turns it closed are announced) before any client can ask.
+        await writer.flush()
         await runner.resume_waiting()
         try:
-            yield {"services": Services(settings=settings, chat=chat, broker=broker, models=models)}
+            with drain_on_signals(drain):
+                yield {
+                    "services": Services(settings=settings, chat=chat, broker=broker, models=models),
+                    "database": database,
+                }
         finally:
-            await runner.shutdown()
-            broker.close_all()
+            await drain.run()
             await writer.stop()
             await models.stop()
             await database.dispose()
@@ -67,6 +94,9 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(sessions.router)
     app.include_router(messages.router)
     app.include_router(events.router)
+    app.include_router(turns.router)
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+    install_openapi(app)
     return app
 
 

@@ -12,6 +12,7 @@ import logging
 import re
 import secrets
 from contextvars import ContextVar
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -21,12 +22,22 @@ _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
 
-class RequestIdFilter(logging.Filter):
-    """Adds `request_id` to every record, so log formats can show it."""
+def install_request_id_logging() -> None:
+    """Every log record gets `request_id`, so any handler's format can show `%(request_id)s`.
 
-    def filter(self, record: logging.LogRecord) -> bool:
+    A record factory rather than a filter: filters on a logger miss records propagated from its children.
+    """
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "parley_request_id", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
         record.request_id = request_id_var.get()
-        return True
+        return record
+
+    factory.parley_request_id = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
 
 
 def error_body(code: str, message: str, details: object = None) -> dict[str, object]:

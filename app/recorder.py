@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 
 TOOL_INTERRUPTED_BY_USER = "[Tool execution interrupted by user]"
 TOOL_INTERRUPTED_BY_ERROR = "[Tool execution interrupted by an error]"
+TOOL_INTERRUPTED_BY_RESTART = "[Tool execution interrupted by server restart]"
 
 
 @dataclass
@@ -81,6 +84,9 @@ class TurnRecorder:
     model: str
     context_window: int | None
     taken_ids: frozenset[str] = frozenset()
+    # How a stop is recorded: by a user (cancelled), or by the server shutting down (interrupted).
+    stop_status: TurnStatus = "cancelled"
+    stop_tool_result: str = TOOL_INTERRUPTED_BY_USER
     started: float = field(default_factory=time.monotonic)
     closed: bool = False
     _response_id: str | None = None
@@ -92,6 +98,34 @@ class TurnRecorder:
     _started_calls: set[str] = field(default_factory=set)
     interrupted_message_ids: list[str] = field(default_factory=list)
     interrupted_tool_call_ids: list[str] = field(default_factory=list)
+    # Stop control. A stop cancels the turn's task only between the recorder's writes, never inside
+    # one: a write cut in half would leave a row without its result, or state that disagrees with the
+    # database (a call noted as not started whose row exists, a text rolled back but detached).
+    task: asyncio.Task[None] | None = None
+    _writing: int = 0
+    _stop_requested: bool = False
+    _finishing: bool = False
+
+    def request_stop(self) -> bool:
+        """Stops the turn as soon as no write is in progress. False when it is already ending by itself."""
+        if self._finishing:
+            return False
+        if not self._stop_requested:
+            self._stop_requested = True
+            if not self._writing and self.task is not None:
+                self.task.cancel()
+        return True
+
+    @contextmanager
+    def _atomic(self) -> Iterator[None]:
+        self._writing += 1
+        try:
+            yield
+        finally:
+            self._writing -= 1
+        if self._stop_requested and not self._writing and not self._finishing:
+            # The stop that arrived during the write takes effect now, where the state is whole.
+            raise asyncio.CancelledError
 
     # --- the turn ------------------------------------------------------------------------------------
 
@@ -102,6 +136,7 @@ class TurnRecorder:
             async for event in events:
                 await self._on(event)
         except asyncio.CancelledError:
+            self._finishing = True
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
@@ -110,17 +145,29 @@ class TurnRecorder:
             await self.finish_cancelled()
             return
         except (ProviderError, AgentError) as exc:
+            self._finishing = True
             await events.aclose()
             await self.finish_failed(exc.code, exc.message)
             return
         except Exception:
             log.exception("turn %s failed", self.turn_id)
+            self._finishing = True
             await events.aclose()
             await self.finish_failed("internal_error", "The turn failed because of an internal error.")
             return
         await self.close("completed")
 
     async def _on(self, event: AgentEvent) -> None:
+        buffer = self._text
+        if buffer is not None and isinstance(event, TextChunk):
+            # The hot path: every delta after the first; no write, nothing to protect.
+            buffer.parts.append(event.text)
+            self._emit(TextDelta, id=buffer.message_id, text=event.text)
+            return
+        with self._atomic():
+            await self._dispatch(event)
+
+    async def _dispatch(self, event: AgentEvent) -> None:
         if isinstance(event, TextChunk):
             await self._on_text(event.text)
         elif isinstance(event, ResponseStarted):
@@ -311,7 +358,9 @@ class TurnRecorder:
                     db, buffer.message_id, {"content": buffer.text(), "interrupted": True}
                 )
             for tool in open_tools.values():
-                await repository.update_message(db, tool.row_id, {"result": tool_result, "is_error": True})
+                await repository.update_message(
+                    db, tool.row_id, {"result": tool_result, "is_error": True, "interrupted": True}
+                )
             if rows:
                 await repository.insert_messages(db, rows)
             await db.commit()
@@ -323,7 +372,8 @@ class TurnRecorder:
         self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
 
     async def finish_cancelled(self) -> None:
-        await self.commit_partial(TOOL_INTERRUPTED_BY_USER)
+        self._finishing = True
+        await self.commit_partial(self.stop_tool_result)
         self.set_status("idle")
         self._emit(
             AgentCancelled,
@@ -331,9 +381,10 @@ class TurnRecorder:
             interrupted_message_ids=self.interrupted_message_ids,
             interrupted_tool_call_ids=self.interrupted_tool_call_ids,
         )
-        await self.close("cancelled")
+        await self.close(self.stop_status)
 
     async def finish_failed(self, code: str, message: str) -> None:
+        self._finishing = True
         await self.commit_partial(TOOL_INTERRUPTED_BY_ERROR)
         await self.fail(code, message)
         await self.close("failed")
@@ -348,6 +399,7 @@ class TurnRecorder:
     async def close(self, status: TurnStatus) -> None:
         if self.closed:
             return
+        self._finishing = True
         self.closed = True
         duration = round(time.monotonic() - self.started, 3)
         row = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from app import repository
 from app.agent import AgentRun
@@ -23,7 +25,7 @@ from app.events import AgentStatus, QueuedItem, QueueUpdated, TurnStart, UserMes
 from app.history import rebuild
 from app.llm.layer import ModelLayer
 from app.models import ChatMessageRow, ChatSessionRow, QueuedMessageRow
-from app.recorder import LiveStatus, TurnRecorder
+from app.recorder import TOOL_INTERRUPTED_BY_RESTART, LiveStatus, TurnRecorder
 from app.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.settings import Settings
 from app.tools.registry import ToolRegistry
@@ -58,7 +60,6 @@ class SessionState:
     recorder: TurnRecorder | None = None
     # Mirror of the session's waiting line (the queued_messages rows), in order.
     waiting: dict[str, QueuedMessage] = field(default_factory=dict)
-    cancelling: bool = False
     closed: bool = False
 
     def wants_breakpoint(self) -> bool:
@@ -209,8 +210,9 @@ class Runner:
             taken_ids=frozenset(m.id for m in messages),
         )
         state.recorder = recorder
-        state.cancelling = False
-        state.task = asyncio.create_task(self._run(session.id, state, recorder), name=f"turn:{turn_id}")
+        state.task = recorder.task = asyncio.create_task(
+            self._run(session.id, state, recorder), name=f"turn:{turn_id}"
+        )
         return turn_id
 
     @staticmethod
@@ -225,12 +227,22 @@ class Runner:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            await recorder.finish_cancelled()
+            await self._end_safely(recorder.finish_cancelled())
         except Exception:
             log.exception("turn %s could not run", recorder.turn_id)
-            await recorder.finish_failed("internal_error", "The turn failed because of an internal error.")
+            await self._end_safely(
+                recorder.finish_failed("internal_error", "The turn failed because of an internal error.")
+            )
         finally:
             await self._after(session_id, state)
+
+    @staticmethod
+    async def _end_safely(ending: Coroutine[Any, Any, None]) -> None:
+        """A failure while closing a turn is logged; the session must still become free for the next."""
+        try:
+            await ending
+        except Exception:
+            log.exception("closing a turn failed")
 
     async def _execute(self, session_id: str, state: SessionState, recorder: TurnRecorder) -> None:
         async with self._db.session() as db:
@@ -264,7 +276,10 @@ class Runner:
         async with state.lock:
             state.task = None
             if not self._closing and not state.closed:
-                await self._take_waiting(session_id, state)
+                try:
+                    await self._take_waiting(session_id, state)
+                except Exception:
+                    log.exception("taking the waiting messages of session %s failed", session_id)
 
     async def _take_waiting(self, session_id: str, state: SessionState) -> None:
         async with self._db.session() as db:
@@ -307,10 +322,11 @@ class Runner:
         if state is None or state.task is None or state.recorder is None:
             return CancelResult(cancelled=False, withdrawn=withdrawn)
         task, recorder = state.task, state.recorder
-        if not state.cancelling:
-            state.cancelling = True
-            task.cancel()
+        stopping = recorder.request_stop()
+        # Either way the turn is ending: wait until its end (and the taking of waiting messages) is done.
         await asyncio.wait({task})
+        if not stopping:
+            return CancelResult(cancelled=False, withdrawn=withdrawn)
         return CancelResult(
             cancelled=True,
             turn_id=recorder.turn_id,
@@ -338,8 +354,14 @@ class Runner:
         self._states.pop(session_id, None)
 
     async def shutdown(self) -> None:
+        """The server stops the turns, not a user: they end as interrupted, their partial state kept."""
         self._closing = True
         running = [sid for sid, s in self._states.items() if s.task is not None]
+        for sid in running:
+            recorder = self._states[sid].recorder
+            if recorder is not None:
+                recorder.stop_status = "interrupted"
+                recorder.stop_tool_result = TOOL_INTERRUPTED_BY_RESTART
         await asyncio.gather(*(self.cancel(sid) for sid in running), return_exceptions=True)
 
 

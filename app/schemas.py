@@ -163,6 +163,9 @@ class ToolGroupMessage(BaseModel):
     timestamp: str
     duration_ms: int | None
     model: str
+    interrupted: bool = Field(
+        False, description="True when a stop, a failure or a restart cut the call short."
+    )
 
 
 class TurnDoneMessage(BaseModel):
@@ -196,7 +199,12 @@ ChatMessage = (
 
 class MessagePage(BaseModel):
     chat_messages: list[ChatMessage]
-    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null at the end.")
+    next_cursor: str | None = Field(
+        description="Pass as `after` (or `before`, when paging backwards) for the next page; null at the end."
+    )
+    last_event_id: int = Field(
+        description="The stream position this history includes: subscribe with after=last_event_id."
+    )
 
 
 class ErrorBody(BaseModel):

@@ -296,6 +296,9 @@ class ChatService:
         self, session_id: str, *, limit: int, after: str | None, before: str | None
     ) -> MessagePage:
         await self.get_row(session_id)
+        # Read before the rows: events published meanwhile come after it, so a client that subscribes
+        # with after=last_event_id gets them; nothing falls in between.
+        last_event_id = await self._broker.last_seq(session_id)
         async with self._db.session() as db:
             after_pos = await self._position(db, session_id, after) if after else None
             before_pos = await self._position(db, session_id, before) if before else None
@@ -310,7 +313,11 @@ class ChatService:
             more = len(rows) > limit
             rows = rows[:limit]
             next_cursor = rows[-1].id if more and rows else None
-        return MessagePage(chat_messages=[to_chat_message(r) for r in rows], next_cursor=next_cursor)
+        return MessagePage(
+            chat_messages=[to_chat_message(r) for r in rows],
+            next_cursor=next_cursor,
+            last_event_id=last_event_id,
+        )
 
     @staticmethod
     async def _position(db: AsyncSession, session_id: str, message_id: str) -> int:
@@ -370,6 +377,7 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
             timestamp=row.timestamp,
             duration_ms=row.duration_ms,
             model=row.model or "",
+            interrupted=bool(row.interrupted),
         )
     if row.type == "error":
         return ErrorMessage(

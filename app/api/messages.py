@@ -55,7 +55,10 @@ async def list_messages(
 @router.post(
     "/cancel",
     status_code=status.HTTP_202_ACCEPTED,
-    responses={200: {"model": CancelResult, "description": "Nothing was running"}, **errors(404)},
+    responses={
+        200: {"model": CancelResult, "description": "Nothing was running"},
+        **errors(404, 413, 415, 422),
+    },
 )
 async def cancel(
     session_id: str, chat: ChatDep, response: Response, body: CancelRequest | None = None

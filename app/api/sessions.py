@@ -13,7 +13,7 @@ from app.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, responses=errors(400, 415, 422))
+@router.post("", status_code=status.HTTP_201_CREATED, responses=errors(400, 413, 415, 422))
 async def create_session(
     body: SessionCreate, chat: ChatDep, response: Response, idempotency_key: IdempotencyKey = None
 ) -> SessionOut:
@@ -40,7 +40,7 @@ async def get_session(session_id: str, chat: ChatDep) -> SessionOut:
     return await chat.get_session(session_id)
 
 
-@router.patch("/{session_id}", responses=errors(400, 404, 422))
+@router.patch("/{session_id}", responses=errors(400, 404, 413, 415, 422))
 async def update_session(session_id: str, body: SessionUpdate, chat: ChatDep) -> SessionOut:
     """Change the title, system prompt or model; a new model applies from the next model call."""
     return await chat.update_session(session_id, body)
