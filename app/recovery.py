@@ -40,6 +40,8 @@ class _Closed:
 
 
 async def close_open_turns(db_: Database, broker: Broker) -> int:
+    # First, while the log holds only what was logged before the crash.
+    await _announce_lost_ends(db_, broker)
     async with db_.session() as db:
         open_turns = await repository.open_turns(db)
     for start in open_turns:
@@ -65,6 +67,25 @@ async def close_open_turns(db_: Database, broker: Broker) -> int:
         )
         log.warning("closed turn %s of session %s left open by a restart", start.turn_id, start.session_id)
     return len(open_turns)
+
+
+async def _announce_lost_ends(db_: Database, broker: Broker) -> None:
+    """A turn that ended just before a crash may have its turn_done row but not its event: announce it,
+    or a client resuming from the log would show the agent working until it reloads."""
+    async with db_.session() as db:
+        lost = await repository.turn_ends_missing_from_log(db)
+    for done in lost:
+        channel = await broker.channel(done.session_id)
+        channel.publish(AgentStatus, status="idle", turn_id=done.turn_id)
+        channel.publish(
+            TurnDone,
+            id=done.id,
+            turn_id=done.turn_id,
+            timestamp=done.timestamp,
+            duration_seconds=done.duration_seconds or 0.0,
+            status=done.status or "completed",
+        )
+        log.warning("announced the end of turn %s, whose event a crash lost", done.turn_id)
 
 
 async def _close(db: AsyncSession, start: ChatMessageRow) -> _Closed:

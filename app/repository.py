@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, update
+from sqlalchemy import delete, func, text, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -221,3 +221,30 @@ async def get_idempotency_key(db: AsyncSession, principal: str, key: str) -> Ide
 
 async def prune_idempotency_keys(db: AsyncSession, *, created_before: float) -> None:
     await db.exec(delete(IdempotencyKeyRow).where(col(IdempotencyKeyRow.created_at) < created_before))
+
+
+async def turn_ends_missing_from_log(db: AsyncSession) -> list[ChatMessageRow]:
+    """Each session's last turn_done row whose event a crash lost: the row commits before its event is
+    logged, so a kill -9 in between keeps the row and loses the event. Turns whose start is no longer in
+    the log (retention) are left alone: their clients resync anyway."""
+    statement = text(
+        """
+        SELECT d.position FROM chat_messages AS d
+        WHERE d.type = 'turn_done'
+          AND d.position = (SELECT max(position) FROM chat_messages
+                            WHERE session_id = d.session_id AND type = 'turn_done')
+          AND EXISTS (SELECT 1 FROM chat_messages AS s JOIN events AS e
+                        ON e.session_id = s.session_id AND e.type = 'turn_start'
+                       AND json_extract(e.data, '$.id') = s.id
+                      WHERE s.turn_id = d.turn_id AND s.type = 'turn_start')
+          AND NOT EXISTS (SELECT 1 FROM events AS e
+                          WHERE e.session_id = d.session_id AND e.type = 'turn_done'
+                            AND json_extract(e.data, '$.id') = d.id)
+        """
+    )
+    connection = await db.connection()
+    positions = [row[0] for row in (await connection.execute(statement)).all()]
+    if not positions:
+        return []
+    query = select(ChatMessageRow).where(col(ChatMessageRow.position).in_(positions))
+    return list((await db.exec(query)).all())

@@ -159,3 +159,63 @@ async def test_text_whose_first_deltas_were_pruned_keeps_the_flushed_text(databa
     finally:
         await database.dispose()
     assert (text.content, text.interrupted) == ("Hel", True)
+
+
+async def _recover(database: Database) -> list[dict[str, Any]]:
+    """Runs the startup repair twice (it must be idempotent) and returns the events it logged."""
+    writer = WriteBehind(database)
+
+    async def last_seq(session_id: str) -> int:
+        async with database.session() as db:
+            return await repository.last_event_seq(db, session_id)
+
+    broker = Broker(last_seq, writer.sink(), 100)
+    async with database.session() as db:
+        before = await repository.last_event_seq(db, SID)
+    for _ in range(2):
+        await close_open_turns(database, broker)
+        await writer.flush()
+    async with database.session() as db:
+        return [json.loads(e.data) for e in await repository.events_after(db, SID, before, 100)]
+
+
+async def _ended_turn(database: Database, *, log_start: bool) -> None:
+    """A turn whose turn_done row committed but whose event the crash lost (kill -9 in the 50 ms gap)."""
+    async with database.session() as db:
+        db.add(ChatSessionRow(id=SID, model="parley/demo", tools=[], created_at=T0, updated_at=T0))
+        await db.flush()
+        await repository.insert_messages(
+            db,
+            [
+                row("m_00000start", "turn_start", T0),
+                row("m_000000user", "text", T0, role="user", content="hi", sender="User"),
+                row("m_000000done", "turn_done", T2, duration_seconds=2.5, status="completed"),
+            ],
+        )
+        start = [event(1, "turn_start", id="m_00000start", turn_id=TURN, timestamp=T0)] if log_start else []
+        await repository.insert_events(db, [*start, event(len(start) + 1, "agent_status", status="thinking")])
+        await db.commit()
+
+
+async def test_a_turn_end_whose_event_a_crash_lost_is_announced_once(database_url: str) -> None:
+    database = Database(database_url)
+    try:
+        await _ended_turn(database, log_start=True)
+        logged = await _recover(database)
+    finally:
+        await database.dispose()
+    assert [(e["type"], e.get("status")) for e in logged] == [
+        ("agent_status", "idle"),
+        ("turn_done", "completed"),
+    ]
+    assert logged[1]["id"] == "m_000000done"
+    assert logged[1]["duration_seconds"] == 2.5
+
+
+async def test_a_turn_whose_start_left_the_log_is_not_announced_again(database_url: str) -> None:
+    database = Database(database_url)
+    try:
+        await _ended_turn(database, log_start=False)
+        assert await _recover(database) == []
+    finally:
+        await database.dispose()
