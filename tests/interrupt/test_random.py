@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from app.settings import Settings
 from tests.fakes.upstream import FakeUpstream, Script, ToolCall, validate_history
 from tests.interrupt.conftest import Session, chat_requests, open_session
 from tests.support.server import LiveServer
@@ -42,7 +43,13 @@ SEEDS = [
     20240611,
     *([int(os.environ["PARLEY_RANDOM_SEED"])] if "PARLEY_RANDOM_SEED" in os.environ else []),
 ]
-FIELDS = ("id", "content", "sender", "timestamp", "delivery")
+FIELDS = ("id", "content", "sender", "client_message_id", "timestamp", "delivery")
+
+
+@pytest.fixture
+def strict_settings(strict_settings: Settings) -> Settings:
+    """The walk posts a few hundred messages in seconds: the per-principal rate limit is not under test."""
+    return strict_settings.model_copy(update={"messages_per_minute": 0})
 
 
 # --- what the upstream answers ---------------------------------------------------------------------------
@@ -103,11 +110,18 @@ class Walk:
     done: Counter[str] = field(default_factory=Counter)
     counter: int = 0
     probe_id: str = ""
+    # Contents whose POST has not answered yet: an interrupt answers only once the turn it stops has
+    # ended, so a concurrent cancel with clear_queue may withdraw it before its 202 arrives.
+    in_flight: set[str] = field(default_factory=set)
 
     async def post(self, delivery: str) -> None:
         self.counter += 1
         content = f"s{self.seed}-m{self.counter}-{delivery}"
-        response = await self.session.post(content, delivery)
+        self.in_flight.add(content)
+        try:
+            response = await self.session.post(content, delivery)
+        finally:
+            self.in_flight.discard(content)
         if response.status_code == 409:
             error = response.json()["error"]
             assert delivery == "reject", response.text
@@ -127,7 +141,7 @@ class Walk:
         body = response.json()
         assert response.status_code == (202 if body["cancelled"] else 200), response.text
         for item in body["withdrawn"]:
-            assert self.acked.get(item["id"]) == item["content"], item
+            assert self.acked.get(item["id"]) == item["content"] or item["content"] in self.in_flight, item
             assert item["id"] not in self.withdrawn, item
             self.withdrawn[item["id"]] = item["content"]
         if body["cancelled"]:
@@ -226,6 +240,7 @@ def check_stream(events: list[Received]) -> dict[str, str]:
 
 
 def check_messages(walk: Walk, events: list[Received], history: list[dict[str, Any]]) -> None:
+    assert set(walk.withdrawn) <= set(walk.acked), "a withdrawn message was never acknowledged"
     kept = {i: c for i, c in walk.acked.items() if i not in walk.withdrawn}
     users = [m for m in history if m["type"] == "text" and m["role"] == "user"]
     stored = Counter(m["id"] for m in users)
