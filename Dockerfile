@@ -1,5 +1,7 @@
-# Parley: `docker run --rm -p 8000:8000 -v parley-data:/data parley` serves the offline demo model.
-# Configuration is PARLEY_* environment variables (README); real providers take their keys the same way.
+# Parley: `docker run --rm -p 8000:8000 -e PARLEY_API_KEYS=alice:<key> -v parley-data:/data parley` serves
+# the offline demo model to bearer keys. The image binds 0.0.0.0, so it refuses to start without keys unless
+# PARLEY_ALLOW_OPEN=1 says to serve openly (a local try-out). Configuration is PARLEY_* environment
+# variables (README); real providers take their keys the same way.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -31,5 +33,6 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
 
-# Migrations run at every start (a no-op when the database is current), then uvicorn takes over PID 1.
-CMD ["sh", "-c", "alembic upgrade head && exec uvicorn app.main:app --host 0.0.0.0 --port 8000"]
+# Migrations run at every start (a no-op when the database is current), then the launcher takes over PID 1:
+# it checks the access configuration, then runs uvicorn.
+CMD ["sh", "-c", "alembic upgrade head && exec python -m app --host 0.0.0.0 --port 8000"]

@@ -48,10 +48,10 @@ $(STAMP): $(DEV_LOCK)
 	@PYTHON="$(PYTHON)" VENV="$(VENV)" LOCK="$(DEV_LOCK)" STAMP="$(STAMP)" \
 		bash scripts/ensure-venv.sh
 
-run: $(STAMP) ## Migrate the DB and serve on HOST:PORT (uvicorn)
+run: $(STAMP) ## Migrate the DB and serve on HOST:PORT (python -m app: refuses a keyless non-loopback bind)
 	mkdir -p data
 	$(BIN)/alembic upgrade head
-	$(BIN)/python -m uvicorn app.main:app --host $(HOST) --port $(PORT)
+	$(BIN)/python -m app --host $(HOST) --port $(PORT)
 
 test: $(STAMP) ## ruff check + pytest (pass PYTEST_ARGS=...)
 	$(BIN)/ruff check app tests migrations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,12 +20,31 @@ class ApiError(Exception):
     status = 400
     code = "bad_request"
 
-    def __init__(self, message: str, *, details: Any = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: Any = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
+        self.headers = headers
         if code is not None:
             self.code = code
+
+
+class InvalidRequest(ApiError):
+    """A request the schema lets through but that is not valid: rendered as the validation errors are."""
+
+    status = 422
+    code = "validation_error"
+
+    def __init__(self, field: str, message: str, type_: str) -> None:
+        details = [{"field": field, "message": message, "type": type_}]
+        super().__init__("The request is not valid.", details=details)
 
 
 class NotFound(ApiError):
@@ -47,6 +67,25 @@ class PayloadTooLarge(ApiError):
     code = "payload_too_large"
 
 
+class Unauthorized(ApiError):
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class TooManyRequests(ApiError):
+    """`retry_after`: whole seconds, also sent as the Retry-After header."""
+
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: int, code: str | None = None) -> None:
+        details = {"retry_after": retry_after}
+        super().__init__(message, code=code, details=details, headers={"Retry-After": str(retry_after)})
+
+
 def _respond(
     request: Request, status: int, code: str, message: str, details: Any = None, **kw: Any
 ) -> JSONResponse:
@@ -55,6 +94,7 @@ def _respond(
     return JSONResponse(error_body(code, message, details), status_code=status, **kw)
 
 
+_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 _HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
@@ -63,10 +103,21 @@ _HTTP_CODES = {
 }
 
 
+def _allowed_methods(request: Request) -> str:
+    """The methods the spec documents for the request's path (HEAD wherever GET is, as Starlette serves)."""
+    methods: set[str] = set()
+    for template, item in request.app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)), request.url.path):
+            methods |= {method.upper() for method in item if method in _METHODS}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods))
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _respond(request, exc.status, exc.code, exc.message, exc.details)
+        return _respond(request, exc.status, exc.code, exc.message, exc.details, headers=exc.headers)
 
     @app.exception_handler(BodyTooLarge)
     async def body_too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
@@ -86,10 +137,20 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI turns any failure while it reads a JSON body, other than a JSON syntax error, into a
+        # plain 400: a chunked body past the limit, or bytes that are not UTF-8.
+        cause = exc.__cause__
+        if isinstance(cause, BodyTooLarge):
+            return await body_too_large(request, cause)
+        if isinstance(cause, UnicodeDecodeError):
+            details = [{"field": "body", "message": "The body is not UTF-8 text.", "type": "json_invalid"}]
+            return _respond(request, 422, "validation_error", "The request is not valid.", details)
         code = _HTTP_CODES.get(exc.status_code, "http_error")
-        return _respond(
-            request, exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None)
-        )
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            # Starlette names only the methods of the first route of the path; there is one per method.
+            headers = {**(headers or {}), "Allow": _allowed_methods(request)}
+        return _respond(request, exc.status_code, code, str(exc.detail), headers=headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -46,6 +46,9 @@ class UserMessage(_Event):
     model: str = Field(description="The model that will answer it.")
     sender: str
     queued: bool = Field(False, description="True when announced while another turn runs.")
+    client_message_id: str | None = Field(
+        None, description="The sender's own id of the message: its tab matches its optimistic copy by it."
+    )
 
 
 class TextDelta(_Event):
@@ -157,6 +160,7 @@ class QueuedItem(BaseModel):
     id: str
     content: str
     sender: str
+    client_message_id: str | None = None
     timestamp: str
     delivery: str
 

@@ -8,12 +8,16 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from app import errors, repository
+from app.access_log import install_access_log_redaction
 from app.api import events, health, messages, sessions, turns
 from app.api.deps import Services
+from app.auth import load_key_ring
 from app.broker import RING_SIZE, Broker, Frame
 from app.db import Database
+from app.limits import MessageRate, StreamSlots
 from app.llm.layer import ModelLayer
 from app.middleware import RequestContextMiddleware, install_request_id_logging
 from app.openapi import install_openapi
@@ -27,11 +31,18 @@ from app.writer import WriteBehind
 
 log = logging.getLogger("parley")
 install_request_id_logging()
+install_access_log_redaction()
+
+# What a browser on an allowed origin may send and read (CORS is off unless PARLEY_CORS_ORIGINS is set).
+CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "X-Request-ID"]
+CORS_RESPONSE_HEADERS = ["X-Request-ID", "Idempotent-Replayed", "Retry-After"]
 
 
 def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None = None) -> FastAPI:
     """`tools` replaces the built-in registry (tests register slow or failing tools through it)."""
     settings = settings or Settings()
+    # Here rather than in the lifespan: a keys file that cannot be used stops the server before it serves.
+    keys = load_key_ring(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
@@ -74,7 +85,15 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         try:
             with drain_on_signals(drain):
                 yield {
-                    "services": Services(settings=settings, chat=chat, broker=broker, models=models),
+                    "services": Services(
+                        settings=settings,
+                        chat=chat,
+                        broker=broker,
+                        models=models,
+                        keys=keys,
+                        message_rate=MessageRate(settings.messages_per_minute),
+                        streams=StreamSlots(settings.max_streams_per_principal),
+                    ),
                     "database": database,
                 }
         finally:
@@ -95,7 +114,21 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(messages.router)
     app.include_router(events.router)
     app.include_router(turns.router)
-    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        RequestContextMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        loopback_only=keys.is_open and not settings.allow_open,
+    )
+    if settings.cors_origins:
+        # Outermost, so that the middleware's own refusals (413, 415) carry the CORS headers too.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
+            allow_headers=CORS_REQUEST_HEADERS,
+            expose_headers=CORS_RESPONSE_HEADERS,
+            max_age=600,
+        )
     install_openapi(app)
     return app
 

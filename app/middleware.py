@@ -2,7 +2,9 @@
 
 Every request gets an id (the client's `X-Request-ID` when it is sane, else a new one) that is echoed in
 the response header, put in every error body and attached to log records. Bodies are refused before
-they are read when they are too large (413) or not JSON (415).
+they are read when they are too large (413) or not JSON (415). A server without API keys that is reached
+on a non-loopback address, and was not told PARLEY_ALLOW_OPEN, refuses everything but the health probes
+(403): the launcher refuses to start that way, and this covers a server started some other way.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.auth import OPEN_MODE_HELP, is_loopback
+
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
+_PROBES = {"/healthz", "/readyz"}
 
 
 def install_request_id_logging() -> None:
@@ -47,9 +52,11 @@ def error_body(code: str, message: str, details: object = None) -> dict[str, obj
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, loopback_only: bool = False) -> None:
+        """`loopback_only`: the service runs without keys and was not told it may serve beyond loopback."""
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.loopback_only = loopback_only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,7 +76,7 @@ class RequestContextMiddleware:
                     }
                 await send(message)
 
-            refusal = self._refusal(scope["method"], headers)
+            refusal = self._exposed(scope) or self._refusal(scope["method"], headers)
             if refusal is not None:
                 status, code, text = refusal
                 await _send_json(send_with_id, status, error_body(code, text))
@@ -77,6 +84,20 @@ class RequestContextMiddleware:
             await self.app(scope, self._limited(receive), send_with_id)
         finally:
             request_id_var.reset(token)
+
+    def _exposed(self, scope: Scope) -> tuple[int, str, str] | None:
+        server = scope.get("server")
+        if not self.loopback_only or server is None or scope["path"] in _PROBES:
+            return None  # no server address: a Unix socket, reachable only on this machine
+        host = str(server[0])
+        if is_loopback(host):
+            return None
+        return (
+            403,
+            "open_mode_refused",
+            f"This server has no API keys and was reached on {host}, beyond loopback: the operator must "
+            f"{OPEN_MODE_HELP}.",
+        )
 
     def _refusal(self, method: str, headers: dict[str, str]) -> tuple[int, str, str] | None:
         if method not in _BODY_METHODS:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, ForeignKey, Index, String
+from sqlalchemy import JSON, Column, ForeignKey, Index, String, text
 from sqlmodel import Field, SQLModel
 
 
 class ChatSessionRow(SQLModel, table=True):
     __tablename__ = "chat_sessions"
+    __table_args__ = (Index("ix_chat_sessions_principal_created", "principal", "created_at", "id"),)
 
     id: str = Field(primary_key=True, max_length=40)
+    # The owner: the principal of the API key that created it ("" when the server runs without keys).
+    principal: str = Field(default="", max_length=100, sa_column_kwargs={"server_default": text("''")})
     title: str | None = None
     model: str
     system_prompt: str | None = None
@@ -43,6 +46,8 @@ class ChatMessageRow(SQLModel, table=True):
     role: str | None = None
     content: str | None = None
     sender: str | None = None
+    # The sender's own id of a user message, echoed so the tab that sent it can match its optimistic copy.
+    client_message_id: str | None = Field(default=None, max_length=100)
     model: str | None = None
     timestamp: str
     duration_ms: int | None = None
@@ -72,6 +77,7 @@ class QueuedMessageRow(SQLModel, table=True):
     )
     content: str
     sender: str
+    client_message_id: str | None = Field(default=None, max_length=100)
     timestamp: str
     # steer: taken at the running turn's next breakpoint; queue: after it ends; interrupt: it was stopped.
     delivery: str = Field(default="steer", sa_column_kwargs={"server_default": "steer"})

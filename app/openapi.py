@@ -4,8 +4,12 @@
 
 * every event model of `app.events.Event` as a named component, and `Event`, their union discriminated
   on `type`, both generated from the models the server serializes, so the spec follows the wire;
-* the `text/event-stream` body of the stream operation (any operation whose response declares that media
-  type), referencing `Event`, with the framing in the operation's description;
+* `EventFrame`, one SSE frame as the stream sends it: `id` (the seq), `event` (the type) and `data`, a
+  string of `application/json` whose `contentSchema` is `Event`. It is the `text/event-stream` schema of
+  the stream operation (any operation whose response declares that media type): for a stream, the
+  schema describes each event as a client's SSE parser yields it (what OpenAPI 3.2 calls `itemSchema`,
+  and how tools for 3.1 read `schema`), not the JSON inside it. The framing is also described in the
+  operation's description;
 * `ErrorResponse` as the 422 body: the one error handler renders every validation error in that shape,
   not in FastAPI's `HTTPValidationError`.
 """
@@ -25,6 +29,7 @@ from app.events import Event
 
 SCHEMAS = "#/components/schemas/"
 EVENT = "Event"
+EVENT_FRAME = "EventFrame"
 ERROR = "ErrorResponse"
 STREAM_MEDIA_TYPE = "text/event-stream"
 _FASTAPI_422 = ("HTTPValidationError", "ValidationError")
@@ -94,6 +99,31 @@ def event_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
     return components, generated
 
 
+def frame_schema(event_types: list[str]) -> dict[str, Any]:
+    """One SSE frame carrying an event: the fields a client's SSE parser gives it."""
+    return {
+        "title": EVENT_FRAME,
+        "description": "One frame of the event stream, as an SSE parser (EventSource) yields it. Frames "
+        "without data (`retry:`, `: ping`) carry no event and are not described.",
+        "type": "object",
+        "required": ["id", "event", "data"],
+        "properties": {
+            "id": {
+                "type": "string",
+                "pattern": "^[0-9]+$",
+                "description": "The event's `seq`: send it back as Last-Event-ID to resume after it.",
+            },
+            "event": {"type": "string", "enum": event_types, "description": "The event's `type`."},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": {"$ref": SCHEMAS + EVENT},
+                "description": "The event, one JSON object of the `Event` schema.",
+            },
+        },
+    }
+
+
 def install_openapi(app: FastAPI) -> None:
     """Make `app.openapi()` return the completed spec, built once."""
     build = app.openapi
@@ -113,7 +143,8 @@ def install_openapi(app: FastAPI) -> None:
 def _add_events(spec: dict[str, Any]) -> None:
     schemas: dict[str, Any] = spec.setdefault("components", {}).setdefault("schemas", {})
     components, union = event_schemas()
-    for name, schema in {**components, EVENT: union}.items():
+    frame = frame_schema(sorted(union["discriminator"]["mapping"]))
+    for name, schema in {**components, EVENT: union, EVENT_FRAME: frame}.items():
         if schemas.setdefault(name, schema) != schema:
             raise RuntimeError(f"The event schema {name!r} collides with a REST schema of the same name")
 
@@ -129,7 +160,7 @@ def _document_streams(spec: dict[str, Any]) -> None:
             continue
         for media in streams:
             media.clear()
-            media["schema"] = {"$ref": SCHEMAS + EVENT}
+            media["schema"] = {"$ref": SCHEMAS + EVENT_FRAME}
         description = operation.get("description", "")
         if FRAMING_HEADING not in description:
             operation["description"] = f"{description}\n\n{FRAMING}".strip()

@@ -16,15 +16,26 @@ from app.models import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyR
 
 
 async def get_session(db: AsyncSession, session_id: str) -> ChatSessionRow | None:
+    """Whoever owns it: for the runner's own work. Requests use owned_session."""
     return await db.get(ChatSessionRow, session_id)
 
 
+async def owned_session(db: AsyncSession, principal: str, session_id: str) -> ChatSessionRow | None:
+    """The session if `principal` owns it: another principal's session is as absent as a missing one."""
+    query = select(ChatSessionRow).where(
+        col(ChatSessionRow.id) == session_id, col(ChatSessionRow.principal) == principal
+    )
+    return (await db.exec(query)).first()
+
+
 async def list_sessions(
-    db: AsyncSession, *, limit: int, before: tuple[str, str] | None
+    db: AsyncSession, principal: str, *, limit: int, before: tuple[str, str] | None
 ) -> Sequence[ChatSessionRow]:
-    """Newest first; `before` is the (created_at, id) of the last session of the previous page."""
-    query = select(ChatSessionRow).order_by(
-        col(ChatSessionRow.created_at).desc(), col(ChatSessionRow.id).desc()
+    """`principal`'s sessions, newest first; `before` is the (created_at, id) of the previous page's last."""
+    query = (
+        select(ChatSessionRow)
+        .where(col(ChatSessionRow.principal) == principal)
+        .order_by(col(ChatSessionRow.created_at).desc(), col(ChatSessionRow.id).desc())
     )
     if before is not None:
         created_at, session_id = before

@@ -105,6 +105,7 @@ class Runner:
         delivery: Delivery,
         *,
         message_id: str | None = None,
+        client_message_id: str | None = None,
     ) -> MessageAccepted:
         if self._closing:
             raise ShuttingDown
@@ -115,6 +116,7 @@ class Runner:
             id=message_id or new_message_id(),
             content=content,
             sender=sender,
+            client_message_id=client_message_id,
             timestamp=now_iso(),
             delivery=delivery,
         )
@@ -140,6 +142,7 @@ class Runner:
                 model=session.model,
                 sender=sender,
                 queued=True,
+                client_message_id=client_message_id,
             )
             self._announce_queue(state, channel)
         if delivery == "interrupt":
@@ -170,6 +173,7 @@ class Runner:
                 role="user",
                 content=m.content,
                 sender=m.sender,
+                client_message_id=m.client_message_id,
                 timestamp=m.timestamp,
             )
             for m in messages
@@ -194,6 +198,7 @@ class Runner:
                 turn_id=turn_id,
                 model=session.model,
                 sender=m.sender,
+                client_message_id=m.client_message_id,
             )
         state.live.agent_status = "thinking"
         state.live.turn_id = turn_id
@@ -375,6 +380,7 @@ def _accepted(session_id: str, message: QueuedMessage, turn_id: str | None) -> M
         session_id=session_id,
         content=message.content,
         sender=message.sender,
+        client_message_id=message.client_message_id,
         timestamp=message.timestamp,
         turn_id=turn_id,
         queued=turn_id is None,

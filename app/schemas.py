@@ -61,6 +61,13 @@ class MessageCreate(_Strict):
             "interrupt: stop the turn (as POST .../cancel would), then answer this. reject: 409."
         ),
     )
+    client_message_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="The sender's own id for the message, stored and echoed on its user_message events, "
+        "in the answer and in the history: the tab that sent it matches its optimistic copy by it.",
+    )
 
     @field_validator("content")
     @classmethod
@@ -75,6 +82,7 @@ class MessageAccepted(BaseModel):
     session_id: str
     content: str
     sender: str
+    client_message_id: str | None = Field(None, description="As given when the message was posted.")
     timestamp: str
     turn_id: str | None = Field(description="The turn this message started; null while it waits its turn.")
     queued: bool
@@ -87,6 +95,7 @@ class QueuedMessage(BaseModel):
     id: str
     content: str
     sender: str
+    client_message_id: str | None = Field(None, description="As given when the message was posted.")
     timestamp: str
     delivery: Delivery
 
@@ -138,6 +147,7 @@ class UserTextMessage(BaseModel):
     content: str
     timestamp: str
     sender: str
+    client_message_id: str | None = Field(None, description="As given when the message was posted.")
 
 
 class AssistantTextMessage(BaseModel):

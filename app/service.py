@@ -11,7 +11,7 @@ from app import repository
 from app.broker import Broker
 from app.clock import new_message_id, new_session_id, now_iso
 from app.db import Database
-from app.errors import ApiError, Conflict, NotFound, PayloadTooLarge, Unavailable
+from app.errors import ApiError, Conflict, InvalidRequest, NotFound, PayloadTooLarge, Unavailable
 from app.idempotency import Idempotency, check_key, fingerprint
 from app.llm.layer import ModelLayer
 from app.models import ChatMessageRow, ChatSessionRow
@@ -93,28 +93,28 @@ class ChatService:
             )
 
     async def create_session(
-        self, body: SessionCreate, *, principal: str = "", idempotency_key: str | None = None
+        self, principal: str, body: SessionCreate, *, idempotency_key: str | None = None
     ) -> tuple[SessionOut, bool]:
         """The session, and whether it is the replayed answer of an earlier request with the same key."""
         if idempotency_key is None:
-            return await self._create_session(body, new_session_id()), False
+            return await self._create_session(principal, body, new_session_id()), False
         request = fingerprint("POST", "/v1/sessions", body.model_dump(mode="json"))
         async with self._idempotency.reserve(
             principal, check_key(idempotency_key), request, new_session_id
         ) as res:
             if res.replay is not None:
                 return SessionOut.model_validate(res.replay), True
-            existing = await self._find_session(res.resource_id) if res.resumed else None
-            created = existing or await self._create_session(body, res.resource_id)
+            existing = await self._find_session(principal, res.resource_id) if res.resumed else None
+            created = existing or await self._create_session(principal, body, res.resource_id)
             await self._idempotency.complete(res, 201, created.model_dump_json())
             return created, existing is not None
 
-    async def _find_session(self, session_id: str) -> SessionOut | None:
+    async def _find_session(self, principal: str, session_id: str) -> SessionOut | None:
         async with self._db.session() as db:
-            row = await repository.get_session(db, session_id)
+            row = await repository.owned_session(db, principal, session_id)
         return self._out(row) if row is not None else None
 
-    async def _create_session(self, body: SessionCreate, session_id: str) -> SessionOut:
+    async def _create_session(self, principal: str, body: SessionCreate, session_id: str) -> SessionOut:
         model = body.model or self._settings.default_model
         window = await self._check_model(model)
         tools = list(dict.fromkeys(body.tools)) if body.tools is not None else self._tools.names()
@@ -122,6 +122,7 @@ class ChatService:
         at = now_iso()
         row = ChatSessionRow(
             id=session_id,
+            principal=principal,
             title=body.title,
             model=model,
             system_prompt=body.system_prompt,
@@ -135,41 +136,42 @@ class ChatService:
             await db.commit()
         return self._out(row)
 
-    async def get_row(self, session_id: str) -> ChatSessionRow:
+    async def get_row(self, principal: str, session_id: str) -> ChatSessionRow:
+        """The session, if `principal` owns it; 404 otherwise, so another principal's sessions stay unseen."""
         async with self._db.session() as db:
-            row = await repository.get_session(db, session_id)
+            row = await repository.owned_session(db, principal, session_id)
         if row is None:
             raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id})
         return row
 
-    async def get_session(self, session_id: str) -> SessionOut:
-        return self._out(await self.get_row(session_id))
+    async def get_session(self, principal: str, session_id: str) -> SessionOut:
+        return self._out(await self.get_row(principal, session_id))
 
-    async def list_sessions(self, limit: int, cursor: str | None) -> SessionPage:
+    async def list_sessions(self, principal: str, limit: int, cursor: str | None) -> SessionPage:
         before = _decode_cursor(cursor) if cursor else None
         async with self._db.session() as db:
-            rows = await repository.list_sessions(db, limit=limit + 1, before=before)
+            rows = await repository.list_sessions(db, principal, limit=limit + 1, before=before)
         more = len(rows) > limit
         rows = rows[:limit]
         next_cursor = _encode_cursor(rows[-1].created_at, rows[-1].id) if more and rows else None
         return SessionPage(sessions=[self._out(r) for r in rows], next_cursor=next_cursor)
 
-    async def update_session(self, session_id: str, body: SessionUpdate) -> SessionOut:
-        await self.get_row(session_id)
+    async def update_session(self, principal: str, session_id: str, body: SessionUpdate) -> SessionOut:
+        await self.get_row(principal, session_id)
         values = body.model_dump(exclude_unset=True)
         if "model" in values:
             if values["model"] is None:
-                raise ApiError("model cannot be null.", code="validation_error")
+                raise InvalidRequest("body.model", "model cannot be null", "not_null")
             values["context_window"] = await self._check_model(values["model"])
         if values:
             values["updated_at"] = now_iso()
             async with self._db.session() as db:
                 await repository.update_session(db, session_id, values)
                 await db.commit()
-        return await self.get_session(session_id)
+        return await self.get_session(principal, session_id)
 
-    async def delete_session(self, session_id: str) -> None:
-        await self.get_row(session_id)
+    async def delete_session(self, principal: str, session_id: str) -> None:
+        await self.get_row(principal, session_id)
         await self._runner.close_session(session_id)
         self._writer.forget_session(session_id)
         async with self._db.session() as db:
@@ -199,10 +201,10 @@ class ChatService:
     # --- messages ------------------------------------------------------------------------------------
 
     async def post_message(
-        self, session_id: str, body: MessageCreate, *, principal: str = "", idempotency_key: str | None = None
+        self, principal: str, session_id: str, body: MessageCreate, *, idempotency_key: str | None = None
     ) -> tuple[MessageAccepted, bool]:
         """The stored message, and whether it is the replayed answer of an earlier request with the key."""
-        session = await self.get_row(session_id)
+        session = await self.get_row(principal, session_id)
         if len(body.content) > self._settings.max_message_chars:
             limit = self._settings.max_message_chars
             raise PayloadTooLarge(
@@ -211,7 +213,10 @@ class ChatService:
             )
         if idempotency_key is None:
             return await self._post(session, body, new_message_id()), False
-        request = fingerprint("POST", f"/v1/sessions/{session_id}/messages", body.model_dump(mode="json"))
+        # An absent client_message_id is left out, so keys stored before the field existed still match.
+        absent = {"client_message_id"} if body.client_message_id is None else None
+        request_body = body.model_dump(mode="json", exclude=absent)
+        request = fingerprint("POST", f"/v1/sessions/{session_id}/messages", request_body)
         async with self._idempotency.reserve(
             principal, check_key(idempotency_key), request, new_message_id
         ) as res:
@@ -233,6 +238,7 @@ class ChatService:
                 session_id=session_id,
                 content=stored.content or "",
                 sender=stored.sender or "User",
+                client_message_id=stored.client_message_id,
                 timestamp=stored.timestamp,
                 turn_id=stored.turn_id,
                 queued=False,
@@ -244,6 +250,7 @@ class ChatService:
                 session_id=session_id,
                 content=waiting.content,
                 sender=waiting.sender,
+                client_message_id=waiting.client_message_id,
                 timestamp=waiting.timestamp,
                 turn_id=None,
                 queued=True,
@@ -255,7 +262,12 @@ class ChatService:
         session_id = session.id
         try:
             return await self._runner.post(
-                session, body.content, body.sender, body.delivery, message_id=message_id
+                session,
+                body.content,
+                body.sender,
+                body.delivery,
+                message_id=message_id,
+                client_message_id=body.client_message_id,
             )
         except SessionClosed as exc:
             raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id}) from exc
@@ -268,16 +280,16 @@ class ChatService:
         except ShuttingDown as exc:
             raise Unavailable("The server is shutting down; retry on another instance.") from exc
 
-    async def cancel(self, session_id: str, clear_queue: bool) -> CancelResult:
-        await self.get_row(session_id)
+    async def cancel(self, principal: str, session_id: str, clear_queue: bool) -> CancelResult:
+        await self.get_row(principal, session_id)
         return await self._runner.cancel(session_id, clear_queue=clear_queue)
 
-    async def queue(self, session_id: str) -> QueueList:
-        await self.get_row(session_id)
+    async def queue(self, principal: str, session_id: str) -> QueueList:
+        await self.get_row(principal, session_id)
         return QueueList(queue=await self._runner.queue(session_id))
 
-    async def withdraw(self, session_id: str, message_id: str) -> QueuedMessage:
-        await self.get_row(session_id)
+    async def withdraw(self, principal: str, session_id: str, message_id: str) -> QueuedMessage:
+        await self.get_row(principal, session_id)
         try:
             [withdrawn] = await self._runner.withdraw(session_id, [message_id])
         except NotWaiting as exc:
@@ -293,9 +305,9 @@ class ChatService:
         return withdrawn
 
     async def history(
-        self, session_id: str, *, limit: int, after: str | None, before: str | None
+        self, principal: str, session_id: str, *, limit: int, after: str | None, before: str | None
     ) -> MessagePage:
-        await self.get_row(session_id)
+        await self.get_row(principal, session_id)
         # Read before the rows: events published meanwhile come after it, so a client that subscribes
         # with after=last_event_id gets them; nothing falls in between.
         last_event_id = await self._broker.last_seq(session_id)
@@ -389,7 +401,11 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
         )
     if row.role == "user":
         return UserTextMessage(
-            id=row.id, content=row.content or "", timestamp=row.timestamp, sender=row.sender or "User"
+            id=row.id,
+            content=row.content or "",
+            timestamp=row.timestamp,
+            sender=row.sender or "User",
+            client_message_id=row.client_message_id,
         )
     return AssistantTextMessage(
         id=row.id,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEMO_MODEL = "parley/demo"
 
@@ -51,6 +53,40 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         1_000_000, ge=1024, description="Largest accepted request body; larger get 413."
     )
+
+    # --- access ------------------------------------------------------------------------------------------
+    api_keys: str = Field(
+        "",
+        repr=False,
+        description="Comma-separated `principal:key` pairs; each bearer key acts as its principal.",
+    )
+    api_keys_file: Path | None = Field(
+        None, description='A JSON file of keys: {"principal": "key"} or {"principal": ["key", ...]}.'
+    )
+    allow_open: bool = Field(
+        False, description="Serve without keys on a non-loopback address (everyone is one anonymous caller)."
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins allowed to call the API from a browser (comma-separated or a JSON list); "
+        "none by default, which sends no CORS headers.",
+    )
+    max_streams_per_principal: int = Field(
+        20, ge=0, description="Event streams one principal may hold open at once (0: no limit)."
+    )
+    messages_per_minute: int = Field(
+        60, ge=0, description="Messages a principal may post a minute, in bursts of as many (0: no limit)."
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [origin.strip() for origin in text.split(",") if origin.strip()]
+        return value
 
     @cached_property
     def sync_database_url(self) -> str:

@@ -36,6 +36,7 @@ class TurnInput(BaseModel):
     id: str
     content: str
     sender: str
+    client_message_id: str | None = Field(None, description="As given when the message was posted.")
     timestamp: str
 
 
@@ -102,10 +103,16 @@ class TurnPage(BaseModel):
 
 
 async def list_turns(
-    database: Database, chat: ChatService, session_id: str, *, limit: int, before: str | None
+    database: Database,
+    chat: ChatService,
+    principal: str,
+    session_id: str,
+    *,
+    limit: int,
+    before: str | None,
 ) -> TurnPage:
     """The session's `limit` newest turns, or the ones just before the turn `before`."""
-    await chat.get_row(session_id)
+    await chat.get_row(principal, session_id)
     async with database.session() as db:
         before_position = None
         if before is not None:
@@ -121,8 +128,10 @@ async def list_turns(
     return TurnPage(turns=turns, next_cursor=turns[0].turn_id if more and turns else None)
 
 
-async def get_turn(database: Database, chat: ChatService, session_id: str, turn_id: str) -> Turn:
-    await chat.get_row(session_id)
+async def get_turn(
+    database: Database, chat: ChatService, principal: str, session_id: str, turn_id: str
+) -> Turn:
+    await chat.get_row(principal, session_id)
     async with database.session() as db:
         rows = await turn_queries.messages_of_turns(db, session_id, [turn_id])
     if not rows:
@@ -160,6 +169,7 @@ def _turn(turn_id: str, messages: Sequence[ChatMessage]) -> Turn:
                         id=message.id,
                         content=message.content,
                         sender=message.sender,
+                        client_message_id=message.client_message_id,
                         timestamp=message.timestamp,
                     )
                 )

@@ -73,7 +73,7 @@ export interface paths {
         };
         /**
          * List Sessions
-         * @description List sessions, newest first.
+         * @description List the caller's sessions, newest first.
          */
         get: operations["list_sessions_v1_sessions_get"];
         put?: never;
@@ -161,6 +161,10 @@ export interface paths {
          *     The first frame carries only `retry:` (the reconnection delay); a `: ping` comment comes every
          *     `PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the
          *     server shuts down, sees its stream end: reconnecting with Last-Event-ID loses nothing.
+         *
+         *     The API key goes in the `Authorization` header or, for EventSource (which cannot set headers), in the
+         *     `access_token` query parameter; over TLS only, since URLs are kept in browser histories and proxy logs.
+         *     A principal may hold `PARLEY_MAX_STREAMS_PER_PRINCIPAL` streams at once; one more gets 429.
          *
          *     **Frames** (`text/event-stream`): one frame per event, its `data:` the `Event` schema.
          *
@@ -480,6 +484,21 @@ export interface components {
             error: components["schemas"]["ErrorBody"];
         };
         Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["ErrorEvent"] | components["schemas"]["Resync"];
+        /**
+         * EventFrame
+         * @description One frame of the event stream, as an SSE parser (EventSource) yields it. Frames without data (`retry:`, `: ping`) carry no event and are not described.
+         */
+        EventFrame: {
+            /** @description The event, one JSON object of the `Event` schema. */
+            data: string;
+            /**
+             * @description The event's `type`.
+             * @enum {string}
+             */
+            event: "agent_cancelled" | "agent_status" | "error" | "queue_updated" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
+            /** @description The event's `seq`: send it back as Last-Event-ID to resume after it. */
+            id: string;
+        };
         /** Health */
         Health: {
             /** Models Ready */
@@ -521,6 +540,11 @@ export interface components {
         };
         /** MessageAccepted */
         MessageAccepted: {
+            /**
+             * Client Message Id
+             * @description As given when the message was posted.
+             */
+            client_message_id?: string | null;
             /** Content */
             content: string;
             /**
@@ -546,6 +570,11 @@ export interface components {
         };
         /** MessageCreate */
         MessageCreate: {
+            /**
+             * Client Message Id
+             * @description The sender's own id for the message, stored and echoed on its user_message events, in the answer and in the history: the tab that sent it matches its optimistic copy by it.
+             */
+            client_message_id?: string | null;
             /**
              * Content
              * @description The message; longer than the configured limit gets 413.
@@ -627,6 +656,11 @@ export interface components {
         };
         /** QueuedItem */
         QueuedItem: {
+            /**
+             * Client Message Id
+             * @default null
+             */
+            client_message_id: string | null;
             /** Content */
             content: string;
             /** Delivery */
@@ -643,6 +677,11 @@ export interface components {
          * @description A message acknowledged while a turn runs, not yet taken by a turn.
          */
         QueuedMessage: {
+            /**
+             * Client Message Id
+             * @description As given when the message was posted.
+             */
+            client_message_id?: string | null;
             /** Content */
             content: string;
             /**
@@ -1118,6 +1157,11 @@ export interface components {
          * @description A user message the turn answered (several when messages waited together).
          */
         TurnInput: {
+            /**
+             * Client Message Id
+             * @description As given when the message was posted.
+             */
+            client_message_id?: string | null;
             /** Content */
             content: string;
             /** Id */
@@ -1190,6 +1234,12 @@ export interface components {
         };
         /** UserMessage */
         UserMessage: {
+            /**
+             * Client Message Id
+             * @description The sender's own id of the message: its tab matches its optimistic copy by it.
+             * @default null
+             */
+            client_message_id: string | null;
             /** Id */
             id: string;
             /**
@@ -1229,6 +1279,11 @@ export interface components {
         };
         /** UserTextMessage */
         UserTextMessage: {
+            /**
+             * Client Message Id
+             * @description As given when the message was posted.
+             */
+            client_message_id?: string | null;
             /** Content */
             content: string;
             /** Id */
@@ -1326,6 +1381,17 @@ export interface operations {
                     "application/json": components["schemas"]["ModelList"];
                 };
             };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     list_sessions_v1_sessions_get: {
@@ -1353,6 +1419,17 @@ export interface operations {
             /** @description Bad request */
             400: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1398,6 +1475,17 @@ export interface operations {
             /** @description Bad request */
             400: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1453,6 +1541,17 @@ export interface operations {
                     "application/json": components["schemas"]["SessionOut"];
                 };
             };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -1490,6 +1589,17 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
             };
             /** @description Not found */
             404: {
@@ -1538,6 +1648,17 @@ export interface operations {
             /** @description Bad request */
             400: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1615,6 +1736,17 @@ export interface operations {
                     "application/json": components["schemas"]["CancelResult"];
                 };
             };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -1676,12 +1808,23 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": components["schemas"]["Event"];
+                    "text/event-stream": components["schemas"]["EventFrame"];
                 };
             };
             /** @description Bad request */
             400: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1700,6 +1843,17 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Too many requests: wait for Retry-After seconds */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1746,6 +1900,17 @@ export interface operations {
             /** @description Bad request */
             400: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1808,6 +1973,17 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -1853,6 +2029,17 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Too many requests: wait for Retry-After seconds */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not ready */
             503: {
                 headers: {
@@ -1882,6 +2069,17 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["QueueList"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
             /** @description Not found */
@@ -1923,6 +2121,17 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["QueuedMessage"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
             /** @description Not found */
@@ -1987,6 +2196,17 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2026,6 +2246,17 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Turn"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
             /** @description Not found */

@@ -153,3 +153,41 @@ async def test_wal_mode_persists_in_the_file(database_url: str) -> None:
             assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     finally:
         plain.dispose()
+
+
+def test_0004_keeps_every_row_and_gives_old_sessions_the_open_mode_principal(
+    config: Config, engine: Engine
+) -> None:
+    command.upgrade(config, "0003")
+    at = "2026-11-22T00:00:00.000+00:00"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO chat_sessions (id, model, tools, status, created_at, updated_at, total_tokens,"
+                " context_used) VALUES ('s_old', 'parley/demo', '[]', 'active', :at, :at, 0, 0)"
+            ),
+            {"at": at},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO chat_messages (id, session_id, turn_id, type, role, content, sender, timestamp)"
+                " VALUES ('m_old', 's_old', 't_old', 'text', 'user', 'hello', 'User', :at)"
+            ),
+            {"at": at},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO queued_messages (id, session_id, content, sender, timestamp)"
+                " VALUES ('m_wait', 's_old', 'later', 'User', :at)"
+            ),
+            {"at": at},
+        )
+    command.upgrade(config, "head")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT id, principal FROM chat_sessions")).all() == [("s_old", "")]
+        assert connection.execute(text("SELECT id, content, client_message_id FROM chat_messages")).all() == [
+            ("m_old", "hello", None)
+        ]
+        assert connection.execute(text("SELECT id, client_message_id FROM queued_messages")).all() == [
+            ("m_wait", None)
+        ]

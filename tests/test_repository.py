@@ -103,12 +103,27 @@ async def test_list_sessions_newest_first_with_keyset_paging(database: Database)
         for session_id, created in [("s_1", 1), ("s_2", 2), ("s_3", 2), ("s_4", 3)]:
             db.add(session_row(session_id, stamp(created)))
         await db.commit()
-        first = await repository.list_sessions(db, limit=2, before=None)
+        first = await repository.list_sessions(db, "", limit=2, before=None)
         assert [s.id for s in first] == ["s_4", "s_3"]
         last = first[-1]
-        second = await repository.list_sessions(db, limit=2, before=(last.created_at, last.id))
+        second = await repository.list_sessions(db, "", limit=2, before=(last.created_at, last.id))
         assert [s.id for s in second] == ["s_2", "s_1"]
-        assert await repository.list_sessions(db, limit=2, before=(stamp(1), "s_1")) == []
+        assert await repository.list_sessions(db, "", limit=2, before=(stamp(1), "s_1")) == []
+
+
+async def test_sessions_are_found_and_listed_only_for_their_principal(database: Database) -> None:
+    async with database.session() as db:
+        db.add(session_row("s_a", stamp(1)))
+        mine = session_row("s_b", stamp(2))
+        mine.principal = "alice"
+        db.add(mine)
+        await db.commit()
+        assert [s.id for s in await repository.list_sessions(db, "alice", limit=10, before=None)] == ["s_b"]
+        assert [s.id for s in await repository.list_sessions(db, "", limit=10, before=None)] == ["s_a"]
+        assert await repository.owned_session(db, "alice", "s_a") is None
+        owned = await repository.owned_session(db, "alice", "s_b")
+        assert owned is not None and owned.principal == "alice"
+        assert await repository.owned_session(db, "bob", "s_b") is None
 
 
 async def test_add_usage_accumulates_tokens(database: Database) -> None:

@@ -6,8 +6,12 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
 
+from app.auth import OPEN_PRINCIPAL, KeyRing
 from app.broker import Broker
+from app.errors import Unauthorized
+from app.limits import MessageRate, StreamSlots
 from app.llm.layer import ModelLayer
 from app.service import ChatService
 from app.settings import Settings
@@ -19,6 +23,9 @@ class Services:
     chat: ChatService
     broker: Broker
     models: ModelLayer
+    keys: KeyRing
+    message_rate: MessageRate
+    streams: StreamSlots
 
 
 def get_services(request: Request) -> Services:
@@ -30,6 +37,62 @@ def get_chat(request: Request) -> ChatService:
     return get_services(request).chat
 
 
+ServicesDep = Annotated[Services, Depends(get_services)]
+ChatDep = Annotated[ChatService, Depends(get_chat)]
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    description="`Authorization: Bearer <key>`, a key of PARLEY_API_KEYS or PARLEY_API_KEYS_FILE. "
+    "Not required when the server runs without keys.",
+)
+_access_token = APIKeyQuery(
+    name="access_token",
+    auto_error=False,
+    scheme_name="AccessToken",
+    description="The same key as a query parameter, for the event stream only: EventSource cannot set "
+    "headers. URLs end up in histories and proxy logs, so use it over TLS only and prefer the header.",
+)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _identify(services: Services, key: str | None) -> str:
+    if services.keys.is_open:
+        return OPEN_PRINCIPAL
+    if not key:
+        raise Unauthorized("An API key is required: send `Authorization: Bearer <key>`.")
+    principal = services.keys.identify(key)
+    if principal is None:
+        raise Unauthorized("The API key is not valid.")
+    return principal
+
+
+async def get_principal(services: ServicesDep, credentials: BearerDep) -> str:
+    """The caller's principal: the owner of its bearer key ("" when the server runs without keys)."""
+    return _identify(services, credentials.credentials if credentials else None)
+
+
+async def get_stream_principal(
+    services: ServicesDep,
+    credentials: BearerDep,
+    access_token: Annotated[str | None, Depends(_access_token)],
+) -> str:
+    """As get_principal, also accepting the key as `?access_token=`; the header wins when both are sent."""
+    return _identify(services, credentials.credentials if credentials else access_token)
+
+
+PrincipalDep = Annotated[str, Depends(get_principal)]
+StreamPrincipalDep = Annotated[str, Depends(get_stream_principal)]
+
+
+async def get_message_poster(services: ServicesDep, principal: PrincipalDep) -> str:
+    """The caller's principal, once a message of its per-minute allowance is spent (else 429)."""
+    services.message_rate.take(principal)
+    return principal
+
+
+MessagePosterDep = Annotated[str, Depends(get_message_poster)]
+
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -37,5 +100,3 @@ IdempotencyKey = Annotated[
         description="Retries with the same key and body get the first answer; with another body, 422.",
     ),
 ]
-ServicesDep = Annotated[Services, Depends(get_services)]
-ChatDep = Annotated[ChatService, Depends(get_chat)]

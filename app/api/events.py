@@ -10,10 +10,11 @@ from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from app.api.deps import ServicesDep
-from app.api.responses import errors
+from app.api.deps import ServicesDep, StreamPrincipalDep
+from app.api.responses import v1_errors
 from app.broker import Subscription
 from app.errors import ApiError
+from app.limits import StreamLease
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["events"])
 
@@ -36,7 +37,11 @@ a non-negative integer is a 400.
 
 The first frame carries only `retry:` (the reconnection delay); a `: ping` comment comes every
 `PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the
-server shuts down, sees its stream end: reconnecting with Last-Event-ID loses nothing."""
+server shuts down, sees its stream end: reconnecting with Last-Event-ID loses nothing.
+
+The API key goes in the `Authorization` header or, for EventSource (which cannot set headers), in the
+`access_token` query parameter; over TLS only, since URLs are kept in browser histories and proxy logs.
+A principal may hold `PARLEY_MAX_STREAMS_PER_PRINCIPAL` streams at once; one more gets 429."""
 
 
 class InvalidPosition(ApiError):
@@ -64,38 +69,51 @@ def resume_position(last_event_id: str | None, after: str | None) -> int | None:
     response_class=EventSourceResponse,
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "The event stream"},
-        **errors(400, 404, 503),
+        **v1_errors(400, 404, 429, 503),
     },
     description=_STREAM_DOC,
 )
 async def stream_events(
     session_id: str,
     services: ServicesDep,
+    principal: StreamPrincipalDep,
     after: Annotated[str | None, Query(description="Resume after this event id (seq).")] = None,
     last_event_id: Annotated[
         str | None, Header(alias="Last-Event-ID", description="Resume after this event id; wins over after.")
     ] = None,
 ) -> EventSourceResponse:
     position = resume_position(last_event_id, after)
-    await services.chat.get_row(session_id)
-    # Subscribed before the response starts: a client that posts once the headers arrive misses nothing.
-    subscription = await services.broker.subscribe(session_id, position)
+    await services.chat.get_row(principal, session_id)
+    lease = services.streams.acquire(principal)
+    try:
+        # Subscribed before the response starts: a client that posts once the headers arrive misses nothing.
+        subscription = await services.broker.subscribe(session_id, position)
+    except BaseException:
+        lease.release()
+        raise
     settings = services.settings
     return EventSourceResponse(
-        _frames(subscription, settings.sse_retry_ms),
+        _frames(subscription, lease, settings.sse_retry_ms),
         ping=settings.sse_ping_interval,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         send_timeout=SEND_TIMEOUT,
         # Also when the body never starts (HEAD, a client gone at once): nothing is left subscribed.
-        background=BackgroundTask(subscription.close),
+        background=BackgroundTask(_end, subscription, lease),
     )
 
 
-async def _frames(subscription: Subscription, retry_ms: int) -> AsyncIterator[ServerSentEvent]:
+def _end(subscription: Subscription, lease: StreamLease) -> None:
+    subscription.close()
+    lease.release()
+
+
+async def _frames(
+    subscription: Subscription, lease: StreamLease, retry_ms: int
+) -> AsyncIterator[ServerSentEvent]:
     try:
         yield ServerSentEvent(retry=retry_ms)
         async for batch in subscription.batches():
             for frame in batch:
                 yield ServerSentEvent(data=frame.data, event=frame.type, id=str(frame.seq))
     finally:
-        subscription.close()
+        _end(subscription, lease)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 from pydantic import BaseModel
 
-from app.api.deps import ChatDep, ServicesDep
+from app.api.deps import ChatDep, PrincipalDep, ServicesDep
+from app.api.responses import v1_errors
 from app.schemas import ModelList
 
 router = APIRouter(tags=["health"])
@@ -31,7 +32,7 @@ async def readyz(services: ServicesDep, response: Response) -> Health:
     return Health(status="ok" if ready else "loading", models_ready=ready)
 
 
-@router.get("/v1/models", tags=["models"])
-async def list_models(chat: ChatDep) -> ModelList:
+@router.get("/v1/models", tags=["models"], responses=v1_errors())
+async def list_models(chat: ChatDep, _principal: PrincipalDep) -> ModelList:
     """The demo model and the models file's models, with their resolved context windows."""
     return await chat.list_models()

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from app.api.deps import ChatDep, IdempotencyKey
-from app.api.responses import errors
+from app.api.deps import ChatDep, IdempotencyKey, MessagePosterDep, PrincipalDep
+from app.api.responses import v1_errors
 from app.schemas import (
     CancelRequest,
     CancelResult,
@@ -22,26 +22,30 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["messages"])
 
 
 @router.post(
-    "/messages", status_code=status.HTTP_202_ACCEPTED, responses=errors(400, 404, 409, 413, 415, 422, 503)
+    "/messages",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=v1_errors(400, 404, 409, 413, 415, 422, 429, 503),
 )
 async def post_message(
     session_id: str,
     body: MessageCreate,
     chat: ChatDep,
+    principal: MessagePosterDep,
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> MessageAccepted:
     """Store a user message (durably, before answering); it starts a turn, or waits as `delivery` says."""
-    accepted, replayed = await chat.post_message(session_id, body, idempotency_key=idempotency_key)
+    accepted, replayed = await chat.post_message(principal, session_id, body, idempotency_key=idempotency_key)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return accepted
 
 
-@router.get("/messages", responses=errors(400, 404, 422))
+@router.get("/messages", responses=v1_errors(400, 404, 422))
 async def list_messages(
     session_id: str,
     chat: ChatDep,
+    principal: PrincipalDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     after: Annotated[str | None, Query(description="Return messages after this message id.")] = None,
     before: Annotated[
@@ -49,7 +53,7 @@ async def list_messages(
     ] = None,
 ) -> MessagePage:
     """The session's chat_messages in order (seed 000 §2.2.1), a page at a time."""
-    return await chat.history(session_id, limit=limit, after=after, before=before)
+    return await chat.history(principal, session_id, limit=limit, after=after, before=before)
 
 
 @router.post(
@@ -57,26 +61,30 @@ async def list_messages(
     status_code=status.HTTP_202_ACCEPTED,
     responses={
         200: {"model": CancelResult, "description": "Nothing was running"},
-        **errors(404, 413, 415, 422),
+        **v1_errors(404, 413, 415, 422),
     },
 )
 async def cancel(
-    session_id: str, chat: ChatDep, response: Response, body: CancelRequest | None = None
+    session_id: str,
+    chat: ChatDep,
+    principal: PrincipalDep,
+    response: Response,
+    body: CancelRequest | None = None,
 ) -> CancelResult:
     """Stop the running turn now, keeping its partial output; 200 with cancelled=false when idle."""
-    result = await chat.cancel(session_id, clear_queue=body.clear_queue if body else False)
+    result = await chat.cancel(principal, session_id, clear_queue=body.clear_queue if body else False)
     if not result.cancelled:
         response.status_code = status.HTTP_200_OK
     return result
 
 
-@router.get("/queue", responses=errors(404))
-async def list_queue(session_id: str, chat: ChatDep) -> QueueList:
+@router.get("/queue", responses=v1_errors(404))
+async def list_queue(session_id: str, chat: ChatDep, principal: PrincipalDep) -> QueueList:
     """Messages acknowledged while a turn runs and not taken by a turn yet, in order."""
-    return await chat.queue(session_id)
+    return await chat.queue(principal, session_id)
 
 
-@router.delete("/queue/{message_id}", responses=errors(404, 409))
-async def withdraw(session_id: str, message_id: str, chat: ChatDep) -> QueuedMessage:
+@router.delete("/queue/{message_id}", responses=v1_errors(404, 409))
+async def withdraw(session_id: str, message_id: str, chat: ChatDep, principal: PrincipalDep) -> QueuedMessage:
     """Withdraw a waiting message; 409 once a turn has taken it."""
-    return await chat.withdraw(session_id, message_id)
+    return await chat.withdraw(principal, session_id, message_id)

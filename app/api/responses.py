@@ -8,14 +8,42 @@ from app.schemas import ErrorResponse
 
 _DESCRIPTIONS = {
     400: "Bad request",
+    401: "Missing or unknown API key (when the server has keys)",
     404: "Not found",
     409: "Conflict",
     413: "Payload too large",
     415: "Unsupported media type",
     422: "Validation error",
+    429: "Too many requests: wait for Retry-After seconds",
     503: "Not ready",
+}
+
+_HEADERS: dict[int, dict[str, Any]] = {
+    401: {
+        "WWW-Authenticate": {
+            "description": "`Bearer`: send the key as `Authorization: Bearer <key>`.",
+            "schema": {"type": "string"},
+        }
+    },
+    429: {
+        "Retry-After": {
+            "description": "Seconds to wait before trying again.",
+            "schema": {"type": "integer", "minimum": 1},
+        }
+    },
 }
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": ErrorResponse, "description": _DESCRIPTIONS.get(code, "Error")} for code in codes}
+    responses: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        response: dict[str, Any] = {"model": ErrorResponse, "description": _DESCRIPTIONS.get(code, "Error")}
+        if code in _HEADERS:
+            response["headers"] = _HEADERS[code]
+        responses[code] = response
+    return responses
+
+
+def v1_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """errors(...) of a /v1 route, which also answers 401 when the server has keys."""
+    return errors(401, *codes)

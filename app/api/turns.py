@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from app import turns
-from app.api.deps import ChatDep
-from app.api.responses import errors
+from app.api.deps import ChatDep, PrincipalDep
+from app.api.responses import v1_errors
 from app.db import Database
 from app.turns import Turn, TurnPage
 
@@ -23,10 +23,11 @@ def get_database(request: Request) -> Database:
 DatabaseDep = Annotated[Database, Depends(get_database)]
 
 
-@router.get("", responses=errors(400, 404, 422))
+@router.get("", responses=v1_errors(400, 404, 422))
 async def list_turns(
     session_id: str,
     chat: ChatDep,
+    principal: PrincipalDep,
     database: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     before: Annotated[
@@ -34,10 +35,12 @@ async def list_turns(
     ] = None,
 ) -> TurnPage:
     """The session's newest turns, oldest first; page back with `before`."""
-    return await turns.list_turns(database, chat, session_id, limit=limit, before=before)
+    return await turns.list_turns(database, chat, principal, session_id, limit=limit, before=before)
 
 
-@router.get("/{turn_id}", responses=errors(404, 422))
-async def get_turn(session_id: str, turn_id: str, chat: ChatDep, database: DatabaseDep) -> Turn:
+@router.get("/{turn_id}", responses=v1_errors(404, 422))
+async def get_turn(
+    session_id: str, turn_id: str, chat: ChatDep, principal: PrincipalDep, database: DatabaseDep
+) -> Turn:
     """One turn with its user input, nodes, status, times and final answer."""
-    return await turns.get_turn(database, chat, session_id, turn_id)
+    return await turns.get_turn(database, chat, principal, session_id, turn_id)

@@ -1,6 +1,7 @@
 """Drives one whole demo turn against the container at CONTAINER_URL, over HTTP and SSE, as a client.
 
-Run by test_container.py through shared/tools/container-smoke.sh (which builds and starts the image):
+Run by test_container.py through shared/tools/container-smoke.sh (which builds and starts the image with
+PARLEY_API_KEYS=smoke:$PARLEY_SMOKE_KEY):
     python -m tests.container.drive_turn
 Exits non-zero, with the reason, when anything differs from what a client of the service relies on.
 """
@@ -27,16 +28,24 @@ async def _ready(client: httpx.AsyncClient, timeout: float = 60) -> None:
         await asyncio.sleep(0.25)
 
 
-async def drive(base_url: str) -> None:
+async def drive(base_url: str, key: str) -> None:
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
         await _ready(client)
+        anonymous = await client.post("/v1/sessions", json={"title": "container"})
+        assert anonymous.status_code == 401, anonymous.text
+        assert anonymous.headers["www-authenticate"] == "Bearer"
+        client.headers["Authorization"] = f"Bearer {key}"
         created = await client.post("/v1/sessions", json={"title": "container"})
         assert created.status_code == 201, created.text
         session = created.json()
         sid = session["id"]
         assert session["model"] == "parley/demo", session
 
-        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+        # As EventSource does: the key in the URL, no Authorization header.
+        async with (
+            httpx.AsyncClient(base_url=base_url, timeout=30) as browser,
+            EventReader(browser, f"/v1/sessions/{sid}/events?access_token={key}") as reader,
+        ):
             posted = await client.post(f"/v1/sessions/{sid}/messages", json={"content": "what time is it?"})
             assert posted.status_code == 202, posted.text
             await reader.wait_type("turn_done", timeout=60)
@@ -76,4 +85,4 @@ async def drive(base_url: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(drive(os.environ["CONTAINER_URL"]))
+    asyncio.run(drive(os.environ["CONTAINER_URL"], os.environ["PARLEY_SMOKE_KEY"]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -30,14 +31,28 @@ pytestmark = [
 
 def test_the_container_serves_a_whole_turn() -> None:
     assert SMOKE.is_file(), f"{SMOKE} is missing: the container test needs shared/ beside the repository"
+    # The image binds 0.0.0.0, so it serves only with keys (or PARLEY_ALLOW_OPEN=1): give it one.
+    key = secrets.token_hex(24)
     smoke = subprocess.run(
-        ["bash", str(SMOKE), ".", "--", sys.executable, "-m", "tests.container.drive_turn"],
+        [
+            "bash",
+            str(SMOKE),
+            "--env",
+            f"PARLEY_API_KEYS=smoke:{key}",
+            ".",
+            "--",
+            sys.executable,
+            "-m",
+            "tests.container.drive_turn",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,
+        env={**os.environ, "PARLEY_SMOKE_KEY": key},
     )
     assert smoke.returncode == 0, f"container-smoke failed:\n{smoke.stdout}\n{smoke.stderr}"
+    assert key not in smoke.stdout + smoke.stderr, "the API key was printed"
     assert "drive_turn:" in smoke.stdout, smoke.stdout
 
     inspected = subprocess.run(

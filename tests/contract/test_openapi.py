@@ -79,8 +79,15 @@ def test_every_event_is_a_component_and_a_member_of_the_discriminated_union(spec
 def test_the_stream_is_documented_as_text_event_stream_of_events(spec: dict[str, Any]) -> None:
     operation = spec["paths"]["/v1/sessions/{session_id}/events"]["get"]
     assert operation["responses"]["200"]["content"] == {
-        "text/event-stream": {"schema": {"$ref": SCHEMAS + "Event"}}
+        "text/event-stream": {"schema": {"$ref": SCHEMAS + "EventFrame"}}
     }
+    frame = spec["components"]["schemas"]["EventFrame"]
+    assert frame["required"] == ["id", "event", "data"]
+    data = frame["properties"]["data"]
+    assert (data["type"], data["contentMediaType"]) == ("string", "application/json")
+    assert data["contentSchema"] == {"$ref": SCHEMAS + "Event"}
+    mapping = spec["components"]["schemas"]["Event"]["discriminator"]["mapping"]
+    assert frame["properties"]["event"]["enum"] == sorted(mapping)
     description = operation["description"]
     for word in ("id:", "event:", "data:", "seq", ": ping", "retry:", "resync", "Last-Event-ID", "after"):
         assert word in description, word
@@ -124,8 +131,11 @@ async def test_each_event_schema_validates_the_frames_a_demo_turn_sends(
     )
     union = Draft202012Validator({"$ref": "urn:parley#/components/schemas/Event"}, registry=registry)
     mapping = spec["components"]["schemas"]["Event"]["discriminator"]["mapping"]
+    envelope = Draft202012Validator({"$ref": "urn:parley#/components/schemas/EventFrame"}, registry=registry)
     for frame in reader.events:
         assert frame.data["type"] == frame.event and frame.data["seq"] == int(frame.id)
+        as_parsed = {"id": frame.id, "event": frame.event, "data": json.dumps(frame.data)}
+        assert not [e.message for e in envelope.iter_errors(as_parsed)], frame
         _validate(frame, union, registry, spec, mapping[frame.event])
     seen = {frame.event for frame in reader.events}
     assert seen >= {

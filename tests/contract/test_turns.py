@@ -61,7 +61,13 @@ async def test_a_tool_round_groups_into_one_turn(contract_server: LiveServer) ->
 
     user = reader.of_type("user_message")[0]
     assert turn["user_messages"] == [
-        {"id": user["id"], "content": "what time is it?", "sender": "User", "timestamp": user["timestamp"]}
+        {
+            "id": user["id"],
+            "content": "what time is it?",
+            "sender": "User",
+            "client_message_id": None,
+            "timestamp": user["timestamp"],
+        }
     ]
     assert [n["kind"] for n in turn["nodes"]] == ["llm", "tool", "llm"]
     # The nodes are the assistant's chat messages, in history order, with their final content.

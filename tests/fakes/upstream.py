@@ -119,6 +119,11 @@ class FakeUpstream:
         with self._lock:
             self._queue.extend(scripts)
 
+    def clear_scripts(self) -> None:
+        """Forget the queued scripts only (recorded requests stay for checks)."""
+        with self._lock:
+            self._queue.clear()
+
     def reset(self) -> None:
         """Forget queued scripts and recorded requests."""
         with self._lock:

@@ -208,7 +208,9 @@ async def test_withdraw_a_waiting_message(
 
         withdrawn = await session.withdraw(b["id"])
         assert withdrawn.status_code == 200, withdrawn.text
-        assert withdrawn.json() == {k: b[k] for k in ("id", "content", "sender", "timestamp", "delivery")}
+        assert withdrawn.json() == {
+            k: b[k] for k in ("id", "content", "sender", "client_message_id", "timestamp", "delivery")
+        }
         assert [m["id"] for m in await session.queue()] == [a["id"], c["id"]]
         again = await session.withdraw(b["id"])
         assert again.status_code == 404
@@ -326,7 +328,7 @@ async def test_cancel_with_clear_queue_withdraws_the_waiting_messages(
         assert response.status_code == 202, response.text
         result = response.json()
         assert (result["cancelled"], result["turn_id"]) == (True, turn_id)
-        fields = ("id", "content", "sender", "timestamp", "delivery")
+        fields = ("id", "content", "sender", "client_message_id", "timestamp", "delivery")
         assert result["withdrawn"] == [{k: m[k] for k in fields} for m in (a, b)]
         assert result["interrupted_tool_call_ids"] == ["call_slow"]
 

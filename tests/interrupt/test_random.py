@@ -337,6 +337,9 @@ async def test_random_interruptions_keep_every_invariant(
         print(f"actions: {dict(walk.done)}")
         assert walk.done["post_interrupt"] and walk.done["cancel"] and walk.done["withdraw"]
         await settle(session)
+        # The probe must get a plain answer, not the next random script (some are cut streams).
+        upstream.clear_scripts()
+        upstream.enqueue(Script.text("All good."))
         probe = await session.post(f"s{seed}-final probe")
         assert probe.status_code == 202, probe.text
         walk.probe_id = probe.json()["id"]

@@ -1,0 +1,77 @@
+"""Per-principal limits: the message token bucket and the stream slots."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.errors import TooManyRequests
+from app.limits import STREAM_RETRY_AFTER, MessageRate, StreamSlots
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_burst_of_the_minute_s_allowance_then_429_with_the_wait() -> None:
+    clock = Clock()
+    rate = MessageRate(3, clock=clock)
+    for _ in range(3):
+        rate.take("alice")
+    with pytest.raises(TooManyRequests) as refused:
+        rate.take("alice")
+    assert refused.value.status == 429
+    assert refused.value.headers == {"Retry-After": "20"}  # one message every 20 s at 3 a minute
+    assert refused.value.details == {"retry_after": 20}
+    rate.take("bob")  # another principal has its own allowance
+
+
+def test_the_allowance_refills_at_the_rate_and_never_beyond_the_burst() -> None:
+    clock = Clock()
+    rate = MessageRate(60, clock=clock)
+    for _ in range(60):
+        rate.take("alice")
+    clock.now += 0.5
+    with pytest.raises(TooManyRequests) as refused:
+        rate.take("alice")
+    assert refused.value.headers == {"Retry-After": "1"}
+    clock.now += 0.5
+    rate.take("alice")
+    clock.now += 3600
+    for _ in range(60):
+        rate.take("alice")
+    with pytest.raises(TooManyRequests):
+        rate.take("alice")
+
+
+def test_zero_means_no_message_limit() -> None:
+    rate = MessageRate(0)
+    for _ in range(1000):
+        rate.take("alice")
+
+
+def test_stream_slots_per_principal() -> None:
+    slots = StreamSlots(2)
+    first, second = slots.acquire("alice"), slots.acquire("alice")
+    with pytest.raises(TooManyRequests) as refused:
+        slots.acquire("alice")
+    assert refused.value.code == "too_many_streams"
+    assert refused.value.headers == {"Retry-After": str(STREAM_RETRY_AFTER)}
+    slots.acquire("bob")
+    first.release()
+    first.release()  # idempotent: every way a stream ends may release it
+    assert slots.open_count("alice") == 1
+    slots.acquire("alice")
+    second.release()
+    assert slots.open_count("alice") == 1
+
+
+def test_zero_means_no_stream_limit() -> None:
+    slots = StreamSlots(0)
+    leases = [slots.acquire("alice") for _ in range(100)]
+    for lease in leases:
+        lease.release()
+    assert slots.open_count("alice") == 0
