@@ -169,7 +169,7 @@ class TurnRecorder:
 
     async def _dispatch(self, event: AgentEvent) -> None:
         if isinstance(event, TextChunk):
-            await self._on_text(event.text)
+            await self._on_first_text(event.text)
         elif isinstance(event, ResponseStarted):
             self._response_id = new_message_id()
             self._text = None
@@ -221,12 +221,8 @@ class TurnRecorder:
 
     # --- model text ----------------------------------------------------------------------------------
 
-    async def _on_text(self, text: str) -> None:
-        buffer = self._text
-        if buffer is not None:
-            buffer.parts.append(text)
-            self._emit(TextDelta, id=buffer.message_id, text=text)
-            return
+    async def _on_first_text(self, text: str) -> None:
+        """Later deltas take the hot path in `_on`; the first one opens the message's row."""
         assert self._response_id is not None
         buffer = self._text = TextBuffer(self.session_id, self._response_id, text)
         self._text_timestamp = now_iso()

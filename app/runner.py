@@ -123,7 +123,7 @@ class Runner:
         async with state.lock:
             if state.task is None:
                 turn_id = await self._begin(session, state, [message], from_queue=False)
-                return _accepted(session.id, message, turn_id)
+                return accepted(session.id, message, turn_id)
             if delivery == "reject":
                 assert state.recorder is not None
                 raise TurnRunning(state.recorder.turn_id)
@@ -149,8 +149,8 @@ class Runner:
             await self.cancel(session.id)
             taker = state.recorder
             if taker is not None and message.id in taker.taken_ids:
-                return _accepted(session.id, message, taker.turn_id)
-        return _accepted(session.id, message, None)
+                return accepted(session.id, message, taker.turn_id)
+        return accepted(session.id, message, None)
 
     async def _begin(
         self, session: ChatSessionRow, state: SessionState, messages: list[QueuedMessage], *, from_queue: bool
@@ -292,14 +292,14 @@ class Runner:
             rows = await repository.queued(db, session_id) if session is not None else []
         if session is None or not rows:
             return
-        await self._begin(session, state, [_queued(r) for r in rows], from_queue=True)
+        await self._begin(session, state, [queued_message(r) for r in rows], from_queue=True)
 
     # --- the waiting line ----------------------------------------------------------------------------
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
         async with self._db.session() as db:
             rows = await repository.queued(db, session_id)
-        return [_queued(r) for r in rows]
+        return [queued_message(r) for r in rows]
 
     async def withdraw(self, session_id: str, message_ids: list[str] | None = None) -> list[QueuedMessage]:
         """Takes messages out of the waiting line (all of them when `message_ids` is None)."""
@@ -370,11 +370,11 @@ class Runner:
         await asyncio.gather(*(self.cancel(sid) for sid in running), return_exceptions=True)
 
 
-def _queued(row: QueuedMessageRow) -> QueuedMessage:
+def queued_message(row: QueuedMessageRow) -> QueuedMessage:
     return QueuedMessage.model_validate(row, from_attributes=True)
 
 
-def _accepted(session_id: str, message: QueuedMessage, turn_id: str | None) -> MessageAccepted:
+def accepted(session_id: str, message: QueuedMessage, turn_id: str | None) -> MessageAccepted:
     return MessageAccepted(
         id=message.id,
         session_id=session_id,

@@ -15,7 +15,7 @@ from app.errors import ApiError, Conflict, InvalidRequest, NotFound, PayloadTooL
 from app.idempotency import Idempotency, check_key, fingerprint
 from app.llm.layer import ModelLayer
 from app.models import ChatMessageRow, ChatSessionRow
-from app.runner import NotWaiting, Runner, SessionClosed, ShuttingDown, TurnRunning
+from app.runner import NotWaiting, Runner, SessionClosed, ShuttingDown, TurnRunning, accepted, queued_message
 from app.schemas import (
     AssistantTextMessage,
     CancelResult,
@@ -233,29 +233,17 @@ class ChatService:
             stored = await repository.get_message(db, message_id)
             waiting = await repository.get_queued(db, message_id) if stored is None else None
         if stored is not None and stored.session_id == session_id:
-            return MessageAccepted(
+            taken = QueuedMessage(
                 id=stored.id,
-                session_id=session_id,
                 content=stored.content or "",
                 sender=stored.sender or "User",
                 client_message_id=stored.client_message_id,
                 timestamp=stored.timestamp,
-                turn_id=stored.turn_id,
-                queued=False,
                 delivery="steer",
             )
+            return accepted(session_id, taken, stored.turn_id)
         if waiting is not None and waiting.session_id == session_id:
-            return MessageAccepted(
-                id=waiting.id,
-                session_id=session_id,
-                content=waiting.content,
-                sender=waiting.sender,
-                client_message_id=waiting.client_message_id,
-                timestamp=waiting.timestamp,
-                turn_id=None,
-                queued=True,
-                delivery=waiting.delivery,
-            )
+            return accepted(session_id, queued_message(waiting), None)
         return None
 
     async def _post(self, session: ChatSessionRow, body: MessageCreate, message_id: str) -> MessageAccepted:
