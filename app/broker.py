@@ -17,22 +17,35 @@ comes twice. A position the log no longer holds (or never held) starts the strea
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from sse_starlette import ServerSentEvent
 
 from app.errors import Unavailable
 from app.events import Resync, _Event
 
 RING_SIZE = 1024
 
+_json_string = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class Frame:
     seq: int
     type: str
     data: str
+    _sse: bytes | None = field(default=None, compare=False, repr=False)
+
+    def sse(self) -> bytes:
+        """The frame as SSE bytes (sse-starlette's encoding), built once however many clients get it."""
+        encoded = self._sse
+        if encoded is None:
+            encoded = self._sse = ServerSentEvent(data=self.data, event=self.type, id=str(self.seq)).encode()
+        return encoded
 
 
 # Frames of one session with after < seq < before, in order, as the event log holds them.
@@ -104,6 +117,19 @@ class Channel:
         self.last_seq += 1
         event = cls(seq=self.last_seq, session_id=self.session_id, **fields)
         frame = Frame(self.last_seq, event.type, event.model_dump_json())
+        self._sink(self.session_id, frame)
+        return frame
+
+    def publish_text_delta(self, message_id: str, text: str) -> Frame:
+        """`publish(TextDelta, id=message_id, text=text)` for every delta but a message's first, without
+        building a model: the hot path. tests/streams/test_broker.py holds it byte-equal to the model's
+        JSON; `text` must be valid Unicode (events.clean_text)."""
+        self.last_seq += 1
+        data = (
+            f'{{"type":"text_delta","seq":{self.last_seq},"session_id":{_json_string(self.session_id)},'
+            f'"id":{_json_string(message_id)},"text":{_json_string(text)}}}'
+        )
+        frame = Frame(self.last_seq, "text_delta", data)
         self._sink(self.session_id, frame)
         return frame
 

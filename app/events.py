@@ -51,6 +51,17 @@ class UserMessage(_Event):
     )
 
 
+def clean_text(text: str) -> str:
+    """Model text as valid Unicode: a lone surrogate (JSON allows the escape) becomes U+FFFD."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)
+    return text
+
+
 class TextDelta(_Event):
     type: Literal["text_delta"] = "text_delta"
     id: str = Field(description="The assistant text chat message this delta belongs to.")

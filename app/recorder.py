@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app import repository
 from app.agent import (
@@ -47,6 +49,7 @@ from app.events import (
     TurnDone,
     TurnStatus,
     Usage,
+    clean_text,
 )
 from app.llm.types import ProviderError
 from app.models import ChatMessageRow
@@ -158,19 +161,22 @@ class TurnRecorder:
         await self.close("completed")
 
     async def _on(self, event: AgentEvent) -> None:
-        buffer = self._text
-        if buffer is not None and isinstance(event, TextChunk):
-            # The hot path: every delta after the first; no write, nothing to protect.
-            buffer.parts.append(event.text)
-            self._emit(TextDelta, id=buffer.message_id, text=event.text)
+        if isinstance(event, TextChunk):
+            text = clean_text(event.text)
+            buffer = self._text
+            if buffer is not None:
+                # The hot path: every delta after the first; no write, nothing to protect.
+                buffer.parts.append(text)
+                self.channel.publish_text_delta(buffer.message_id, text)
+                return
+            with self._atomic():
+                await self._on_first_text(text)
             return
         with self._atomic():
             await self._dispatch(event)
 
     async def _dispatch(self, event: AgentEvent) -> None:
-        if isinstance(event, TextChunk):
-            await self._on_first_text(event.text)
-        elif isinstance(event, ResponseStarted):
+        if isinstance(event, ResponseStarted):
             self._response_id = new_message_id()
             self._text = None
         elif isinstance(event, ResponseFinished):
@@ -193,10 +199,9 @@ class TurnRecorder:
             **fields,
         )
 
-    async def _insert(self, row: ChatMessageRow) -> None:
-        async with self.db.session() as db:
-            await repository.insert_messages(db, [row])
-            await db.commit()
+    def _transaction(self) -> AbstractAsyncContextManager[AsyncSession]:
+        """A write of the turn; events emitted inside it commit with it and are delivered right after."""
+        return self.writer.transaction(self.session_id)
 
     def _tool_row(self, call: CallRequest, timestamp: str, **fields: Any) -> ChatMessageRow:
         return self._row(
@@ -226,27 +231,27 @@ class TurnRecorder:
         assert self._response_id is not None
         buffer = self._text = TextBuffer(self.session_id, self._response_id, text)
         self._text_timestamp = now_iso()
-        self._emit(
-            TextDelta, id=buffer.message_id, text=text, timestamp=self._text_timestamp, model=self.model
+        row = self._row(
+            "text",
+            self._text_timestamp,
+            id=buffer.message_id,
+            role="assistant",
+            content=text,
+            model=self.model,
+            response_id=self._response_id,
         )
-        await self._insert(
-            self._row(
-                "text",
-                self._text_timestamp,
-                id=buffer.message_id,
-                role="assistant",
-                content=text,
-                model=self.model,
-                response_id=self._response_id,
+        async with self._transaction() as db:
+            await repository.insert_messages(db, [row])
+            self._emit(
+                TextDelta, id=buffer.message_id, text=text, timestamp=self._text_timestamp, model=self.model
             )
-        )
         self.writer.track(buffer)
 
     async def _on_response_done(self, event: ResponseFinished) -> None:
         buffer, self._text = self._text, None
         usage = event.usage
         at = now_iso()
-        async with self.db.session() as db:
+        async with self._transaction() as db:
             if buffer is not None:
                 self.writer.untrack(buffer)
                 await repository.update_message(
@@ -262,7 +267,12 @@ class TurnRecorder:
                     window=self.context_window,
                     at=at,
                 )
-            await db.commit()
+            self._announce_response(buffer, event, totals)
+
+    def _announce_response(
+        self, buffer: TextBuffer | None, event: ResponseFinished, totals: tuple[int, int] | None
+    ) -> None:
+        usage = event.usage
         self._emit(
             ResponseDone,
             id=buffer.message_id if buffer is not None else None,
@@ -296,49 +306,49 @@ class TurnRecorder:
     async def _on_tool_start(self, event: ToolStarted) -> None:
         call = event.call
         row = self._tool_row(call, now_iso())
-        await self._insert(row)
+        async with self._transaction() as db:
+            await repository.insert_messages(db, [row])
+            self._emit(
+                ToolExecStart,
+                id=row.id,
+                tool_call=ToolCall(id=call.id, name=call.name, arguments=row.arguments),
+                timestamp=row.timestamp,
+                model=self.model,
+            )
+            self.set_status("tool_calling", call.name)
         self._open_tools[call.id] = _OpenTool(row.id, call.name)
         self._started_calls.add(call.id)
-        at = row.timestamp
-        self._emit(
-            ToolExecStart,
-            id=row.id,
-            tool_call=ToolCall(id=call.id, name=call.name, arguments=row.arguments),
-            timestamp=at,
-            model=self.model,
-        )
-        self.set_status("tool_calling", call.name)
 
     async def _on_tool_end(self, event: ToolFinished) -> None:
         tool = self._open_tools.pop(event.call.id)
         outcome = event.outcome
-        async with self.db.session() as db:
+        async with self._transaction() as db:
             await repository.update_message(
                 db,
                 tool.row_id,
                 {"result": outcome.content, "is_error": outcome.is_error, "duration_ms": event.duration_ms},
             )
-            await db.commit()
-        self._emit(
-            ToolExecEnd,
-            id=tool.row_id,
-            tool_result=ToolResult(
-                tool_call_id=event.call.id, content=outcome.content, is_error=outcome.is_error
-            ),
-            timestamp=now_iso(),
-            duration_ms=event.duration_ms,
-        )
-        running = next(iter(self._open_tools.values()), None)
-        if running is not None:
-            self.set_status("tool_calling", running.name)
-        else:
-            self.set_status("thinking")
+            self._emit(
+                ToolExecEnd,
+                id=tool.row_id,
+                tool_result=ToolResult(
+                    tool_call_id=event.call.id, content=outcome.content, is_error=outcome.is_error
+                ),
+                timestamp=now_iso(),
+                duration_ms=event.duration_ms,
+            )
+            running = next(iter(self._open_tools.values()), None)
+            if running is not None:
+                self.set_status("tool_calling", running.name)
+            else:
+                self.set_status("thinking")
 
     # --- ends ----------------------------------------------------------------------------------------
 
-    async def commit_partial(self, tool_result: str) -> None:
+    async def commit_partial(self, tool_result: str, announce: Callable[[], None] | None = None) -> None:
         """Seed 004's partial-state commit: streamed text is kept and marked, and every call of the
-        interrupted round ends with exactly one result (finished calls keep theirs)."""
+        interrupted round ends with exactly one result (finished calls keep theirs). `announce` emits
+        the events that go out with this commit."""
         buffer, self._text = self._text, None
         open_tools, self._open_tools = self._open_tools, {}
         unstarted = [c for c in self._round_calls if c.id not in self._started_calls]
@@ -347,7 +357,13 @@ class TurnRecorder:
         rows = [
             self._tool_row(call, at, result=tool_result, is_error=True, duration_ms=0) for call in unstarted
         ]
-        async with self.db.session() as db:
+        self.interrupted_message_ids = [
+            *([buffer.message_id] if buffer is not None else []),
+            *(tool.row_id for tool in open_tools.values()),
+            *(row.id for row in rows),
+        ]
+        self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
+        async with self._transaction() as db:
             if buffer is not None:
                 self.writer.untrack(buffer)
                 await repository.update_message(
@@ -359,17 +375,15 @@ class TurnRecorder:
                 )
             if rows:
                 await repository.insert_messages(db, rows)
-            await db.commit()
-        self.interrupted_message_ids = [
-            *([buffer.message_id] if buffer is not None else []),
-            *(tool.row_id for tool in open_tools.values()),
-            *(row.id for row in rows),
-        ]
-        self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
+            if announce is not None:
+                announce()
 
     async def finish_cancelled(self) -> None:
         self._finishing = True
-        await self.commit_partial(self.stop_tool_result)
+        await self.commit_partial(self.stop_tool_result, self._announce_cancelled)
+        await self.close(self.stop_status)
+
+    def _announce_cancelled(self) -> None:
         self.set_status("idle")
         self._emit(
             AgentCancelled,
@@ -377,7 +391,6 @@ class TurnRecorder:
             interrupted_message_ids=self.interrupted_message_ids,
             interrupted_tool_call_ids=self.interrupted_tool_call_ids,
         )
-        await self.close(self.stop_status)
 
     async def finish_failed(self, code: str, message: str) -> None:
         self._finishing = True
@@ -387,10 +400,11 @@ class TurnRecorder:
 
     async def fail(self, code: str, message: str) -> None:
         row = self._row("error", now_iso(), role="assistant", content=message, code=code, model=self.model)
-        await self._insert(row)
-        self._emit(
-            ErrorEvent, id=row.id, message=message, code=code, model=self.model, timestamp=row.timestamp
-        )
+        async with self._transaction() as db:
+            await repository.insert_messages(db, [row])
+            self._emit(
+                ErrorEvent, id=row.id, message=message, code=code, model=self.model, timestamp=row.timestamp
+            )
 
     async def close(self, status: TurnStatus) -> None:
         if self.closed:
@@ -399,14 +413,15 @@ class TurnRecorder:
         self.closed = True
         duration = round(time.monotonic() - self.started, 3)
         row = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
-        await self._insert(row)
-        if self.live.agent_status != "idle":
-            self.set_status("idle")
-        self._emit(
-            TurnDone,
-            id=row.id,
-            turn_id=self.turn_id,
-            timestamp=row.timestamp,
-            duration_seconds=duration,
-            status=status,
-        )
+        async with self._transaction() as db:
+            await repository.insert_messages(db, [row])
+            if self.live.agent_status != "idle":
+                self.set_status("idle")
+            self._emit(
+                TurnDone,
+                id=row.id,
+                turn_id=self.turn_id,
+                timestamp=row.timestamp,
+                duration_seconds=duration,
+                status=status,
+            )

@@ -6,7 +6,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, text, update
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -177,9 +176,21 @@ async def last_event_seq(db: AsyncSession, session_id: str) -> int:
     return int((await db.exec(query)).first() or 0)
 
 
+_INSERT_EVENTS = "INSERT OR IGNORE INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
+
+
 async def insert_events(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
-    # OR IGNORE: a batch retried after a failed commit must not fail on the events it already wrote.
-    await db.exec(sqlite_insert(EventRow).prefix_with("OR IGNORE").values(list(rows)))
+    """One executemany on the driver's connection, inside the session's transaction: this runs for every
+    event of every stream, and skipping SQLAlchemy's per-row parameter handling halves its CPU cost.
+
+    OR IGNORE: a batch retried after a failed commit must not fail on the events it already wrote."""
+    if not rows:
+        return
+    connection = await db.connection()
+    driver = (await connection.get_raw_connection()).driver_connection
+    assert driver is not None
+    params = [(r["session_id"], r["seq"], r["type"], r["data"]) for r in rows]
+    await driver.executemany(_INSERT_EVENTS, params)
 
 
 async def events_after(db: AsyncSession, session_id: str, after: int, limit: int) -> list[EventRow]:

@@ -39,7 +39,11 @@ class Settings(BaseSettings):
         10_000, ge=1, description="Events kept per session for resuming; older positions get a resync."
     )
     event_flush_interval: float = Field(
-        0.05, gt=0, le=1.0, description="Seconds between event log batches: events reach clients once logged."
+        0.1,
+        gt=0,
+        le=1.0,
+        description="Least seconds between event-log batch commits (the first event after a quiet spell "
+        "commits at once): events reach clients once logged.",
     )
     shutdown_timeout: float = Field(
         5.0, gt=0, description="Seconds turns get at SIGTERM to commit their state before the streams close."
@@ -76,6 +80,13 @@ class Settings(BaseSettings):
     )
     messages_per_minute: int = Field(
         60, ge=0, description="Messages a principal may post a minute, in bursts of as many (0: no limit)."
+    )
+
+    # --- benchmarking ------------------------------------------------------------------------------------
+    debug_stats: bool = Field(
+        False,
+        description="Serve GET /debug/stats (event-loop lag, commits per 100 ms; not in the OpenAPI) for "
+        "the benchmark (bench/).",
     )
 
     @field_validator("cors_origins", mode="before")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 
 import pytest
+from sse_starlette import ServerSentEvent
 
 from app.broker import Broker, Frame, Subscription
-from app.events import AgentStatus
+from app.events import AgentStatus, TextDelta, clean_text
 
 pytestmark = pytest.mark.anyio
 
@@ -162,3 +164,49 @@ async def test_after_close_all_streams_end_and_new_ones_are_refused() -> None:
     assert await subscription.subscriber.next_batch() is None
     with pytest.raises(Exception, match="shutting down"):
         await broker.subscribe(SID, None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        " hello",
+        "",
+        'quote " backslash \\ slash /',
+        "\n\r\t\b\f\x00\x01\x1f\x7f",
+        "é 日本 😀 \u2028\u2029 \ufeff",
+        "data: not a frame\n\nid: 9\n",
+    ],
+)
+async def test_the_text_delta_fast_path_is_byte_equal_to_the_event_model(text: str) -> None:
+    """The hot path builds text_delta JSON by hand: it must be exactly what TextDelta serializes to."""
+    log = Log()
+    broker = make(log)
+    log.broker = broker
+    channel = await broker.channel(SID)
+    fast = channel.publish_text_delta("msg_1", text)
+    slow = channel.publish(TextDelta, id="msg_1", text=text)
+    assert (fast.seq, slow.seq) == (1, 2)
+    assert fast.data == slow.data.replace('"seq":2', '"seq":1')
+    assert json.loads(fast.data) == {
+        "type": "text_delta",
+        "seq": 1,
+        "session_id": SID,
+        "id": "msg_1",
+        "text": text,
+    }
+
+
+async def test_a_frames_sse_bytes_are_sse_starlettes_encoding_built_once() -> None:
+    frame = Frame(7, "text_delta", '{"text":"a\\nb"}')
+    expected = ServerSentEvent(data=frame.data, event=frame.type, id="7").encode()
+    assert frame.sse() == expected
+    assert frame.sse() is frame.sse()
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [("plain", "plain"), ("é😀", "é😀"), ("a\ud800b", "a\ufffdb"), ("\udfff", "\ufffd")],
+)
+def test_clean_text_replaces_lone_surrogates_only(raw: str, clean: str) -> None:
+    assert clean_text(raw) == clean
+    clean_text(raw).encode()

@@ -72,8 +72,8 @@ async def test_the_log_keeps_the_newest_events_and_older_positions_resync(settin
     statements: list[str] = []
 
     def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        if "events" in statement and statement.lstrip().upper().startswith(("INSERT", "DELETE")):
-            statements.append(statement.lstrip().split()[0].upper())
+        if "events" in statement and statement.lstrip().upper().startswith("DELETE"):
+            statements.append("DELETE")
 
     event.listen(Engine, "before_cursor_execute", count)
     try:
@@ -83,13 +83,18 @@ async def test_the_log_keeps_the_newest_events_and_older_positions_resync(settin
                 full = await first_turn(client, sid, LONG)
                 head = full.last_id
                 assert head is not None and head > 10 * RETENTION
-                # Pruned in the write-behind's batches, not once per event.
-                assert statements.count("DELETE") <= statements.count("INSERT") < head / 10
+                # Pruned in the write-behind's batches, not once per event. (The events themselves are
+                # inserted on the driver's connection, below SQLAlchemy's hooks: see insert_events.)
+                assert 1 <= statements.count("DELETE") < head / 10
                 assert logged_seqs(tuned, sid) == list(range(head - RETENTION + 1, head + 1))
 
                 oldest_kept = head - RETENTION  # the oldest position that can still be replayed
                 from_memory = StreamClient(client, sid)
-                assert await from_memory.read(seconds=0.5, params={"after": str(oldest_kept)}) == "timeout"
+                # Read until the head arrives, not for a fixed time: a busy machine may take a while.
+                outcome = await from_memory.read(
+                    lambda f: f.id == head, seconds=20, params={"after": str(oldest_kept)}
+                )
+                assert outcome == "matched"
                 assert from_memory.frames == full.frames[-RETENTION:]
 
                 gone = StreamClient(client, sid)
@@ -116,8 +121,14 @@ async def test_the_log_keeps_the_newest_events_and_older_positions_resync(settin
     with live_server(tuned) as again:
         async with httpx.AsyncClient(base_url=again.base_url, timeout=30) as client:
             from_log = StreamClient(client, sid)
-            assert await from_log.read(seconds=0.5, params={"after": str(new_head - RETENTION)}) == "timeout"
+            outcome = await from_log.read(
+                lambda f: f.id == new_head, seconds=20, params={"after": str(new_head - RETENTION)}
+            )
+            assert outcome == "matched"
             assert from_log.frames == known[-RETENTION:]
             expired = StreamClient(client, sid)
-            await expired.read(seconds=0.5, params={"after": str(new_head - RETENTION - 1)})
+            outcome = await expired.read(
+                lambda f: f.event == "resync", seconds=20, params={"after": str(new_head - RETENTION - 1)}
+            )
+            assert outcome == "matched"
             assert [(f.event, f.id) for f in expired.frames] == [("resync", new_head)]
