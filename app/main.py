@@ -20,6 +20,8 @@ from app.db import Database
 from app.limits import MessageRate, StreamSlots
 from app.llm.layer import ModelLayer
 from app.middleware import RequestContextMiddleware, install_request_id_logging
+from app.monitor import DebugStats
+from app.monitor import router as debug_router
 from app.openapi import install_openapi
 from app.recovery import close_open_turns
 from app.runner import Runner
@@ -47,6 +49,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         database = Database(settings.database_url)
+        debug_stats = DebugStats.start(database.engine) if settings.debug_stats else None
         models = ModelLayer(settings)
         models.start()
         writer = WriteBehind(
@@ -95,12 +98,15 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
                         streams=StreamSlots(settings.max_streams_per_principal),
                     ),
                     "database": database,
+                    "debug_stats": debug_stats,
                 }
         finally:
             await drain.run()
             await writer.stop()
             await models.stop()
             await database.dispose()
+            if debug_stats is not None:
+                await debug_stats.stop()
 
     app = FastAPI(
         title="Parley",
@@ -114,6 +120,8 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(messages.router)
     app.include_router(events.router)
     app.include_router(turns.router)
+    if settings.debug_stats:
+        app.include_router(debug_router)
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,
