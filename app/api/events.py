@@ -21,6 +21,8 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["events"])
 # How long a stream may wait on a client that does not read before it is cut (it then resumes).
 SEND_TIMEOUT = 30
 _POSITION = re.compile(r"[0-9]+")
+# Frames per body chunk: a long replay goes out in pieces of bounded size.
+SEND_FRAMES = 256
 
 _STREAM_DOC = """Every event of the session, across all its turns, until the client leaves.
 
@@ -109,11 +111,13 @@ def _end(subscription: Subscription, lease: StreamLease) -> None:
 
 async def _frames(
     subscription: Subscription, lease: StreamLease, retry_ms: int
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[ServerSentEvent | bytes]:
+    """The frames of each committed batch go out as one body chunk (one send, one socket write per
+    batch, not per event); each frame is sse-starlette's own encoding, made once for all clients."""
     try:
         yield ServerSentEvent(retry=retry_ms)
         async for batch in subscription.batches():
-            for frame in batch:
-                yield ServerSentEvent(data=frame.data, event=frame.type, id=str(frame.seq))
+            for start in range(0, len(batch), SEND_FRAMES):
+                yield b"".join([frame.sse() for frame in batch[start : start + SEND_FRAMES]])
     finally:
         _end(subscription, lease)
