@@ -3,11 +3,16 @@
 The ASGI app cannot see the address it is bound to before requests arrive, so this is where a server
 without API keys refuses to start on a non-loopback address (unless PARLEY_ALLOW_OPEN=1), with a message
 that says what to set, and where a keys file that cannot be used stops it before it binds.
+
+It also creates the listening socket itself, with TCP keepalive: connections accepted from it inherit the
+options (Linux), so an idle connection (a `?wait=true` request, an event stream between heartbeats) is
+probed, and a client whose machine or network vanished is noticed and its wait or stream ended.
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +22,11 @@ from app.auth import ConfigError, load_key_ring, open_mode_refusal
 from app.settings import Settings
 
 EXIT_CONFIG = 2
+EXIT_STARTUP = 3  # what uvicorn.run exits with when the server did not start
+
+# A connection idle for 30 s gets a probe every 10 s; after 3 unanswered ones it is closed: a vanished
+# client is noticed within about a minute. Options the platform lacks are left at its defaults.
+KEEPALIVE = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -39,14 +49,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     if refusal is not None:
         print(f"parley: refusing to start. {refusal}", file=sys.stderr)
         return EXIT_CONFIG
-    uvicorn.run(
+    config = uvicorn.Config(
         "app.main:app",
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         access_log=not args.no_access_log,
     )
-    return 0
+    server = uvicorn.Server(config)
+    sock = listening_socket(config)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+    return 0 if server.started else EXIT_STARTUP
+
+
+def listening_socket(config: uvicorn.Config) -> socket.socket:
+    """uvicorn's own bound socket (its address handling, errors and "running on" message), with keepalive."""
+    sock = config.bind_socket()
+    enable_keepalive(sock)
+    return sock
+
+
+def enable_keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in KEEPALIVE.items():
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 if __name__ == "__main__":

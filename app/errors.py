@@ -67,6 +67,20 @@ class PayloadTooLarge(ApiError):
     code = "payload_too_large"
 
 
+class WaitTimeout(ApiError):
+    """A `?wait=true` request's limit passed first: the turn goes on; its id lets the client wait again."""
+
+    status = 504
+    code = "wait_timeout"
+
+
+class ClientClosedRequest(ApiError):
+    """The client closed the connection while it waited (nginx's 499): logged, never seen by anyone."""
+
+    status = 499
+    code = "client_closed_request"
+
+
 class Unauthorized(ApiError):
     status = 401
     code = "unauthorized"

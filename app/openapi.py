@@ -8,8 +8,9 @@
   string of `application/json` whose `contentSchema` is `Event`. It is the `text/event-stream` schema of
   the stream operation (any operation whose response declares that media type): for a stream, the
   schema describes each event as a client's SSE parser yields it (what OpenAPI 3.2 calls `itemSchema`,
-  and how tools for 3.1 read `schema`), not the JSON inside it. The framing is also described in the
-  operation's description;
+  and how tools for 3.1 read `schema`), not the JSON inside it;
+* `Event` as the `application/x-ndjson` schema of the same operation, read the same way: each line is
+  one event. Both framings are also described in the operation's description;
 * `ErrorResponse` as the 422 body: the one error handler renders every validation error in that shape,
   not in FastAPI's `HTTPValidationError`.
 """
@@ -32,6 +33,7 @@ EVENT = "Event"
 EVENT_FRAME = "EventFrame"
 ERROR = "ErrorResponse"
 STREAM_MEDIA_TYPE = "text/event-stream"
+NDJSON_MEDIA_TYPE = "application/x-ndjson"
 _FASTAPI_422 = ("HTTPValidationError", "ValidationError")
 
 FRAMING_HEADING = "**Frames**"
@@ -40,13 +42,22 @@ FRAMING = f"""{FRAMING_HEADING} (`text/event-stream`): one frame per event, its 
 ```
 id: 42
 event: text_delta
-data: {{"type": "text_delta", "seq": 42, "session_id": "s_…", "id": "m_…", "text": "Hel"}}
+data: {{"type":"text_delta","seq":42,"session_id":"s_…","id":"m_…","text":"Hel"}}
 ```
 
 `id:` is the event's `seq` (the session's sequence number, +1 per event, kept across restarts), `event:`
 its `type`, and `data:` one JSON object discriminated on `type` that always carries `type`, `seq` and
 `session_id`. Lines that carry no event: `retry:` (the reconnection delay, in milliseconds) and `: ping`
-heartbeat comments."""
+heartbeat comments.
+
+**Lines** (`application/x-ndjson`): one line per event, the same JSON as the frame's `data:` (the `Event`
+schema; its `seq` is the position to resume after), then `\\n`:
+
+```
+{{"type":"text_delta","seq":42,"session_id":"s_…","id":"m_…","text":"Hel"}}
+```
+
+A blank line is the heartbeat: skip it (jq reads it as whitespace). There is no `retry:` line."""
 
 
 class _WireSchema(GenerateJsonSchema):
@@ -149,18 +160,22 @@ def _add_events(spec: dict[str, Any]) -> None:
             raise RuntimeError(f"The event schema {name!r} collides with a REST schema of the same name")
 
 
+_STREAM_ITEMS = {STREAM_MEDIA_TYPE: EVENT_FRAME, NDJSON_MEDIA_TYPE: EVENT}
+
+
 def _document_streams(spec: dict[str, Any]) -> None:
     for operation in _operations(spec):
         streams = [
-            response["content"][STREAM_MEDIA_TYPE]
+            (response["content"][media_type], item)
             for response in operation.get("responses", {}).values()
-            if STREAM_MEDIA_TYPE in response.get("content", {})
+            for media_type, item in _STREAM_ITEMS.items()
+            if media_type in response.get("content", {})
         ]
         if not streams:
             continue
-        for media in streams:
+        for media, item in streams:
             media.clear()
-            media["schema"] = {"$ref": SCHEMAS + EVENT_FRAME}
+            media["schema"] = {"$ref": SCHEMAS + item}
         description = operation.get("description", "")
         if FRAMING_HEADING not in description:
             operation["description"] = f"{description}\n\n{FRAMING}".strip()

@@ -6,13 +6,16 @@ depends on its delivery (seed 004 §2.5): `steer` ends the running turn at its n
 tool round's results, before the next model call), `queue` waits for the turn to end by itself,
 `interrupt` stops the turn as Stop does, `reject` refuses with 409. When a turn ends, everything waiting
 is taken together, in order, as the next turn.
+
+A caller may wait for a turn's end (`turn_end`) and for the turn that takes a waiting message (`taker`):
+what `?wait=true` needs. Neither wait holds anything a turn needs, and cancelling one never stops a turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +63,15 @@ class SessionState:
     recorder: TurnRecorder | None = None
     # Mirror of the session's waiting line (the queued_messages rows), in order.
     waiting: dict[str, QueuedMessage] = field(default_factory=dict)
+    # Callers waiting for the turn that takes a waiting message: its turn id, or None if none ever will.
+    takers: dict[str, asyncio.Future[str | None]] = field(default_factory=dict)
     closed: bool = False
+
+    def resolve_takers(self, message_ids: Iterable[str], turn_id: str | None) -> None:
+        for message_id in message_ids:
+            future = self.takers.pop(message_id, None)
+            if future is not None and not future.done():
+                future.set_result(turn_id)
 
     def wants_breakpoint(self) -> bool:
         return any(m.delivery in ("steer", "interrupt") for m in self.waiting.values())
@@ -84,6 +95,12 @@ class Runner:
         self._tools = tools
         self._states: dict[str, SessionState] = {}
         self._closing = False
+        # Every turn of this process from before its first row is written until its task is done.
+        self._turn_ends: dict[str, asyncio.Future[None]] = {}
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def state(self, session_id: str) -> SessionState:
         state = self._states.get(session_id)
@@ -157,6 +174,23 @@ class Runner:
     ) -> str:
         """Writes turn_start and the user messages in one transaction, announces them, starts the task."""
         turn_id = new_turn_id()
+        # Registered before its rows commit: whoever can read the turn can also wait for its end.
+        self._turn_ends[turn_id] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._start(session, state, messages, turn_id, from_queue=from_queue)
+        except BaseException:
+            self._turn_ended(turn_id)
+            raise
+
+    async def _start(
+        self,
+        session: ChatSessionRow,
+        state: SessionState,
+        messages: list[QueuedMessage],
+        turn_id: str,
+        *,
+        from_queue: bool,
+    ) -> str:
         start_id = new_message_id()
         started_at = now_iso()
         rows = [
@@ -218,7 +252,15 @@ class Runner:
         state.task = recorder.task = asyncio.create_task(
             self._run(session.id, state, recorder), name=f"turn:{turn_id}"
         )
+        # A task's callbacks run even when it is cancelled before it ever starts.
+        state.task.add_done_callback(lambda _: self._turn_ended(turn_id))
+        state.resolve_takers([m.id for m in messages], turn_id)
         return turn_id
+
+    def _turn_ended(self, turn_id: str) -> None:
+        ended = self._turn_ends.pop(turn_id, None)
+        if ended is not None and not ended.done():
+            ended.set_result(None)
 
     @staticmethod
     def _announce_queue(state: SessionState, channel: Channel) -> None:
@@ -294,6 +336,31 @@ class Runner:
             return
         await self._begin(session, state, [queued_message(r) for r in rows], from_queue=True)
 
+    # --- waiting for turns ---------------------------------------------------------------------------
+
+    async def turn_end(self, turn_id: str) -> None:
+        """Returns once the turn is over, its turn_done committed; at once if it is not running here."""
+        ended = self._turn_ends.get(turn_id)
+        if ended is not None:
+            # Shielded: a caller that stops waiting leaves the future to the others.
+            await asyncio.shield(ended)
+
+    async def taker(self, session_id: str, message_id: str) -> str | None:
+        """The id of the turn that took the message, once one has. None when none ever will here: the
+        message was withdrawn, its session deleted, or the server is stopping (it is taken after the
+        restart)."""
+        state = self._states.get(session_id)
+        if state is not None and message_id in state.waiting:
+            if self._closing:
+                return None
+            future = state.takers.get(message_id)
+            if future is None:
+                future = state.takers[message_id] = asyncio.get_running_loop().create_future()
+            return await asyncio.shield(future)
+        async with self._db.session() as db:
+            row = await repository.get_message(db, message_id)
+        return row.turn_id if row is not None and row.session_id == session_id else None
+
     # --- the waiting line ----------------------------------------------------------------------------
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
@@ -316,6 +383,7 @@ class Runner:
                 await db.commit()
             for m in chosen:
                 state.waiting.pop(m.id, None)
+            state.resolve_takers([m.id for m in chosen], None)
             self._announce_queue(state, await self._broker.channel(session_id))
         return chosen
 
@@ -356,11 +424,16 @@ class Runner:
         await self.cancel(session_id)
 
     def forget(self, session_id: str) -> None:
-        self._states.pop(session_id, None)
+        state = self._states.pop(session_id, None)
+        if state is not None:
+            state.resolve_takers(list(state.takers), None)
 
     async def shutdown(self) -> None:
         """The server stops the turns, not a user: they end as interrupted, their partial state kept."""
         self._closing = True
+        for state in self._states.values():
+            # Waiting messages stay in the line for the next start; their callers stop waiting now.
+            state.resolve_takers(list(state.takers), None)
         running = [sid for sid, s in self._states.items() if s.task is not None]
         for sid in running:
             recorder = self._states[sid].recorder

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 
@@ -11,7 +12,15 @@ from app import repository
 from app.broker import Broker
 from app.clock import new_message_id, new_session_id, now_iso
 from app.db import Database
-from app.errors import ApiError, Conflict, InvalidRequest, NotFound, PayloadTooLarge, Unavailable
+from app.errors import (
+    ApiError,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    Unavailable,
+    WaitTimeout,
+)
 from app.idempotency import Idempotency, check_key, fingerprint
 from app.llm.layer import ModelLayer
 from app.models import ChatMessageRow, ChatSessionRow
@@ -267,6 +276,69 @@ class ChatService:
             ) from exc
         except ShuttingDown as exc:
             raise Unavailable("The server is shutting down; retry on another instance.") from exc
+
+    # --- waiting (?wait=true) ---------------------------------------------------------------------------
+
+    def wait_seconds(self, timeout: float | None) -> float:
+        """A wait's limit: the caller's `timeout`, capped by PARLEY_WAIT_TIMEOUT."""
+        limit = self._settings.wait_timeout
+        return limit if timeout is None else min(timeout, limit)
+
+    async def await_message_turn(
+        self, principal: str, session_id: str, message: MessageAccepted, timeout: float | None
+    ) -> str:
+        """The id of the turn that took the stored message, once that turn has ended; one limit for both
+        waits. Cancelling this (the client left) stops the wait, never the turn."""
+        seconds = self.wait_seconds(timeout)
+        turn_id = message.turn_id
+        deadline = asyncio.timeout(seconds)
+        try:
+            async with deadline:
+                if turn_id is None:
+                    turn_id = await self._runner.taker(session_id, message.id)
+                    if turn_id is None:
+                        raise await self._never_taken(principal, session_id, message.id)
+                await self._runner.turn_end(turn_id)
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise
+            raise WaitTimeout(
+                f"No turn ended within {seconds:g} s; the message is kept and its turn goes on. Wait "
+                "again with GET .../turns/{turn_id}?wait=true once turn_id is known (it is null while "
+                "the message waits for a turn).",
+                details={"turn_id": turn_id, "message_id": message.id, "timeout": seconds},
+            ) from exc
+        return turn_id
+
+    async def _never_taken(self, principal: str, session_id: str, message_id: str) -> ApiError:
+        if self._runner.closing:
+            return Unavailable(
+                "The server is shutting down; the message is kept and answered after the restart.",
+                details={"message_id": message_id},
+            )
+        await self.get_row(principal, session_id)  # 404 once the session is deleted
+        return Conflict(
+            f"Message {message_id!r} was withdrawn before a turn took it.",
+            code="withdrawn",
+            details={"message_id": message_id},
+        )
+
+    async def await_turn_end(self, turn_id: str, timeout: float | None) -> None:
+        """Returns once the turn has ended (at once if it is not running); 504 if the limit passes first."""
+        seconds = self.wait_seconds(timeout)
+        deadline = asyncio.timeout(seconds)
+        try:
+            async with deadline:
+                await self._runner.turn_end(turn_id)
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise
+            raise WaitTimeout(
+                f"The turn did not end within {seconds:g} s; it goes on. Wait again, or follow the events.",
+                details={"turn_id": turn_id, "message_id": None, "timeout": seconds},
+            ) from exc
+
+    # --- stop and the waiting line -------------------------------------------------------------------
 
     async def cancel(self, principal: str, session_id: str, clear_queue: bool) -> CancelResult:
         await self.get_row(principal, session_id)

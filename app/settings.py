@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         2, ge=0, description="Retries of a model call that failed before any output."
     )
     provider_retry_backoff: float = Field(0.5, ge=0, description="First retry delay in seconds; doubles.")
+    stream_adapter: Literal["auto", "litellm"] = Field(
+        "auto",
+        description="How model streams are read: `auto` (the lean reader for OpenAI-compatible providers, "
+        "the demo in-process, LiteLLM for the rest) or `litellm` (LiteLLM's stream for every model).",
+    )
     flush_interval: float = Field(1.0, gt=0, le=1.0, description="Max seconds streamed text stays unflushed.")
     sse_ping_interval: float = Field(15.0, gt=0, description="Seconds between SSE heartbeat comments.")
     sse_retry_ms: int = Field(
@@ -47,6 +52,12 @@ class Settings(BaseSettings):
     )
     shutdown_timeout: float = Field(
         5.0, gt=0, description="Seconds turns get at SIGTERM to commit their state before the streams close."
+    )
+    wait_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="Longest `?wait=true` wait, in seconds (a request's `timeout` is capped by it): then 504 "
+        "with the turn id, and the turn goes on. Keep it below any proxy's idle timeout.",
     )
     subscriber_queue_size: int = Field(10_000, ge=16, description="Events buffered per slow SSE client.")
     page_size_max: int = Field(1000, ge=1)

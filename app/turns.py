@@ -4,10 +4,14 @@ A turn has its user input, its ordered nodes (each model text and each tool call
 content, model or tool name, timing and metadata), its status and times, and its final answer: the
 turn's last assistant text. Only final content exists to group: streamed text is stored as one message
 per model response, never once per delta (seed 002's chunk rule), so a node is never a chunk.
+
+With `?wait=true` a script gets a turn once it has ended: the turn that takes a message it posts
+(`post_and_wait`), or a turn it knows by id (`wait_turn`), read after its turn_done has committed.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
@@ -22,6 +26,7 @@ from app.schemas import (
     AssistantTextMessage,
     ChatMessage,
     ErrorMessage,
+    MessageCreate,
     ToolGroupMessage,
     TurnDoneMessage,
     TurnStartMessage,
@@ -140,6 +145,45 @@ async def get_turn(
             details={"session_id": session_id, "turn_id": turn_id},
         )
     return build_turns(rows)[0]
+
+
+async def post_and_wait(
+    database: Database,
+    chat: ChatService,
+    principal: str,
+    session_id: str,
+    body: MessageCreate,
+    *,
+    idempotency_key: str | None,
+    timeout: float | None,
+) -> tuple[Turn, bool]:
+    """Stores the message as a plain post does, then waits for the end of the turn that takes it.
+
+    Returns that turn, and whether the message is an idempotent replay (a retry then waits for the same
+    message's turn). Cancelling this while the message is stored finishes the storing anyway.
+    """
+    accepted, replayed = await asyncio.shield(
+        chat.post_message(principal, session_id, body, idempotency_key=idempotency_key)
+    )
+    turn_id = await chat.await_message_turn(principal, session_id, accepted, timeout)
+    return await get_turn(database, chat, principal, session_id, turn_id), replayed
+
+
+async def wait_turn(
+    database: Database,
+    chat: ChatService,
+    principal: str,
+    session_id: str,
+    turn_id: str,
+    *,
+    timeout: float | None,
+) -> Turn:
+    """The turn once it has ended (at once when it already has); 504 if the limit passes first."""
+    turn = await get_turn(database, chat, principal, session_id, turn_id)
+    if turn.status != "running":
+        return turn
+    await chat.await_turn_end(turn_id, timeout)
+    return await get_turn(database, chat, principal, session_id, turn_id)
 
 
 # --- grouping ------------------------------------------------------------------------------------------

@@ -24,6 +24,17 @@ export function describe(event: Event): string {
   }
 }
 
+// The stream as NDJSON (`Accept: application/x-ndjson`): each non-blank line is one Event.
+type StreamContent = paths["/v1/sessions/{session_id}/events"]["get"]["responses"][200]["content"];
+export function parseLine(line: string): StreamContent["application/x-ndjson"] | null {
+  return line.trim() === "" ? null : (JSON.parse(line) as StreamContent["application/x-ndjson"]);
+}
+
+// POST .../messages?wait=true answers 200 with the ended turn, in the turn view's shape.
+export type WaitedTurn =
+  paths["/v1/sessions/{session_id}/messages"]["post"]["responses"][200]["content"]["application/json"];
+export const asTurn = (waited: WaitedTurn): Turn => waited;
+
 // The turn view: nodes narrow on `kind`.
 export function transcript(turn: Turn): string[] {
   const lines = turn.user_messages.map((m) => `${m.sender}: ${m.content}`);

@@ -166,18 +166,31 @@ export interface paths {
          *     `access_token` query parameter; over TLS only, since URLs are kept in browser histories and proxy logs.
          *     A principal may hold `PARLEY_MAX_STREAMS_PER_PRINCIPAL` streams at once; one more gets 429.
          *
+         *     `Accept: application/x-ndjson` (or `format=ndjson`, which wins over the header) gives the same events as
+         *     NDJSON for scripts and jq: each event's JSON, exactly the bytes of its SSE `data:`, on a line of its
+         *     own; a blank line is the heartbeat. Resuming works the same way (`after`, `Last-Event-ID`).
+         *
          *     **Frames** (`text/event-stream`): one frame per event, its `data:` the `Event` schema.
          *
          *     ```
          *     id: 42
          *     event: text_delta
-         *     data: {"type": "text_delta", "seq": 42, "session_id": "s_…", "id": "m_…", "text": "Hel"}
+         *     data: {"type":"text_delta","seq":42,"session_id":"s_…","id":"m_…","text":"Hel"}
          *     ```
          *
          *     `id:` is the event's `seq` (the session's sequence number, +1 per event, kept across restarts), `event:`
          *     its `type`, and `data:` one JSON object discriminated on `type` that always carries `type`, `seq` and
          *     `session_id`. Lines that carry no event: `retry:` (the reconnection delay, in milliseconds) and `: ping`
          *     heartbeat comments.
+         *
+         *     **Lines** (`application/x-ndjson`): one line per event, the same JSON as the frame's `data:` (the `Event`
+         *     schema; its `seq` is the position to resume after), then `\n`:
+         *
+         *     ```
+         *     {"type":"text_delta","seq":42,"session_id":"s_…","id":"m_…","text":"Hel"}
+         *     ```
+         *
+         *     A blank line is the heartbeat: skip it (jq reads it as whitespace). There is no `retry:` line.
          */
         get: operations["stream_events_v1_sessions__session_id__events_get"];
         put?: never;
@@ -203,7 +216,16 @@ export interface paths {
         put?: never;
         /**
          * Post Message
-         * @description Store a user message (durably, before answering); it starts a turn, or waits as `delivery` says.
+         * @description Store a user message (durably, before answering): it starts a turn, or waits as `delivery`
+         *     says.
+         *
+         *     With `wait=true` the answer comes once the turn that takes the message has ended: 200 with that turn, as
+         *     `GET .../turns/{turn_id}` shows it (its `status` says how it ended). A message that waits behind a running
+         *     turn is answered with the later turn that takes it. Nothing is sent before the answer; if `timeout` (or
+         *     PARLEY_WAIT_TIMEOUT) passes first: 504 `wait_timeout` with `details.turn_id` (null while the message waits
+         *     for a turn) and `details.message_id`; the turn goes on, and `GET .../turns/{turn_id}?wait=true` waits
+         *     again. A retry with the same Idempotency-Key waits for the same message's turn. A client that disconnects
+         *     stops its wait, never the turn. 409 `withdrawn` if the message is withdrawn before a turn takes it.
          */
         post: operations["post_message_v1_sessions__session_id__messages_post"];
         delete?: never;
@@ -281,7 +303,7 @@ export interface paths {
         };
         /**
          * Get Turn
-         * @description One turn with its user input, nodes, status, times and final answer.
+         * @description One turn with its user input, nodes, status, times and final answer; with `wait=true`, once ended.
          */
         get: operations["get_turn_v1_sessions__session_id__turns__turn_id__get"];
         put?: never;
@@ -1790,6 +1812,8 @@ export interface operations {
             query?: {
                 /** @description Resume after this event id (seq). */
                 after?: string | null;
+                /** @description `ndjson`: one event's JSON per line (as `Accept: application/x-ndjson` asks); `sse`: Server-Sent Events. Without it the Accept header decides, and SSE is the default. */
+                format?: ("sse" | "ndjson") | null;
             };
             header?: {
                 /** @description Resume after this event id; wins over after. */
@@ -1802,12 +1826,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The event stream */
+            /** @description The event stream: SSE, or NDJSON when asked for */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
+                    "application/x-ndjson": components["schemas"]["Event"];
                     "text/event-stream": components["schemas"]["EventFrame"];
                 };
             };
@@ -1939,7 +1964,12 @@ export interface operations {
     };
     post_message_v1_sessions__session_id__messages_post: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Answer once the turn has ended, with the turn; 504 `wait_timeout` (with the turn id) if the limit passes first, while the turn goes on. */
+                wait?: boolean;
+                /** @description With wait=true: the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT (default 300). */
+                timeout?: number | null;
+            };
             header?: {
                 /** @description Retries with the same key and body get the first answer; with another body, 422. */
                 "Idempotency-Key"?: string | null;
@@ -1955,7 +1985,16 @@ export interface operations {
             };
         };
         responses: {
-            /** @description Successful Response */
+            /** @description With wait=true: the turn that took the message, ended */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Turn"];
+                };
+            };
+            /** @description Stored; without wait=true */
             202: {
                 headers: {
                     [name: string]: unknown;
@@ -2042,6 +2081,15 @@ export interface operations {
             };
             /** @description Not ready */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description With wait=true: the wait's limit passed first (code `wait_timeout`). The turn goes on; `details.turn_id` (null while the message waits for a turn) lets the client wait again. */
+            504: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2229,7 +2277,12 @@ export interface operations {
     };
     get_turn_v1_sessions__session_id__turns__turn_id__get: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Answer once the turn has ended, with the turn; 504 `wait_timeout` (with the turn id) if the limit passes first, while the turn goes on. */
+                wait?: boolean;
+                /** @description With wait=true: the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT (default 300). */
+                timeout?: number | null;
+            };
             header?: never;
             path: {
                 session_id: string;
@@ -2270,6 +2323,15 @@ export interface operations {
             };
             /** @description Validation error */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description With wait=true: the wait's limit passed first (code `wait_timeout`). The turn goes on; `details.turn_id` (null while the message waits for a turn) lets the client wait again. */
+            504: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -1,12 +1,14 @@
-"""The session's Server-Sent Events stream, resumable from any position the log still holds."""
+"""The session's event stream, resumable from any position the log still holds: Server-Sent Events, or
+NDJSON (one event's JSON per line) for scripts. Both come from the same subscription, with the same
+limits, heartbeats, slow-client drop and shutdown; only the framing differs."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
@@ -15,6 +17,7 @@ from app.api.responses import v1_errors
 from app.broker import Subscription
 from app.errors import ApiError
 from app.limits import StreamLease
+from app.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["events"])
 
@@ -43,7 +46,13 @@ server shuts down, sees its stream end: reconnecting with Last-Event-ID loses no
 
 The API key goes in the `Authorization` header or, for EventSource (which cannot set headers), in the
 `access_token` query parameter; over TLS only, since URLs are kept in browser histories and proxy logs.
-A principal may hold `PARLEY_MAX_STREAMS_PER_PRINCIPAL` streams at once; one more gets 429."""
+A principal may hold `PARLEY_MAX_STREAMS_PER_PRINCIPAL` streams at once; one more gets 429.
+
+`Accept: application/x-ndjson` (or `format=ndjson`, which wins over the header) gives the same events as
+NDJSON for scripts and jq: each event's JSON, exactly the bytes of its SSE `data:`, on a line of its
+own; a blank line is the heartbeat. Resuming works the same way (`after`, `Last-Event-ID`)."""
+
+StreamFormat = Literal["sse", "ndjson"]
 
 
 class InvalidPosition(ApiError):
@@ -66,11 +75,35 @@ def resume_position(last_event_id: str | None, after: str | None) -> int | None:
     )
 
 
+def wants_ndjson(format: StreamFormat | None, accept: str | None) -> bool:
+    """`format` when given; else NDJSON when Accept names application/x-ndjson (q > 0) and does not
+    prefer text/event-stream. Wildcards choose nothing: curl's `*/*` and EventSource get SSE."""
+    if format is not None:
+        return format == "ndjson"
+    weights: dict[str, float] = {}
+    for item in (accept or "").split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        weight = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        weights[media.lower()] = max(weight, weights.get(media.lower(), 0.0))
+    ndjson = weights.get(NDJSON_MEDIA_TYPE, 0.0)
+    return ndjson > 0 and ndjson >= weights.get(STREAM_MEDIA_TYPE, 0.0)
+
+
 @router.get(
     "/events",
     response_class=EventSourceResponse,
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "The event stream"},
+        200: {
+            "content": {STREAM_MEDIA_TYPE: {}, NDJSON_MEDIA_TYPE: {}},
+            "description": "The event stream: SSE, or NDJSON when asked for",
+        },
         **v1_errors(400, 404, 429, 503),
     },
     description=_STREAM_DOC,
@@ -79,12 +112,21 @@ async def stream_events(
     session_id: str,
     services: ServicesDep,
     principal: StreamPrincipalDep,
+    request: Request,
     after: Annotated[str | None, Query(description="Resume after this event id (seq).")] = None,
     last_event_id: Annotated[
         str | None, Header(alias="Last-Event-ID", description="Resume after this event id; wins over after.")
     ] = None,
+    format: Annotated[
+        StreamFormat | None,
+        Query(
+            description="`ndjson`: one event's JSON per line (as `Accept: application/x-ndjson` asks); "
+            "`sse`: Server-Sent Events. Without it the Accept header decides, and SSE is the default."
+        ),
+    ] = None,
 ) -> EventSourceResponse:
     position = resume_position(last_event_id, after)
+    ndjson = wants_ndjson(format, request.headers.get("accept"))
     await services.chat.get_row(principal, session_id)
     lease = services.streams.acquire(principal)
     try:
@@ -94,9 +136,15 @@ async def stream_events(
         lease.release()
         raise
     settings = services.settings
+    body: AsyncIterator[ServerSentEvent | bytes] = (
+        _lines(subscription, lease) if ndjson else _frames(subscription, lease, settings.sse_retry_ms)
+    )
+    # The same response for both: its ping, send timeout (slow clients), disconnect and shutdown handling.
     return EventSourceResponse(
-        _frames(subscription, lease, settings.sse_retry_ms),
+        body,
+        media_type=NDJSON_MEDIA_TYPE if ndjson else STREAM_MEDIA_TYPE,
         ping=settings.sse_ping_interval,
+        ping_message_factory=_BlankLine if ndjson else None,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         send_timeout=SEND_TIMEOUT,
         # Also when the body never starts (HEAD, a client gone at once): nothing is left subscribed.
@@ -121,3 +169,21 @@ async def _frames(
                 yield b"".join([frame.sse() for frame in batch[start : start + SEND_FRAMES]])
     finally:
         _end(subscription, lease)
+
+
+async def _lines(subscription: Subscription, lease: StreamLease) -> AsyncIterator[bytes]:
+    """NDJSON: each frame's data (the JSON of its SSE `data:`, which never holds a raw newline) and a
+    newline; like `_frames`, one body chunk per committed batch."""
+    try:
+        async for batch in subscription.batches():
+            for start in range(0, len(batch), SEND_FRAMES):
+                yield "".join([f"{frame.data}\n" for frame in batch[start : start + SEND_FRAMES]]).encode()
+    finally:
+        _end(subscription, lease)
+
+
+class _BlankLine(ServerSentEvent):
+    """The NDJSON heartbeat: an empty line, which line readers skip and jq reads as whitespace."""
+
+    def encode(self) -> bytes:
+        return b"\n"

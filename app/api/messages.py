@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
+from app import turns
 from app.api.deps import ChatDep, IdempotencyKey, MessagePosterDep, PrincipalDep
 from app.api.responses import v1_errors
+from app.api.turns import DatabaseDep
+from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
 from app.schemas import (
     CancelRequest,
     CancelResult,
@@ -17,28 +20,60 @@ from app.schemas import (
     QueuedMessage,
     QueueList,
 )
+from app.turns import Turn
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["messages"])
+
+
+_POST_DOC = """Store a user message (durably, before answering): it starts a turn, or waits as `delivery`
+says.
+
+With `wait=true` the answer comes once the turn that takes the message has ended: 200 with that turn, as
+`GET .../turns/{turn_id}` shows it (its `status` says how it ended). A message that waits behind a running
+turn is answered with the later turn that takes it. Nothing is sent before the answer; if `timeout` (or
+PARLEY_WAIT_TIMEOUT) passes first: 504 `wait_timeout` with `details.turn_id` (null while the message waits
+for a turn) and `details.message_id`; the turn goes on, and `GET .../turns/{turn_id}?wait=true` waits
+again. A retry with the same Idempotency-Key waits for the same message's turn. A client that disconnects
+stops its wait, never the turn. 409 `withdrawn` if the message is withdrawn before a turn takes it."""
 
 
 @router.post(
     "/messages",
     status_code=status.HTTP_202_ACCEPTED,
-    responses=v1_errors(400, 404, 409, 413, 415, 422, 429, 503),
+    response_model=None,
+    responses={
+        202: {"model": MessageAccepted, "description": "Stored; without wait=true"},
+        200: {"model": Turn, "description": "With wait=true: the turn that took the message, ended"},
+        **v1_errors(400, 404, 409, 413, 415, 422, 429, 503),
+        **WAIT_TIMEOUT_RESPONSE,
+    },
+    description=_POST_DOC,
 )
 async def post_message(
     session_id: str,
     body: MessageCreate,
     chat: ChatDep,
     principal: MessagePosterDep,
+    database: DatabaseDep,
+    request: Request,
     response: Response,
+    wait: WaitDep,
     idempotency_key: IdempotencyKey = None,
-) -> MessageAccepted:
-    """Store a user message (durably, before answering); it starts a turn, or waits as `delivery` says."""
-    accepted, replayed = await chat.post_message(principal, session_id, body, idempotency_key=idempotency_key)
+) -> MessageAccepted | Turn:
+    answer: MessageAccepted | Turn
+    if wait is None:
+        answer, replayed = await chat.post_message(
+            principal, session_id, body, idempotency_key=idempotency_key
+        )
+    else:
+        waiting = turns.post_and_wait(
+            database, chat, principal, session_id, body, idempotency_key=idempotency_key, timeout=wait.timeout
+        )
+        answer, replayed = await unless_disconnected(request, waiting)
+        response.status_code = status.HTTP_200_OK
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    return accepted
+    return answer
 
 
 @router.get("/messages", responses=v1_errors(400, 404, 422))

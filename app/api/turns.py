@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from app import turns
 from app.api.deps import ChatDep, PrincipalDep
 from app.api.responses import v1_errors
+from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
 from app.db import Database
 from app.turns import Turn, TurnPage
 
@@ -38,9 +39,18 @@ async def list_turns(
     return await turns.list_turns(database, chat, principal, session_id, limit=limit, before=before)
 
 
-@router.get("/{turn_id}", responses=v1_errors(404, 422))
+@router.get("/{turn_id}", responses={**v1_errors(404, 422), **WAIT_TIMEOUT_RESPONSE})
 async def get_turn(
-    session_id: str, turn_id: str, chat: ChatDep, principal: PrincipalDep, database: DatabaseDep
+    session_id: str,
+    turn_id: str,
+    chat: ChatDep,
+    principal: PrincipalDep,
+    database: DatabaseDep,
+    request: Request,
+    wait: WaitDep,
 ) -> Turn:
-    """One turn with its user input, nodes, status, times and final answer."""
-    return await turns.get_turn(database, chat, principal, session_id, turn_id)
+    """One turn with its user input, nodes, status, times and final answer; with `wait=true`, once ended."""
+    if wait is None:
+        return await turns.get_turn(database, chat, principal, session_id, turn_id)
+    waiting = turns.wait_turn(database, chat, principal, session_id, turn_id, timeout=wait.timeout)
+    return await unless_disconnected(request, waiting)

@@ -96,6 +96,23 @@ CASES = [
     Bad("unknown history cursor", "GET", MESSAGES, 400, "invalid_cursor", params={"after": "m_0000000000"}),
     Bad("limit out of range", "GET", "/v1/sessions", 422, "validation_error", params={"limit": "0"},
         field="query.limit"),
+    Bad("wait that is not a boolean", "POST", MESSAGES, 422, "validation_error", json={"content": "hi"},
+        params={"wait": "maybe"}, field="query.wait", type="bool_parsing"),
+    Bad("wait timeout of zero", "POST", MESSAGES, 422, "validation_error", json={"content": "hi"},
+        params={"wait": "true", "timeout": "0"}, field="query.timeout", type="greater_than"),
+    Bad("negative wait timeout", "POST", MESSAGES, 422, "validation_error", json={"content": "hi"},
+        params={"wait": "true", "timeout": "-5"}, field="query.timeout", type="greater_than"),
+    Bad("wait timeout that is not a number", "POST", MESSAGES, 422, "validation_error",
+        json={"content": "hi"}, params={"wait": "true", "timeout": "soon"}, field="query.timeout",
+        type="float_parsing"),
+    Bad("infinite wait timeout", "POST", MESSAGES, 422, "validation_error", json={"content": "hi"},
+        params={"wait": "true", "timeout": "inf"}, field="query.timeout", type="finite_number"),
+    Bad("wait timeout without wait", "POST", MESSAGES, 422, "validation_error", json={"content": "hi"},
+        params={"timeout": "10"}, field="query.timeout", type="wait_required", says="not valid"),
+    Bad("turn wait that is not a boolean", "GET", "/v1/sessions/{sid}/turns/t_000000000000", 422,
+        "validation_error", params={"wait": "yes please"}, field="query.wait", type="bool_parsing"),
+    Bad("unknown stream format", "GET", "/v1/sessions/{sid}/events", 422, "validation_error",
+        params={"format": "xml"}, field="query.format", type="literal_error"),
 ]  # fmt: skip
 
 

@@ -79,8 +79,12 @@ def test_every_event_is_a_component_and_a_member_of_the_discriminated_union(spec
 def test_the_stream_is_documented_as_text_event_stream_of_events(spec: dict[str, Any]) -> None:
     operation = spec["paths"]["/v1/sessions/{session_id}/events"]["get"]
     assert operation["responses"]["200"]["content"] == {
-        "text/event-stream": {"schema": {"$ref": SCHEMAS + "EventFrame"}}
+        "text/event-stream": {"schema": {"$ref": SCHEMAS + "EventFrame"}},
+        "application/x-ndjson": {"schema": {"$ref": SCHEMAS + "Event"}},
     }
+    [format_] = [p for p in operation["parameters"] if p["name"] == "format"]
+    assert format_["in"] == "query" and "Accept" in format_["description"]
+    assert {"enum": ["sse", "ndjson"], "type": "string"} in format_["schema"]["anyOf"]
     frame = spec["components"]["schemas"]["EventFrame"]
     assert frame["required"] == ["id", "event", "data"]
     data = frame["properties"]["data"]
@@ -91,6 +95,27 @@ def test_the_stream_is_documented_as_text_event_stream_of_events(spec: dict[str,
     description = operation["description"]
     for word in ("id:", "event:", "data:", "seq", ": ping", "retry:", "resync", "Last-Event-ID", "after"):
         assert word in description, word
+    for word in ("application/x-ndjson", "format=ndjson", "blank line", "jq"):
+        assert word in description, word
+
+
+def json_of(name: str) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": SCHEMAS + name}}}
+
+
+def test_the_waiting_routes_document_wait_timeout_the_turn_and_the_504(spec: dict[str, Any]) -> None:
+    post = spec["paths"]["/v1/sessions/{session_id}/messages"]["post"]
+    turn = spec["paths"]["/v1/sessions/{session_id}/turns/{turn_id}"]["get"]
+    assert post["responses"]["202"]["content"] == json_of("MessageAccepted")
+    assert post["responses"]["200"]["content"] == json_of("Turn")
+    assert turn["responses"]["200"]["content"] == json_of("Turn")
+    for operation in (post, turn):
+        assert operation["responses"]["504"]["content"] == json_of("ErrorResponse")
+        assert "wait_timeout" in operation["responses"]["504"]["description"]
+        params = {p["name"]: p for p in operation["parameters"] if p["in"] == "query"}
+        assert (params["wait"]["schema"]["type"], params["wait"]["schema"]["default"]) == ("boolean", False)
+        assert {"type": "number", "exclusiveMinimum": 0.0} in params["timeout"]["schema"]["anyOf"]
+        assert "PARLEY_WAIT_TIMEOUT" in params["timeout"]["description"]
 
 
 def test_every_route_documents_its_errors_as_error_responses(spec: dict[str, Any]) -> None:

@@ -1,0 +1,348 @@
+"""`?wait=true` over a real socket: a post answered with the ended turn that took it, and the turn route's
+wait. Turns that must stay running call the `slow` tool on a gate the test opens (the demo model calls it
+for `[call:slow {"gate": ...}]`), so no outcome here depends on how fast the machine is."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from app.settings import Settings
+from tests.interrupt.conftest import SlowTool, build_registry
+from tests.support.server import LiveServer, live_server
+
+pytestmark = pytest.mark.anyio
+
+WAIT = {"wait": "true"}
+# Safety nets only: every wait below ends on an event the test causes.
+SAFETY = 30.0
+
+
+@pytest.fixture
+def slow_tool() -> Iterator[SlowTool]:
+    tool = SlowTool()
+    yield tool
+    tool.release_all()
+
+
+@pytest.fixture
+def server(settings: Settings, slow_tool: SlowTool) -> Iterator[LiveServer]:
+    with live_server(settings, tools=build_registry(slow_tool)) as running:
+        yield running
+
+
+def gated(gate: str) -> str:
+    return f"[call:slow {json.dumps({'gate': gate})}]"
+
+
+async def _session(client: httpx.AsyncClient) -> str:
+    response = await client.post("/v1/sessions", json={})
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+async def _until(check: Callable[[], Any], what: str) -> None:
+    """Polls a condition the test itself brings about; the time limit only keeps a broken run finite."""
+    async with asyncio.timeout(SAFETY):
+        while True:
+            if await _value(check()):
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError(what)  # pragma: no cover (the timeout raises first)
+
+
+async def _value(value: Any) -> Any:
+    return await value if asyncio.iscoroutine(value) else value
+
+
+async def _queued(client: httpx.AsyncClient, sid: str, content: str) -> dict[str, Any]:
+    """The waiting message with that content, once the queue shows it."""
+    found: list[dict[str, Any]] = []
+
+    async def listed() -> bool:
+        queue = (await client.get(f"/v1/sessions/{sid}/queue")).json()["queue"]
+        found[:] = [m for m in queue if m["content"] == content]
+        return bool(found)
+
+    await _until(listed, f"{content!r} waits in the queue")
+    return found[0]
+
+
+async def _running_turn(client: httpx.AsyncClient, sid: str) -> str:
+    turn_id = (await client.get(f"/v1/sessions/{sid}")).json()["running_turn_id"]
+    assert turn_id is not None
+    return str(turn_id)
+
+
+def _error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"code", "message", "details", "request_id"}
+    assert (error["code"], error["request_id"]) == (code, response.headers["x-request-id"])
+    return error
+
+
+async def test_wait_answers_with_the_ended_turn_and_its_tool_round(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
+        sid = await _session(client)
+        posted = await client.post(
+            f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": "what time is it?"}
+        )
+        assert posted.status_code == 200, posted.text
+        turn = posted.json()
+        read = await client.get(f"/v1/sessions/{sid}/turns/{turn['turn_id']}")
+        again = await client.get(f"/v1/sessions/{sid}/turns/{turn['turn_id']}", params=WAIT)
+        history = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
+
+    assert "idempotent-replayed" not in posted.headers
+    # The turn view's model, read once the turn ended; waiting on an ended turn answers at once with it.
+    assert turn == read.json() == again.json()
+    assert turn["status"] == "completed" and turn["ended_at"] is not None and turn["error"] is None
+    [user] = turn["user_messages"]
+    assert (user["content"], user["sender"]) == ("what time is it?", "User")
+    assert [n["kind"] for n in turn["nodes"]] == ["llm", "tool", "llm"]
+    tool = turn["nodes"][1]
+    assert tool["tool_name"] == "current_time" and tool["is_error"] is False and tool["result"]
+    assert turn["final_answer"] == turn["nodes"][-1]["content"] != ""
+    assert [m["type"] for m in history][-1] == "turn_done"
+
+
+async def test_a_message_queued_behind_a_running_turn_gets_the_later_turn(
+    server: LiveServer, slow_tool: SlowTool
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
+        sid = await _session(client)
+        first = await client.post(f"/v1/sessions/{sid}/messages", json={"content": gated("first")})
+        assert first.status_code == 202, first.text
+        await _until(lambda: "first" in slow_tool.started, "the first turn is in its tool")
+        waiting = asyncio.create_task(
+            client.post(
+                f"/v1/sessions/{sid}/messages",
+                params=WAIT,
+                json={"content": "and then?", "delivery": "queue", "client_message_id": "c-1"},
+            )
+        )
+        queued = await _queued(client, sid, "and then?")
+        assert not waiting.done()
+        slow_tool.release("first")
+        answered = await waiting
+        earlier = (await client.get(f"/v1/sessions/{sid}/turns/{first.json()['turn_id']}")).json()
+
+    assert answered.status_code == 200, answered.text
+    turn = answered.json()
+    assert turn["turn_id"] != first.json()["turn_id"]
+    assert [(m["id"], m["content"], m["client_message_id"]) for m in turn["user_messages"]] == [
+        (queued["id"], "and then?", "c-1")
+    ]
+    assert turn["status"] == "completed" and turn["final_answer"]
+    assert earlier["status"] == "completed"
+
+
+async def test_a_stop_during_the_wait_answers_with_the_cancelled_turn(
+    server: LiveServer, slow_tool: SlowTool
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
+        sid = await _session(client)
+        waiting = asyncio.create_task(
+            client.post(f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": gated("never")})
+        )
+        await _until(lambda: "never" in slow_tool.started, "the turn is in its tool")
+        stopped = await client.post(f"/v1/sessions/{sid}/cancel")
+        answered = await waiting
+
+    assert stopped.status_code == 202, stopped.text
+    assert answered.status_code == 200, answered.text
+    turn = answered.json()
+    assert (turn["turn_id"], turn["status"]) == (stopped.json()["turn_id"], "cancelled")
+    assert turn["nodes"][-1]["kind"] == "tool" and turn["nodes"][-1]["interrupted"] is True
+    assert slow_tool.cancelled == ["never"]
+
+
+async def test_past_its_limit_a_wait_is_a_504_with_the_turn_id_and_the_turn_goes_on(
+    server: LiveServer, slow_tool: SlowTool
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
+        sid = await _session(client)
+        # The gate stays shut until the 504 is in: the turn cannot end before it.
+        late = await client.post(
+            f"/v1/sessions/{sid}/messages", params={**WAIT, "timeout": "0.2"}, json={"content": gated("late")}
+        )
+        error = _error(late, 504, "wait_timeout")
+        turn_id, message_id = error["details"]["turn_id"], error["details"]["message_id"]
+        assert error["details"]["timeout"] == 0.2
+        session = (await client.get(f"/v1/sessions/{sid}")).json()
+        running = (await client.get(f"/v1/sessions/{sid}/turns/{turn_id}")).json()
+        again = await client.get(f"/v1/sessions/{sid}/turns/{turn_id}", params={**WAIT, "timeout": "0.2"})
+        waiting = asyncio.create_task(client.get(f"/v1/sessions/{sid}/turns/{turn_id}", params=WAIT))
+        slow_tool.release("late")
+        answered = await waiting
+
+    assert session["running_turn_id"] == turn_id and running["status"] == "running"
+    assert [m["id"] for m in running["user_messages"]] == [message_id]
+    assert _error(again, 504, "wait_timeout")["details"] == {
+        "turn_id": turn_id,
+        "message_id": None,
+        "timeout": 0.2,
+    }
+    assert answered.status_code == 200, answered.text
+    turn = answered.json()
+    assert (turn["turn_id"], turn["status"]) == (turn_id, "completed")
+    assert slow_tool.finished == ["late"] and slow_tool.cancelled == []
+
+
+async def test_a_queued_message_past_its_limit_has_no_turn_yet_and_a_retry_waits_for_its_turn(
+    server: LiveServer, slow_tool: SlowTool
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
+        sid = await _session(client)
+        first = await client.post(f"/v1/sessions/{sid}/messages", json={"content": gated("hold")})
+        await _until(lambda: "hold" in slow_tool.started, "the first turn is in its tool")
+        body = {"content": "after that", "delivery": "queue"}
+        key = {"Idempotency-Key": "wait-retry-1"}
+        late = await client.post(
+            f"/v1/sessions/{sid}/messages", params={**WAIT, "timeout": "0.1"}, json=body, headers=key
+        )
+        queue = (await client.get(f"/v1/sessions/{sid}/queue")).json()["queue"]
+        slow_tool.release("hold")
+        retried = await client.post(f"/v1/sessions/{sid}/messages", params=WAIT, json=body, headers=key)
+        history = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
+
+    error = _error(late, 504, "wait_timeout")
+    message_id = error["details"]["message_id"]
+    assert error["details"]["turn_id"] is None
+    assert [m["id"] for m in queue] == [message_id]
+    assert retried.status_code == 200, retried.text
+    assert retried.headers["idempotent-replayed"] == "true"
+    turn = retried.json()
+    assert turn["turn_id"] != first.json()["turn_id"] and turn["status"] == "completed"
+    assert [m["id"] for m in turn["user_messages"]] == [message_id]
+    # The retry waited for the stored message: it did not post it again.
+    assert [m["content"] for m in history if m.get("role") == "user"] == [gated("hold"), "after that"]
+
+
+async def test_an_idempotent_retry_with_wait_waits_for_the_first_posts_turn(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
+        sid = await _session(client)
+        key = {"Idempotency-Key": "wait-retry-2"}
+        body = {"content": "what is 2+3*4?"}
+        posted = await client.post(f"/v1/sessions/{sid}/messages", json=body, headers=key)
+        retried = await client.post(f"/v1/sessions/{sid}/messages", params=WAIT, json=body, headers=key)
+        history = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
+
+    assert posted.status_code == 202, posted.text
+    assert retried.status_code == 200 and retried.headers["idempotent-replayed"] == "true"
+    turn = retried.json()
+    assert turn["turn_id"] == posted.json()["turn_id"] and turn["status"] == "completed"
+    assert [m["id"] for m in turn["user_messages"]] == [posted.json()["id"]]
+    assert [m["content"] for m in history if m.get("role") == "user"] == ["what is 2+3*4?"]
+
+
+async def test_a_waiter_that_disconnects_stops_waiting_and_the_turn_goes_on(
+    server: LiveServer, slow_tool: SlowTool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="app.errors")
+    async with (
+        httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client,
+        httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as leaving,
+    ):
+        sid = await _session(client)
+        waiting = asyncio.create_task(
+            leaving.post(f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": gated("gone")})
+        )
+        await _until(lambda: "gone" in slow_tool.started, "the turn is in its tool")
+        turn_id = await _running_turn(client, sid)
+        waiting.cancel()  # closes the connection: what a script's Ctrl-C does
+        await asyncio.gather(waiting, return_exceptions=True)
+        await _until(
+            lambda: any("499 client_closed_request" in r.getMessage() for r in caplog.records),
+            "the server stopped the wait",
+        )
+        still = (await client.get(f"/v1/sessions/{sid}")).json()
+        slow_tool.release("gone")
+        ended = await client.get(f"/v1/sessions/{sid}/turns/{turn_id}", params=WAIT)
+
+    assert still["running_turn_id"] == turn_id and slow_tool.cancelled == []
+    assert ended.status_code == 200 and ended.json()["status"] == "completed"
+
+
+async def test_a_message_withdrawn_while_its_poster_waits_is_a_409(
+    server: LiveServer, slow_tool: SlowTool
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
+        sid = await _session(client)
+        await client.post(f"/v1/sessions/{sid}/messages", json={"content": gated("busy")})
+        await _until(lambda: "busy" in slow_tool.started, "the first turn is in its tool")
+        waiting = asyncio.create_task(
+            client.post(
+                f"/v1/sessions/{sid}/messages",
+                params=WAIT,
+                json={"content": "never mind", "delivery": "queue"},
+            )
+        )
+        queued = await _queued(client, sid, "never mind")
+        withdrawn = await client.delete(f"/v1/sessions/{sid}/queue/{queued['id']}")
+        answered = await waiting
+        slow_tool.release("busy")
+
+    assert withdrawn.status_code == 200, withdrawn.text
+    assert _error(answered, 409, "withdrawn")["details"] == {"message_id": queued["id"]}
+
+
+async def test_at_shutdown_a_waiter_gets_the_interrupted_turn_and_a_queued_ones_a_503(
+    server: LiveServer, slow_tool: SlowTool
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
+        sid = await _session(client)
+        running = asyncio.create_task(
+            client.post(f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": gated("down")})
+        )
+        await _until(lambda: "down" in slow_tool.started, "the turn is in its tool")
+        behind = asyncio.create_task(
+            client.post(
+                f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": "later", "delivery": "queue"}
+            )
+        )
+        queued = await _queued(client, sid, "later")
+        await asyncio.to_thread(server.drain)  # what SIGTERM starts
+        interrupted, refused = await running, await behind
+
+    assert interrupted.status_code == 200, interrupted.text
+    assert interrupted.json()["status"] == "interrupted"
+    # The message stays in the line: the next start of the server takes it.
+    assert _error(refused, 503, "unavailable")["details"] == {"message_id": queued["id"]}
+
+
+async def test_waiting_on_an_unknown_turn_is_a_404(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
+        sid = await _session(client)
+        response = await client.get(f"/v1/sessions/{sid}/turns/t_000000000000", params=WAIT)
+    _error(response, 404, "not_found")
+
+
+async def test_deleting_the_session_ends_its_waits_with_a_404(
+    server: LiveServer, slow_tool: SlowTool
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
+        sid = await _session(client)
+        running = asyncio.create_task(
+            client.post(f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": gated("deleted")})
+        )
+        await _until(lambda: "deleted" in slow_tool.started, "the turn is in its tool")
+        behind = asyncio.create_task(
+            client.post(
+                f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": "gone", "delivery": "queue"}
+            )
+        )
+        await _queued(client, sid, "gone")
+        deleted = await client.delete(f"/v1/sessions/{sid}")
+        answers = [await running, await behind]
+
+    assert deleted.status_code == 204, deleted.text
+    for answer in answers:
+        _error(answer, 404, "not_found")

@@ -1,0 +1,114 @@
+"""The README's reference tables follow the code: every event with every field, every setting with its
+environment variable and default. A field or a setting added without its row fails here."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin
+
+import pytest
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from app.events import Event
+from app.settings import Settings
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+COMMON = ("type", "seq", "session_id")  # every event has them: the section says so once
+
+
+def _section(heading: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def _rows(section: str, header: str) -> dict[str, list[str]]:
+    """The table under `header` (its first line): first cell, unquoted, to the other cells."""
+    lines = section[section.index(header) :].splitlines()
+    rows: dict[str, list[str]] = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        first, *cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[first.strip("`")] = cells
+    return rows
+
+
+def _names(text: str) -> set[str]:
+    """Every identifier quoted in the text: `a`, `b: {c, d}` give a, b, c and d."""
+    return {name for quoted in re.findall(r"`([^`]*)`", text) for name in re.findall(r"\w+", quoted)}
+
+
+def _event_models() -> list[type[BaseModel]]:
+    return list(get_args(get_args(Event)[0]))
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if get_origin(annotation) in (list, Union, types.UnionType):
+        return [model for arg in get_args(annotation) for model in _models_in(arg)]
+    return []
+
+
+def _fields(model: type[BaseModel], skip: tuple[str, ...] = ()) -> set[str]:
+    """The model's fields and, recursively, those of the models inside them."""
+    names: set[str] = set()
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        names.add(name)
+        for inner in _models_in(field.annotation):
+            names |= _fields(inner)
+    return names
+
+
+def test_the_event_table_lists_every_event_with_every_field() -> None:
+    section = _section("Events")
+    rows = _rows(section, "| type | fields |")
+    models = {model.model_fields["type"].default: model for model in _event_models()}
+    assert sorted(rows) == sorted(models), "one row per event type, and no other"
+    for type_, model in models.items():
+        missing = _fields(model, skip=COMMON) - _names(rows[type_][0])
+        assert not missing, f"README events table, {type_}: {sorted(missing)} missing"
+    assert all(f"`{name}`" in section for name in COMMON)
+
+
+def _documented_default(value: Any) -> str:
+    if value is None or value in ("", []):
+        return "none"
+    if isinstance(value, bool):
+        return "`1`" if value else "`0`"
+    return f"`{value}`"
+
+
+def _same(cell: str, expected: str) -> bool:
+    if cell == expected:
+        return True
+    try:  # `30` documents 30.0, `1.0` documents 1.0
+        return float(cell.strip("`")) == float(expected.strip("`"))
+    except ValueError:
+        return False
+
+
+@pytest.mark.parametrize("name", list(Settings.model_fields))
+def test_the_configuration_table_lists_every_setting_with_its_default(name: str) -> None:
+    rows = _rows(_section("Configuration"), "| variable | default | meaning |")
+    variable = f"PARLEY_{name.upper()}"
+    assert variable in rows, f"README configuration table: no row for {variable}"
+    field = Settings.model_fields[name]
+    default = field.get_default(call_default_factory=True)
+    assert default is not PydanticUndefined
+    cell, meaning = rows[variable]
+    assert _same(cell, _documented_default(default)), f"{variable}: README says {cell}, the code {default!r}"
+    assert meaning, f"{variable} has no meaning in the README"
+
+
+def test_the_configuration_table_has_no_setting_the_code_does_not_know() -> None:
+    rows = _rows(_section("Configuration"), "| variable | default | meaning |")
+    known = {f"PARLEY_{name.upper()}" for name in Settings.model_fields}
+    assert set(rows) <= known, sorted(set(rows) - known)
