@@ -5,10 +5,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.llm.types import ResolvedModel
+
+AdapterChoice = Literal["auto", "openai", "litellm"]
+"""How a provider's stream is read: "auto" picks the lean OpenAI-compatible reader where LiteLLM routes the
+model to an OpenAI-compatible chat-completions endpoint, "openai" forces that reader, "litellm" forces
+LiteLLM's own stream."""
 
 
 class ModelEntry(BaseModel):
@@ -23,6 +29,7 @@ class ProviderEntry(BaseModel):
     api_base: str | None = None
     api_key_env: str | None = None
     context_window: int | None = Field(None, gt=0)
+    adapter: AdapterChoice = "auto"
     models: list[str] | dict[str, ModelEntry] = Field(default_factory=list)
 
     def entries(self) -> dict[str, ModelEntry]:
@@ -52,6 +59,7 @@ class ConfiguredModel(BaseModel):
     api_base: str | None
     api_key_env: str | None
     context_window: int | None
+    adapter: AdapterChoice = "auto"
 
 
 class Catalog:
@@ -83,6 +91,7 @@ class Catalog:
                     api_base=provider.api_base,
                     api_key_env=provider.api_key_env,
                     context_window=entry.context_window or provider.context_window,
+                    adapter=provider.adapter,
                 )
         return cls(models)
 
@@ -91,6 +100,10 @@ class Catalog:
 
     def names(self) -> list[str]:
         return list(self._models)
+
+    def adapter(self, name: str) -> AdapterChoice:
+        configured = self._models.get(name)
+        return configured.adapter if configured is not None else "auto"
 
     def resolve(self, name: str, fallback_window: int | None) -> ResolvedModel:
         """Model entry > provider entry > the fallback (LiteLLM's table) > unknown."""

@@ -1,8 +1,7 @@
-"""Offline demo model "parley/demo": a LiteLLM custom provider that needs no API key and no network.
+"""Offline demo model "parley/demo": deterministic replies that need no API key and no network.
 
-It goes through the same `litellm.acompletion` path as real providers (chunk wrapping, tool-call deltas,
-finish and usage chunks), so `make run` and the tests exercise the real streaming code. Replies are
-deterministic functions of the messages and the offered tools:
+`DemoAdapter` streams the reply's parts in-process, paced on an absolute schedule (`PARLEY_DEMO_TOKEN_DELAY`
+per token). Replies are deterministic functions of the messages and the offered tools:
 
 - after tool results: a short answer that uses them;
 - a time/date question with `current_time` offered, or arithmetic with `calculate` offered: a short text,
@@ -13,8 +12,8 @@ deterministic functions of the messages and the offered tools:
 Triggers in the last user message: "[slow]" (10x slower tokens), "[long]" (~400 tokens) and
 "[call:NAME {json}]" (call NAME with that JSON, even if it is not offered).
 
-Import this module only after LITELLM_LOCAL_MODEL_COST_MAP=True is set: importing litellm otherwise
-fetches the cost map over the network.
+The same replies are also served through LiteLLM (demo_litellm.py), for comparison runs with
+`PARLEY_STREAM_ADAPTER=litellm`; this module does not import LiteLLM.
 """
 
 from __future__ import annotations
@@ -23,11 +22,11 @@ import asyncio
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict
+from typing import Any, Literal
 
-import litellm
+from app.llm.types import FinishPart, ModelRequest, StreamPart, TextPart, ToolCallPart, UsagePart
 
 PROVIDER = "parley"
 DEMO_MODEL = f"{PROVIDER}/demo"
@@ -40,7 +39,7 @@ _LONG_TOKENS = 400
 _ARG_FRAGMENT_CHARS = 8
 _ECHO_MAX_WORDS = 25
 _EXPLANATION = (
-    "This is Parley's offline demo model: it streams through the same LiteLLM code path as a real "
+    "This is Parley's offline demo model: it streams tokens, tool calls and usage just like a real "
     "provider, but its answers are fixed and need no API key or network."
 )
 _LONG_FILLER = "The long demo reply keeps streaming so that pacing, flushing and cancellation can be watched."
@@ -59,17 +58,6 @@ _CALL_RE = re.compile(r"\[call:([A-Za-z0-9_.-]+)")
 _TOKEN_RE = re.compile(r"\S+\s*")
 # Tool results the agent produces for failures; the demo model just echoes them back.
 _ERROR_PREFIXES = ("unknown tool", "tool '", "error", "invalid", "failed", "timeout", "timed out")
-
-
-class DemoChunk(TypedDict):
-    """The keys of litellm's `GenericStreamingChunk` (mypy sees litellm as Any, hence this mirror)."""
-
-    text: str
-    tool_use: dict[str, object] | None
-    is_finished: bool
-    finish_reason: str
-    usage: dict[str, int] | None
-    index: int
 
 
 @dataclass(frozen=True)
@@ -233,114 +221,66 @@ def _prompt_tokens(messages: Sequence[Mapping[str, object]], tools: object) -> i
     return max(1, (chars + len(json.dumps(tools or []))) // 4)
 
 
-def _fragments(call: _Call) -> list[dict[str, object]]:
+def _fragments(call: _Call, index: int) -> list[ToolCallPart]:
     """OpenAI-style tool-call deltas: id and name with empty arguments first, then argument pieces."""
     size = _ARG_FRAGMENT_CHARS
     pieces = [call.arguments[i : i + size] for i in range(0, len(call.arguments), size)]
-    fragments: list[dict[str, object]] = [{"id": call.id, "function": {"name": call.name, "arguments": ""}}]
-    fragments += [{"id": None, "function": {"name": None, "arguments": p}} for p in pieces]
-    return fragments
+    return [
+        ToolCallPart(index, call.id, call.name, ""),
+        *(ToolCallPart(index, None, None, piece) for piece in pieces),
+    ]
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _usage(prompt: int, completion: int) -> UsagePart:
+    return UsagePart(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def _chunk(text: str = "", tool_use: dict[str, object] | None = None) -> DemoChunk:
-    return {
-        "text": text,
-        "tool_use": tool_use,
-        "is_finished": False,
-        "finish_reason": "",
-        "usage": None,
-        "index": 0,
-    }
+async def demo_parts(
+    messages: Sequence[Mapping[str, object]], tools: object, token_delay: float
+) -> AsyncGenerator[StreamPart, None]:
+    """The reply as stream parts: text tokens, tool-call fragments, then the finish reason and usage.
+
+    Part n is due at start + n x delay (not delay after the previous one), so a loop that runs late
+    catches up instead of drifting. No try/except: a CancelledError from sleep reaches the consumer as is.
+    """
+    plan, slow = _plan(messages, tools)
+    parts: list[StreamPart] = [TextPart(token) for token in plan.tokens]
+    for index, call in enumerate(plan.calls):
+        parts.extend(_fragments(call, index))
+    delay = token_delay * (_SLOW_FACTOR if slow else 1)
+    if delay > 0:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for n, part in enumerate(parts, 1):
+            await asyncio.sleep(max(0.0, start + n * delay - loop.time()))
+            yield part
+    else:
+        for part in parts:
+            yield part
+    yield FinishPart(plan.finish_reason)
+    yield _usage(_prompt_tokens(messages, tools), len(parts))
 
 
-class DemoLLM(litellm.CustomLLM):  # type: ignore[misc]  # litellm is untyped (Any) for mypy
-    """The handler behind "parley/...". litellm strips the provider prefix: `model` arrives as "demo"."""
+def demo_completion(
+    messages: Sequence[Mapping[str, object]], tools: object
+) -> tuple[dict[str, Any], str, UsagePart]:
+    """The whole reply at once (for a non-streaming call): the assistant message, finish reason, usage."""
+    plan, _ = _plan(messages, tools)
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(plan.tokens) or None}
+    if plan.calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in plan.calls
+        ]
+    completion = len(plan.tokens) + sum(len(_fragments(c, i)) for i, c in enumerate(plan.calls))
+    return message, plan.finish_reason, _usage(_prompt_tokens(messages, tools), completion)
+
+
+class DemoAdapter:
+    """The demo model as a stream adapter: parts straight from the plan, no LiteLLM in the way."""
 
     def __init__(self, token_delay: float = DEFAULT_TOKEN_DELAY) -> None:
-        super().__init__()
         self.token_delay = token_delay
 
-    # litellm calls handlers with keyword arguments only (main.py `_complete_custom_providers`), so the
-    # dozen unused ones (api_base, api_key, logging_obj, timeout, ...) are absorbed by **_unused.
-    async def astreaming(
-        self,
-        *,
-        messages: Sequence[Mapping[str, object]],
-        optional_params: Mapping[str, object],
-        **_unused: object,
-    ) -> AsyncIterator[DemoChunk]:
-        tools = optional_params.get("tools")
-        plan, slow = _plan(messages, tools)
-        delay = self.token_delay * (_SLOW_FACTOR if slow else 1)
-        emitted = 0
-        # No try/except here: CancelledError from sleep must reach the consumer unchanged.
-        for token in plan.tokens:
-            if delay > 0:
-                await asyncio.sleep(delay)
-            emitted += 1
-            yield _chunk(text=token)
-        for index, call in enumerate(plan.calls):
-            for fragment in _fragments(call):
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                emitted += 1
-                yield _chunk(tool_use={**fragment, "type": "function", "index": index})
-        usage = _usage(_prompt_tokens(messages, tools), emitted)
-        yield {**_chunk(), "is_finished": True, "finish_reason": plan.finish_reason, "usage": usage}
-
-    async def acompletion(
-        self,
-        *,
-        model: str,
-        messages: Sequence[Mapping[str, object]],
-        optional_params: Mapping[str, object],
-        **_unused: object,
-    ) -> litellm.ModelResponse:
-        tools = optional_params.get("tools")
-        plan, _ = _plan(messages, tools)
-        message: dict[str, object] = {"role": "assistant", "content": "".join(plan.tokens) or None}
-        if plan.calls:
-            message["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in plan.calls
-            ]
-        completion = len(plan.tokens) + sum(len(_fragments(c)) for c in plan.calls)
-        return litellm.ModelResponse(
-            model=model,
-            choices=[{"index": 0, "finish_reason": plan.finish_reason, "message": message}],
-            usage=_usage(_prompt_tokens(messages, tools), completion),
-        )
-
-
-def register_demo(token_delay: float = DEFAULT_TOKEN_DELAY) -> None:
-    """Make "parley/demo" callable through litellm and known to `get_model_info`. Idempotent.
-
-    Mutates litellm's process-global state: call once at startup, never per request.
-    """
-    others = [item for item in litellm.custom_provider_map if item.get("provider") != PROVIDER]
-    litellm.custom_provider_map = [*others, {"provider": PROVIDER, "custom_handler": DemoLLM(token_delay)}]
-    # acompletion re-reads the map on every call (utils.function_setup -> custom_llm_setup), but until
-    # then "parley" is not in litellm.provider_list, so get_llm_provider("parley/demo") would fail.
-    litellm.utils.custom_llm_setup()
-    litellm.register_model(
-        {
-            DEMO_MODEL: {
-                "max_input_tokens": DEMO_CONTEXT_WINDOW,
-                "max_output_tokens": DEMO_MAX_OUTPUT_TOKENS,
-                "max_tokens": DEMO_MAX_OUTPUT_TOKENS,
-                "litellm_provider": PROVIDER,
-                "mode": "chat",
-                "supports_function_calling": True,
-                "supports_parallel_function_calling": True,
-                "input_cost_per_token": 0.0,
-                "output_cost_per_token": 0.0,
-                # Without the cache prices, register_model logs a WARNING for a model with custom pricing.
-                "cache_creation_input_token_cost": 0.0,
-                "cache_read_input_token_cost": 0.0,
-            }
-        }
-    )
+    def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
+        return demo_parts(request.messages, request.tools, self.token_delay)

@@ -1,18 +1,31 @@
 """The model layer: the only owner of the litellm module, loaded off the event loop at startup.
 
-`import litellm` costs seconds and ~190 MB; health, history and streams must not wait for it, so it is
-imported in a worker thread and everything that needs a model awaits `ready()`.
+`import litellm` costs seconds and ~170 MB; health, history and streams must not wait for it, so it is
+imported in a worker thread and everything that needs a model awaits `ready()`. It also picks the stream
+adapter of each model: the in-process demo, the lean OpenAI-compatible reader (one pooled httpx client),
+or LiteLLM's own stream on its worker thread (`adapter()`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import os
+import sys
+import threading
 from types import ModuleType
 
+import httpx
+
+from app.llm import lazy_encoding
 from app.llm.catalog import Catalog
+from app.llm.demo import DemoAdapter
 from app.llm.litellm_adapter import LiteLLMAdapter
+from app.llm.litellm_worker import LiteLLMWorker
+from app.llm.openai_compat import OpenAICompatAdapter, new_http_client
+from app.llm.routing import resolve_endpoint
 from app.llm.types import ModelAdapter, ResolvedModel
 from app.settings import DEMO_MODEL, Settings
 
@@ -25,7 +38,23 @@ def import_litellm() -> ModuleType:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
-    import litellm
+    first_import = "litellm" not in sys.modules
+    # tiktoken's default encoding (~40 MB) is built on first use instead of at import.
+    lazy_encoding.install()
+    # The import creates ~350k long-lived objects. While it runs, the collector's full passes over them
+    # held the GIL for 85-590 ms each (measured): the event loop, answering health meanwhile, stalled.
+    # So no collection during the import (it leaves ~2,000 garbage objects, measured), and afterwards the
+    # lot goes to the permanent generation: later full collections walk only what the service allocates
+    # (a full pass then took 0.1 ms instead of 560).
+    collecting = first_import and gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        import litellm
+    finally:
+        if collecting:
+            gc.freeze()
+            gc.enable()
 
     litellm.suppress_debug_info = True
     litellm.disable_hf_tokenizer_download = True
@@ -45,7 +74,10 @@ class ModelLayer:
         self._settings = settings
         self.catalog = Catalog.load(settings.models_file)
         self._litellm: ModuleType | None = None
-        self._adapter: ModelAdapter | None = None
+        self._litellm_adapter: LiteLLMAdapter | None = None
+        self._demo = DemoAdapter(settings.demo_token_delay)
+        self._worker = LiteLLMWorker()
+        self._http: httpx.AsyncClient | None = None
         self._loaded = asyncio.Event()
         self._load_error: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
@@ -56,11 +88,13 @@ class ModelLayer:
     async def _load(self) -> None:
         try:
             module = await asyncio.to_thread(import_litellm)
-            from app.llm.demo import register_demo
+            from app.llm.demo_litellm import register_demo
 
             register_demo(self._settings.demo_token_delay)
+            self._worker.start()
+            self._http = new_http_client()
             self._litellm = module
-            self._adapter = LiteLLMAdapter(module)
+            self._litellm_adapter = LiteLLMAdapter(module, self._worker)
         except BaseException as exc:
             log.exception("loading the model layer failed")
             self._load_error = exc
@@ -70,7 +104,12 @@ class ModelLayer:
 
     @property
     def is_ready(self) -> bool:
-        return self._adapter is not None
+        return self._litellm_adapter is not None
+
+    @property
+    def stream_thread(self) -> threading.Thread | None:
+        """The thread LiteLLM's streams run on, once loaded (None before, or if loading failed)."""
+        return self._worker.thread
 
     async def ready(self) -> ModuleType:
         await self._loaded.wait()
@@ -81,11 +120,28 @@ class ModelLayer:
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
+            await asyncio.wait([self._task])
+        litellm = self._litellm
+        await self._worker.stop(_forget_loop_clients(litellm) if litellm is not None else None)
+        if self._http is not None:
+            await self._http.aclose()
 
     async def adapter(self, model: ResolvedModel) -> ModelAdapter:
-        await self.ready()
-        assert self._adapter is not None
-        return self._adapter
+        """Demo in-process; otherwise the models file's `adapter` choice, unless PARLEY_STREAM_ADAPTER
+        forces LiteLLM everywhere; "auto" takes the lean reader where routing.py finds the model
+        OpenAI-compatible."""
+        litellm = await self.ready()
+        assert self._litellm_adapter is not None and self._http is not None
+        forced_litellm = self._settings.stream_adapter == "litellm"
+        if model.name == DEMO_MODEL:
+            return self._litellm_adapter if forced_litellm else self._demo
+        choice = self.catalog.adapter(model.name)
+        if forced_litellm or choice == "litellm":
+            return self._litellm_adapter
+        endpoint = resolve_endpoint(litellm, model, forced=choice == "openai")
+        if endpoint is None:
+            return self._litellm_adapter
+        return OpenAICompatAdapter(self._http, endpoint)
 
     async def is_known(self, model: str) -> bool:
         """Demo, models file, or a model LiteLLM can route (its cost table or a known provider prefix)."""
@@ -114,3 +170,25 @@ class ModelLayer:
     def model_names(self) -> list[str]:
         names = [DEMO_MODEL, *self.catalog.names()]
         return list(dict.fromkeys(names))
+
+
+async def _forget_loop_clients(litellm: ModuleType) -> None:
+    """Closes the SDK clients LiteLLM cached for the worker's loop (runs on it), and drops them.
+
+    The cache keys them by `id(loop)`: a later loop with a recycled id must not be handed a dead client.
+    """
+    cache = getattr(litellm, "in_memory_llm_clients_cache", None)
+    entries = getattr(cache, "cache_dict", None)
+    if not isinstance(entries, dict):
+        return
+    suffix = f"-{id(asyncio.get_running_loop())}"
+    for key in [k for k in entries if isinstance(k, str) and k.endswith(suffix)]:
+        client = entries.pop(key, None)
+        getattr(cache, "ttl_dict", {}).pop(key, None)
+        close = getattr(client, "aclose", None) or getattr(client, "close", None)
+        if close is None:
+            continue
+        with contextlib.suppress(Exception):
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result

@@ -1,12 +1,19 @@
-"""The LiteLLM stream adapter: any provider LiteLLM knows, read through `litellm.acompletion(stream=True)`."""
+"""The LiteLLM stream adapter: any provider LiteLLM knows, read through `litellm.acompletion(stream=True)`.
+
+The call, the iteration and `aclose` run on the `LiteLLMWorker`'s loop (see litellm_worker.py); errors are
+mapped there too, and the consumer's loop only receives batches of parts.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator
 from types import ModuleType
 from typing import Any
 
+from app.llm.litellm_worker import LiteLLMWorker, PartChannel
+from app.llm.provider_errors import call_failed, provider_error, server_failed
 from app.llm.types import (
     FinishPart,
     ModelRequest,
@@ -21,41 +28,75 @@ log = logging.getLogger(__name__)
 
 
 class LiteLLMAdapter:
-    def __init__(self, litellm: ModuleType) -> None:
+    def __init__(self, litellm: ModuleType, worker: LiteLLMWorker) -> None:
         self._litellm = litellm
+        self._worker = worker
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
-        kwargs: dict[str, Any] = {
-            "model": request.model.name,
-            "messages": list(request.messages),
-            "stream": True,
-            # A custom api_base gets no usage chunk unless asked for explicitly (notes §1).
-            "stream_options": {"include_usage": True},
-            # Retries belong to the agent, which knows whether output already reached clients.
-            "max_retries": 0,
-            "timeout": request.timeout,
-        }
-        if request.tools:
-            kwargs["tools"] = list(request.tools)
-        if request.model.api_base:
-            kwargs["api_base"] = request.model.api_base
-            # Local servers (vLLM, Ollama) take no key, but the openai client refuses to send none.
-            kwargs["api_key"] = request.model.api_key or "no-key"
-        elif request.model.api_key:
-            kwargs["api_key"] = request.model.api_key
+        channel = PartChannel(asyncio.get_running_loop())
+        running = self._worker.submit(self._pump(_arguments(request), channel))
         try:
-            response = await self._litellm.acompletion(**kwargs)
-        except Exception as exc:
-            raise map_error(self._litellm, exc, streamed=False) from exc
-        try:
-            async for chunk in response:
-                for part in _parts(chunk):
+            while True:
+                parts, ended, error = await channel.take()
+                for part in parts:
                     yield part
-        except Exception as exc:
-            raise map_error(self._litellm, exc, streamed=True) from exc
+                if ended:
+                    if error is not None:
+                        raise error
+                    return
         finally:
-            # Without aclose a cancelled or abandoned stream keeps the upstream request open (notes §4).
-            await response.aclose()
+            # Cancels the task on the worker's loop: its `finally` closes the upstream response there.
+            running.cancel()
+
+    async def _pump(self, kwargs: dict[str, Any], channel: PartChannel) -> None:
+        """Runs on the worker's loop: the whole LiteLLM call, its parts sent over in batches."""
+        litellm = self._litellm
+        error: ProviderError | None = provider_error("provider_stream_interrupted")
+        try:
+            try:
+                response = await litellm.acompletion(**kwargs)
+            except Exception as exc:
+                error = map_error(litellm, exc, streamed=False)
+                return
+            try:
+                async for chunk in response:
+                    parts = _parts(chunk)
+                    if parts:
+                        channel.put(parts)
+                error = None
+            except Exception as exc:
+                error = map_error(litellm, exc, streamed=True)
+            finally:
+                # Without aclose a cancelled or abandoned stream keeps the upstream request open (notes §4).
+                await response.aclose()
+        finally:
+            # Also when cancelled or shut down: the consumer must never wait for a stream that is gone.
+            channel.end(error)
+
+
+def _arguments(request: ModelRequest) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "model": request.model.name,
+        "messages": list(request.messages),
+        "stream": True,
+        # A custom api_base gets no usage chunk unless asked for explicitly (notes §1).
+        "stream_options": {"include_usage": True},
+        # Retries belong to the agent, which knows whether output already reached clients.
+        "max_retries": 0,
+        "timeout": request.timeout,
+    }
+    if request.tools:
+        kwargs["tools"] = list(request.tools)
+    if request.model.api_base:
+        kwargs["api_base"] = request.model.api_base
+        # Local servers (vLLM, Ollama) take no key, but the openai client refuses to send none.
+        kwargs["api_key"] = request.model.api_key or PLACEHOLDER_KEY
+    elif request.model.api_key:
+        kwargs["api_key"] = request.model.api_key
+    return kwargs
+
+
+PLACEHOLDER_KEY = "no-key"
 
 
 def _parts(chunk: Any) -> list[StreamPart]:
@@ -91,57 +132,36 @@ def _parts(chunk: Any) -> list[StreamPart]:
     return parts
 
 
+# ContextWindowExceededError subclasses BadRequestError: it comes first.
+_BY_CLASS = (
+    ("ContextWindowExceededError", "context_window_exceeded"),
+    ("AuthenticationError", "provider_auth_failed"),
+    ("RateLimitError", "provider_rate_limited"),
+    ("NotFoundError", "provider_model_not_found"),
+    ("BadRequestError", "provider_bad_request"),
+    ("Timeout", "provider_timeout"),
+    ("ServiceUnavailableError", "provider_unavailable"),
+)
+
+
 def map_error(litellm: ModuleType, exc: Exception, *, streamed: bool) -> ProviderError:
     """Turns LiteLLM's exception zoo (notes §6) into one error with a safe message and a stable code."""
     log.warning("provider call failed: %s: %s", type(exc).__name__, exc)
     status = getattr(exc, "status_code", None)
     mid_stream = getattr(getattr(litellm, "exceptions", None), "MidStreamFallbackError", None)
     if streamed or (mid_stream is not None and isinstance(exc, mid_stream)):
-        return ProviderError(
-            "provider_stream_interrupted",
-            "The model provider's stream broke off before the response was complete.",
-            status=status,
-            retryable=not streamed,
-        )
-    # ContextWindowExceededError subclasses BadRequestError: test it first.
-    table: list[tuple[str, str, str, bool]] = [
-        (
-            "ContextWindowExceededError",
-            "context_window_exceeded",
-            "The conversation no longer fits the model's context window.",
-            False,
-        ),
-        (
-            "AuthenticationError",
-            "provider_auth_failed",
-            "The model provider rejected the credentials (check the API key).",
-            False,
-        ),
-        ("RateLimitError", "provider_rate_limited", "The model provider is rate limiting requests.", True),
-        ("NotFoundError", "provider_model_not_found", "The model provider does not know this model.", False),
-        ("BadRequestError", "provider_bad_request", "The model provider rejected the request.", False),
-        ("Timeout", "provider_timeout", "The model provider did not answer in time.", True),
-        ("ServiceUnavailableError", "provider_unavailable", "The model provider is unavailable.", True),
-    ]
-    for class_name, code, message, retryable in table:
+        return provider_error("provider_stream_interrupted", status=status, retryable=not streamed)
+    for class_name, code in _BY_CLASS:
         cls = getattr(litellm, class_name, None)
         if cls is not None and isinstance(exc, cls):
-            return ProviderError(code, message, status=status, retryable=retryable)
+            return provider_error(code, status=status)
     text = str(exc)
     if "Missing credentials" in text or "api_key client option must be set" in text:
-        return ProviderError(
-            "provider_auth_missing",
-            "No API key is configured for this model's provider: set it in the server's environment.",
-            status=status,
-        )
+        return provider_error("provider_auth_missing", status=status)
     if "Connection error" in text or "Connect" in type(exc).__name__:
-        return ProviderError(
-            "provider_unreachable", "The model provider could not be reached.", status=status, retryable=True
-        )
+        return provider_error("provider_unreachable", status=status)
     if isinstance(status, int) and status >= 500:
-        return ProviderError(
-            "provider_error", f"The model provider failed (HTTP {status}).", status=status, retryable=True
-        )
+        return server_failed(status)
     if isinstance(status, int) and status == 403:
-        return ProviderError("provider_forbidden", "The model provider refused access.", status=status)
-    return ProviderError("provider_error", "The model call failed.", status=status)
+        return provider_error("provider_forbidden", status=status)
+    return call_failed(status)

@@ -1,8 +1,11 @@
-"""The real LiteLLM path against a fake OpenAI-compatible upstream over HTTP, configured by a models file.
+"""Both stream adapters against a fake OpenAI-compatible upstream over HTTP, configured by a models file.
 
-Covers text with usage, fragmented parallel tool calls, provider errors (with retries only before any
-output), a stream cut mid-way, and a model calling a tool that does not exist. Every request the
-upstream receives is checked against the strict (Anthropic-like) history rules.
+Every test runs twice: with `stream_adapter="auto"` ("openai/..." models take the lean OpenAI-compatible
+reader, LiteLLM still resolving them) and with `"litellm"` (LiteLLM's own stream, on its worker thread).
+Both must give the same events, the same error codes and the same retries. Covers text with usage,
+fragmented parallel tool calls, provider errors (with retries only before any output), streams cut or
+failing mid-way, timeouts, and a model calling a tool that does not exist. Every request the upstream
+receives is checked against the strict (Anthropic-like) history rules.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tests.support.sse import EventReader
 pytestmark = pytest.mark.anyio
 
 MODEL = "openai/fake-model"
+LEAN_USER_AGENT = "parley"
 
 
 @pytest.fixture
@@ -50,14 +54,32 @@ def _models_file(tmp_path: Path, api_base: str) -> Path:
     return path
 
 
+@pytest.fixture(params=["auto", "litellm"])
+def stream_adapter(request: pytest.FixtureRequest) -> str:
+    adapter: str = request.param
+    return adapter
+
+
 @pytest.fixture
-def server(
-    settings: Settings, upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[LiveServer]:
+def configured(
+    settings: Settings,
+    upstream: FakeUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stream_adapter: str,
+) -> Settings:
     monkeypatch.setenv("PARLEY_TEST_FAKE_KEY", "sk-test")
-    configured = settings.model_copy(
-        update={"models_file": _models_file(tmp_path, upstream.base_url), "default_model": MODEL}
+    return settings.model_copy(
+        update={
+            "models_file": _models_file(tmp_path, upstream.base_url),
+            "default_model": MODEL,
+            "stream_adapter": stream_adapter,
+        }
     )
+
+
+@pytest.fixture
+def server(configured: Settings) -> Iterator[LiveServer]:
     with live_server(configured) as running:
         yield running
 
@@ -95,7 +117,9 @@ def _assert_strictly_valid(upstream: FakeUpstream) -> None:
         assert validate_history(request.body["messages"]) == [], request.body["messages"]
 
 
-async def test_text_with_usage_and_the_configured_window(server: LiveServer, upstream: FakeUpstream) -> None:
+async def test_text_with_usage_and_the_configured_window(
+    server: LiveServer, upstream: FakeUpstream, stream_adapter: str
+) -> None:
     upstream.enqueue(Script.text("Hello from the fake upstream.", chunks=4, usage=(100, 7)))
     _, reader = await _turn(server, "hi")
     assert "".join(d["text"] for d in reader.of_type("text_delta")) == "Hello from the fake upstream."
@@ -109,6 +133,9 @@ async def test_text_with_usage_and_the_configured_window(server: LiveServer, ups
     assert request.headers["authorization"] == "Bearer sk-test"
     assert request.body["stream_options"] == {"include_usage": True}
     assert request.body["messages"] == [{"role": "user", "content": "hi"}]
+    assert request.body["model"] == "fake-model"  # the bare name, as LiteLLM resolves it
+    # Which reader sent it: the lean one names itself, LiteLLM's goes through the openai SDK.
+    assert (request.headers["user-agent"] == LEAN_USER_AGENT) is (stream_adapter == "auto")
 
 
 async def test_fragmented_parallel_tool_calls_then_answer(server: LiveServer, upstream: FakeUpstream) -> None:
@@ -160,8 +187,18 @@ async def test_unknown_tool_is_an_error_result_not_a_crash(
         (Script.error(401), "provider_auth_failed", 1),
         (Script.context_length_exceeded(), "context_window_exceeded", 1),
         (Script.error(400), "provider_bad_request", 1),
+        (Script.error(403), "provider_bad_request", 1),  # OpenAI's body says invalid_request_error
+        (Script.error(403, type="permission_error"), "provider_forbidden", 1),
+        (Script.error(404), "provider_model_not_found", 1),
+        (Script.error(422), "provider_bad_request", 1),
         (Script.error(500), "provider_error", 3),
+        (Script.error(502), "provider_error", 3),
+        (Script.error(503), "provider_unavailable", 3),
+        (Script.error(504), "provider_timeout", 3),
         (Script.error(429), "provider_rate_limited", 3),
+        (Script.cut("one two three", after=0), "provider_stream_interrupted", 1),
+        (Script.cut("one two three", after=1), "provider_stream_interrupted", 1),
+        (Script.text("one two three", error_after=1), "provider_stream_interrupted", 1),
     ],
 )
 async def test_provider_errors_fail_the_turn_cleanly(
@@ -214,6 +251,39 @@ async def test_stream_cut_midway_keeps_partial_text_and_is_not_retried(
     seen = upstream.requests[-1].body["messages"]
     assert seen[1] == {"role": "assistant", "content": f"{streamed}\n\n[interrupted]"}
     _assert_strictly_valid(upstream)
+
+
+@pytest.fixture
+def impatient_server(configured: Settings) -> Iterator[LiveServer]:
+    """provider_timeout 0.5 s: the longest wait for any one read from the provider."""
+    with live_server(configured.model_copy(update={"provider_timeout": 0.5})) as running:
+        yield running
+
+
+@pytest.mark.parametrize(
+    ("script", "code", "requests"),
+    [
+        (Script.hang(3), "provider_timeout", 3),  # no answer at all: retried
+        (Script.text("one two three", chunks=3, delay=1.5), "provider_stream_interrupted", 1),
+    ],
+)
+async def test_a_read_that_waits_too_long_fails_the_turn(
+    impatient_server: LiveServer, upstream: FakeUpstream, script: Script, code: str, requests: int
+) -> None:
+    upstream.enqueue(*([script] * requests))
+    _, reader = await _turn(impatient_server, "hi")
+    assert reader.of_type("error")[0]["code"] == code
+    assert len(upstream.requests) == requests
+    assert all(r.disconnected for r in upstream.requests)
+
+
+async def test_the_timeout_bounds_each_read_not_the_whole_stream(
+    impatient_server: LiveServer, upstream: FakeUpstream
+) -> None:
+    upstream.enqueue(Script.text("one two three four", chunks=4, delay=0.3))  # ~1.5 s in all
+    _, reader = await _turn(impatient_server, "hi")
+    assert reader.of_type("error") == []
+    assert "".join(d["text"] for d in reader.of_type("text_delta")) == "one two three four"
 
 
 async def test_unreachable_provider(server: LiveServer) -> None:

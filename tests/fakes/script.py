@@ -109,6 +109,8 @@ class Script:
     `cut_after` counts SSE events sent before the TCP connection is closed without the terminating
     zero-length chunk, the role chunk included (0 = headers only; len(events) = after `[DONE]`).
     `delay` is slept before every event but the first; `hang_before_headers` before anything is sent.
+    `error_after` replaces everything after that many events with one OpenAI-style `{"error": ...}` event
+    (what OpenAI sends when generation fails mid-stream); the body then ends normally, without `[DONE]`.
     `strict`/`forbid_tool_then_user` override the server's history validation for this request.
     """
 
@@ -121,6 +123,7 @@ class Script:
     usage: tuple[int, int] | None = (10, 5)
     http_error: HttpError | None = None
     cut_after: int | None = None
+    error_after: int | None = None
     hang_before_headers: float = 0.0
     strict: bool | None = None
     forbid_tool_then_user: bool | None = None
@@ -293,7 +296,11 @@ class Script:
                     "usage": usage,
                 }
             )
-        return [json.dumps(c, separators=(",", ":")).encode() for c in chunks] + [DONE_EVENT]
+        events = [json.dumps(c, separators=(",", ":")).encode() for c in chunks] + [DONE_EVENT]
+        if self.error_after is not None:
+            failure = error_body(500, "The server had an error while processing your request.")
+            return [*events[: self.error_after], json.dumps(failure, separators=(",", ":")).encode()]
+        return events
 
     def completion_body(self, *, model: str, completion_id: str) -> dict[str, Any]:
         """A complete non-streaming `chat.completion` object."""

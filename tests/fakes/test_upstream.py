@@ -307,6 +307,19 @@ def test_wire_cut_is_an_incomplete_chunked_body(upstream: FakeUpstream) -> None:
         resp.read()
 
 
+def test_wire_error_event_mid_stream(upstream: FakeUpstream) -> None:
+    upstream.enqueue(Script.text("one two three", chunks=3, error_after=2))
+    body = {"model": "m", "messages": USER, "stream": True}
+    with httpx.Client(base_url=upstream.base_url) as client:
+        resp = client.post("/chat/completions", json=body)
+    datas = [line[len("data: ") :] for line in resp.text.split("\n\n") if line.startswith("data: ")]
+    assert "[DONE]" not in datas  # the body ends cleanly, but the stream never finished
+    events = [json.loads(d) for d in datas]
+    assert [e["choices"][0]["delta"].get("content") for e in events[:2]] == ["", "one t"]
+    assert events[2]["error"]["type"] == "server_error"
+    assert len(events) == 3
+
+
 # ----- strict mode -------------------------------------------------------------------------------------
 
 ASK = {"role": "user", "content": "What time is it in Paris and Tokyo?"}

@@ -1,10 +1,11 @@
 """Interrupting a running agent: a strict upstream, a slow tool the test controls, and a live server.
 
-Every test in this folder runs the real LiteLLM path against a `FakeUpstream(strict=True)`, which answers
-400 to any history Anthropic's Messages API would refuse; a turn that sends an invalid history therefore
-fails visibly (error code `provider_bad_request`). The `slow` tool waits for a number of seconds or for a
-gate the test opens from its own thread (the server runs its event loop in another thread, so the tool
-polls a `threading.Event`), and records whether it finished or was cancelled.
+Every test in this folder runs the real model path (LiteLLM resolving the model, the stream read by the
+adapter `stream_adapter` picks; test_stop_points.py runs with both) against a `FakeUpstream(strict=True)`,
+which answers 400 to any history Anthropic's Messages API would refuse; a turn that sends an invalid
+history therefore fails visibly (error code `provider_bad_request`). The `slow` tool waits for a number
+of seconds or for a gate the test opens from its own thread (the server runs its event loop in another
+thread, so the tool polls a `threading.Event`), and records whether it finished or was cancelled.
 
 The helpers below are imported by the test modules (`from tests.interrupt.conftest import ...`).
 """
@@ -142,12 +143,21 @@ def write_models_file(tmp_path: Path, api_base: str) -> Path:
 
 
 @pytest.fixture
-def strict_settings(settings: Settings, upstream: FakeUpstream, tmp_path: Path) -> Settings:
+def stream_adapter() -> str:
+    """The lean OpenAI-compatible reader; a module overrides this to run its tests with LiteLLM's too."""
+    return "auto"
+
+
+@pytest.fixture
+def strict_settings(
+    settings: Settings, upstream: FakeUpstream, tmp_path: Path, stream_adapter: str
+) -> Settings:
     return settings.model_copy(
         update={
             "models_file": write_models_file(tmp_path, upstream.base_url),
             "default_model": MODEL,
             "tool_timeout": 20.0,
+            "stream_adapter": stream_adapter,
         }
     )
 

@@ -41,6 +41,15 @@ from tests.support.server import LiveServer
 pytestmark = pytest.mark.anyio
 
 HOW = pytest.mark.parametrize("how", ["cancel", "interrupt"])
+
+
+@pytest.fixture(params=["auto", "litellm"])
+def stream_adapter(request: pytest.FixtureRequest) -> str:
+    """Every stop point with both stream adapters: the lean reader and LiteLLM's stream on its thread."""
+    adapter: str = request.param
+    return adapter
+
+
 LONG_TEXT = " ".join(f"word{n}" for n in range(60))
 
 

@@ -111,6 +111,23 @@ def test_names_and_get(catalog: Catalog) -> None:
     )
 
 
+def test_the_adapter_is_a_provider_setting_auto_by_default(tmp_path: Path) -> None:
+    content = {
+        "providers": {
+            "plain": {"models": ["a"]},
+            "lean": {"adapter": "openai", "models": ["b"]},
+            "own": {"adapter": "litellm", "models": {"c": {}}},
+        }
+    }
+    catalog = Catalog.load(write(tmp_path, content))
+    assert [catalog.adapter(name) for name in ("a", "b", "c", "not-in-the-file")] == [
+        "auto",
+        "openai",
+        "litellm",
+        "auto",
+    ]
+
+
 def test_no_file_and_empty_files_mean_no_models(tmp_path: Path) -> None:
     assert Catalog.load(None).names() == []
     assert Catalog.load(write(tmp_path, {})).names() == []
@@ -130,6 +147,8 @@ INVALID: dict[str, Any] = {
     "negative_provider_window": {"providers": {"p": {"context_window": -5, "models": ["a"]}}},
     "window_not_a_number": {"providers": {"p": {"models": {"a": {"context_window": "big"}}}}},
     "listed_in_two_providers": {"providers": {"p": {"models": ["a"]}, "q": {"models": {"a": {}}}}},
+    "unknown_adapter": {"providers": {"p": {"adapter": "httpx", "models": ["a"]}}},
+    "adapter_on_a_model": {"providers": {"p": {"models": {"a": {"adapter": "openai"}}}}},
 }
 
 

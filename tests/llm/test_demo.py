@@ -1,4 +1,8 @@
-"""The demo model, driven through the real `litellm.acompletion` path (no network, no API key)."""
+"""The demo model: its replies through `DemoAdapter` (in-process), and the same replies through LiteLLM.
+
+No network, no API key. The reply tests drive the adapter the service uses; the last tests check the
+LiteLLM registration (model info, the custom provider behind `PARLEY_STREAM_ADAPTER=litellm`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -18,7 +21,17 @@ import litellm
 import pytest
 from litellm.types.utils import GenericStreamingChunk
 
-from app.llm.demo import DEMO_CONTEXT_WINDOW, DEMO_MODEL, DemoChunk, register_demo
+from app.llm.demo import DEMO_CONTEXT_WINDOW, DEMO_MODEL, DemoAdapter
+from app.llm.demo_litellm import DemoChunk, register_demo
+from app.llm.types import (
+    FinishPart,
+    ModelRequest,
+    ResolvedModel,
+    StreamPart,
+    TextPart,
+    ToolCallPart,
+    UsagePart,
+)
 
 litellm.suppress_debug_info = True
 
@@ -52,48 +65,38 @@ class Reply:
     fragments: int = 0
     finish: str | None = None
     usage: tuple[int, int, int] | None = None
-    usage_on_last_chunk: bool = False
+    usage_last: bool = False  # the usage came last, after everything else
 
 
-@pytest.fixture(autouse=True)
-def _demo() -> Iterator[None]:
-    register_demo(token_delay=0)
-    yield
-    register_demo(token_delay=0)
+def _request(messages: list[Message], tools: list[dict[str, object]] | None) -> ModelRequest:
+    return ModelRequest(ResolvedModel(DEMO_MODEL, DEMO_CONTEXT_WINDOW), messages, tools or [], 30.0)
 
 
-async def _stream(messages: list[Message], tools: list[dict[str, object]] | None = TOOLS) -> Reply:
-    stream = await litellm.acompletion(
-        model=DEMO_MODEL,
-        messages=messages,
-        tools=tools,
-        stream=True,
-        stream_options={"include_usage": True},
-        max_retries=0,
-    )
+def _collect(parts: list[StreamPart]) -> Reply:
     reply = Reply()
-    try:
-        async for chunk in stream:
-            usage = getattr(chunk, "usage", None)
-            reply.usage_on_last_chunk = usage is not None
-            if usage is not None:
-                reply.usage = (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
-            if not chunk.choices:
-                continue
-            delta = chunk.choices[0].delta
-            reply.text += delta.content or ""
-            for call in delta.tool_calls or []:
-                reply.fragments += 1
-                entry = reply.calls.setdefault(call.index, [call.id, call.function.name, ""])
-                entry[2] += call.function.arguments or ""
-            reply.finish = chunk.choices[0].finish_reason or reply.finish
-    finally:
-        await stream.aclose()
+    for part in parts:
+        reply.usage_last = isinstance(part, UsagePart)
+        if isinstance(part, TextPart):
+            reply.text += part.text
+        elif isinstance(part, ToolCallPart):
+            reply.fragments += 1
+            entry = reply.calls.setdefault(part.index, [part.id or "", part.name or "", ""])
+            entry[2] += part.arguments
+        elif isinstance(part, FinishPart):
+            reply.finish = part.reason
+        else:
+            reply.usage = (part.prompt_tokens, part.completion_tokens, part.total_tokens)
     return reply
 
 
+async def _parts(
+    adapter: DemoAdapter, messages: list[Message], tools: list[dict[str, object]] | None
+) -> list[StreamPart]:
+    return [part async for part in adapter.stream(_request(messages, tools))]
+
+
 def run(messages: list[Message], tools: list[dict[str, object]] | None = TOOLS) -> Reply:
-    return asyncio.run(_stream(messages, tools))
+    return _collect(asyncio.run(_parts(DemoAdapter(token_delay=0), messages, tools)))
 
 
 def user(text: str) -> list[Message]:
@@ -108,7 +111,7 @@ def test_plain_reply_is_deterministic_with_usage() -> None:
     assert 30 <= len(first.text.split()) <= 60
     assert first.finish == "stop"
     assert first.calls == {}
-    assert first.usage_on_last_chunk
+    assert first.usage_last
     assert first.usage is not None
     prompt, completion, total = first.usage
     assert prompt >= 1
@@ -197,13 +200,137 @@ def test_long_trigger() -> None:
     assert reply.usage[1] == 400
 
 
-def test_slow_trigger_paces_ten_times_slower() -> None:
-    register_demo(token_delay=0.001)
-    started = time.monotonic()
-    reply = run(user("Hello [slow]"))
-    assert time.monotonic() - started >= len(reply.text.split()) * 0.01
+# --- pacing: an absolute schedule, checked on a simulated clock ----------------------------------------
 
 
+@dataclass
+class SimulatedClock:
+    """Stands in for the loop's clock and `asyncio.sleep`: sleeping advances the time it reports."""
+
+    now: float = 0.0
+    sleeps: list[float] = field(default_factory=list)
+
+    def time(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def _paced(
+    monkeypatch: pytest.MonkeyPatch, text: str, delay: float, stall_after: int = 0, stall: float = 0.0
+) -> tuple[SimulatedClock, list[StreamPart]]:
+    clock = SimulatedClock()
+
+    async def scenario() -> list[StreamPart]:
+        monkeypatch.setattr(asyncio.get_running_loop(), "time", clock.time)
+        monkeypatch.setattr(asyncio, "sleep", clock.sleep)
+        received: list[StreamPart] = []
+        async for part in DemoAdapter(token_delay=delay).stream(_request(user(text), TOOLS)):
+            received.append(part)
+            if len(received) == stall_after:
+                clock.now += stall  # the consumer (or the whole loop) was busy for a while
+        return received
+
+    return clock, asyncio.run(scenario())
+
+
+def test_pacing_runs_on_an_absolute_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    steady, parts = _paced(monkeypatch, "Hello there", 0.02)
+    paced = len([p for p in parts if isinstance(p, TextPart | ToolCallPart)])
+    assert steady.now == pytest.approx(paced * 0.02)
+    stalled, again = _paced(monkeypatch, "Hello there", 0.02, stall_after=2, stall=0.1)
+    assert _collect(again) == _collect(parts)
+    # Part n is due at n x delay: the parts that fell due during the stall go out at once, and the
+    # stream still ends on time instead of 0.1 s late.
+    assert stalled.sleeps[2:6] == [0.0] * 4
+    assert stalled.now == pytest.approx(paced * 0.02)
+
+
+def test_slow_trigger_paces_ten_times_slower(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock, parts = _paced(monkeypatch, "Hello [slow]", 0.001)
+    paced = len([p for p in parts if isinstance(p, TextPart)])
+    assert clock.now == pytest.approx(paced * 0.01)
+
+
+def test_cancelling_a_paced_stream_stops_it_at_once() -> None:
+    async def scenario() -> tuple[int, int, bool]:
+        stream = DemoAdapter(token_delay=0.05).stream(_request(user("Hello"), TOOLS))
+        received: list[StreamPart] = []
+        mid_way = asyncio.Event()
+
+        async def consume() -> None:
+            async for part in stream:
+                received.append(part)
+                if len(received) == 3:
+                    mid_way.set()
+
+        task = asyncio.create_task(consume())
+        await mid_way.wait()
+        task.cancel()
+        await asyncio.sleep(0)  # one turn of the loop: the pending sleep raises CancelledError
+        done = task.done()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        total = len(await _parts(DemoAdapter(token_delay=0), user("Hello"), TOOLS))
+        return len(received), total, done
+
+    received, total, done = asyncio.run(scenario())
+    assert done
+    assert 3 <= received < total  # cut off mid-way
+
+
+# --- the LiteLLM side: model info, and the custom provider behind PARLEY_STREAM_ADAPTER=litellm ----------
+
+
+@pytest.fixture
+def _registered() -> Iterator[None]:
+    register_demo(token_delay=0)
+    yield
+    register_demo(token_delay=0)
+
+
+async def _through_litellm(messages: list[Message], tools: list[dict[str, object]] | None) -> Reply:
+    stream = await litellm.acompletion(
+        model=DEMO_MODEL,
+        messages=messages,
+        tools=tools,
+        stream=True,
+        stream_options={"include_usage": True},
+        max_retries=0,
+    )
+    reply = Reply()
+    try:
+        async for chunk in stream:
+            usage = getattr(chunk, "usage", None)
+            reply.usage_last = usage is not None
+            if usage is not None:
+                reply.usage = (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            reply.text += delta.content or ""
+            for call in delta.tool_calls or []:
+                reply.fragments += 1
+                entry = reply.calls.setdefault(call.index, [call.id, call.function.name, ""])
+                entry[2] += call.function.arguments or ""
+            reply.finish = chunk.choices[0].finish_reason or reply.finish
+    finally:
+        await stream.aclose()
+    return reply
+
+
+@pytest.mark.usefixtures("_registered")
+@pytest.mark.parametrize(
+    "text",
+    ["Tell me something nice about Tuesdays.", "What time is it, and what is 2 + 3 * 4?", "[call:nope {}]"],
+)
+def test_litellm_streams_the_same_reply(text: str) -> None:
+    assert asyncio.run(_through_litellm(user(text), TOOLS)) == run(user(text))
+
+
+@pytest.mark.usefixtures("_registered")
 def test_model_info_and_registration_is_idempotent() -> None:
     info = litellm.get_model_info(DEMO_MODEL)
     assert info["max_input_tokens"] == DEMO_CONTEXT_WINDOW == 32768
@@ -228,6 +355,7 @@ def test_chunk_mirror_matches_litellm() -> None:
     assert set(DemoChunk.__annotations__) <= set(GenericStreamingChunk.__annotations__)
 
 
+@pytest.mark.usefixtures("_registered")
 def test_non_streaming_acompletion() -> None:
     async def call() -> tuple[str, object, object, int]:
         response = await litellm.acompletion(
@@ -240,34 +368,3 @@ def test_non_streaming_acompletion() -> None:
     finish, name, arguments, total = asyncio.run(call())
     assert (finish, name, arguments) == ("tool_calls", "calculate", '{"expression": "6 * 7"}')
     assert total > 0
-
-
-def test_cancelling_paced_stream_is_prompt() -> None:
-    register_demo(token_delay=0.05)
-
-    async def scenario() -> tuple[int, float]:
-        stream = await litellm.acompletion(
-            model=DEMO_MODEL, messages=user("Hello"), stream=True, max_retries=0
-        )
-        received: list[object] = []
-        mid_way = asyncio.Event()
-
-        async def consume() -> None:
-            async for chunk in stream:
-                received.append(chunk)
-                if len(received) == 3:
-                    mid_way.set()
-
-        task = asyncio.create_task(consume())
-        await mid_way.wait()
-        started = time.monotonic()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        elapsed = time.monotonic() - started
-        await stream.aclose()
-        return len(received), elapsed
-
-    received, elapsed = asyncio.run(scenario())
-    assert received < 10  # the reply has ~35 tokens: it was cut off mid-way
-    assert elapsed < 0.04  # faster than one token delay

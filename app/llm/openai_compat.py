@@ -1,0 +1,217 @@
+"""The lean stream reader for OpenAI-compatible providers: one pooled httpx client, the SSE parsed here.
+
+LiteLLM still resolves the model, key, base URL and parameters (routing.py); this module only sends the
+request and reads the stream, at a few µs per chunk instead of the ~600 µs of LiteLLM's wrapper
+(../shared/notes/litellm.md §2). Failures become the `ProviderError`s LiteLLMAdapter would give for the
+same upstream behaviour (provider_errors.py); the upstream's own words go to the log only.
+
+Closing or cancelling the stream closes the HTTP response at once: an unfinished response never goes
+back to the pool, its connection is closed, so the upstream sees the disconnect within milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import httpx
+
+from app.llm.provider_errors import from_status, provider_error
+from app.llm.routing import Endpoint
+from app.llm.types import (
+    FinishPart,
+    ModelRequest,
+    ProviderError,
+    StreamPart,
+    TextPart,
+    ToolCallPart,
+    UsagePart,
+)
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = "parley"
+_ERROR_BODY_LIMIT = 64 * 1024
+_LOGGED_CHARS = 2000
+# After [DONE] only the end of the chunked body should follow; reading it lets the connection be reused.
+_DRAIN_SECONDS = 0.25
+_MAX_LINE = 4 * 1024 * 1024  # one event; a stream that never ends its line is not a chat completion
+
+
+def new_http_client() -> httpx.AsyncClient:
+    """The pool the lean reader shares: no cap on connections (each stream holds one for its duration)."""
+    return httpx.AsyncClient(
+        headers={"user-agent": USER_AGENT},
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
+    )
+
+
+class OpenAICompatAdapter:
+    def __init__(self, client: httpx.AsyncClient, endpoint: Endpoint) -> None:
+        self._client = client
+        self._endpoint = endpoint
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
+        endpoint = self._endpoint
+        if endpoint.api_key is None:
+            raise provider_error("provider_auth_missing")
+        body = endpoint.prepare(request.messages, request.tools)
+        outgoing = self._client.build_request(
+            "POST",
+            endpoint.url,
+            content=json.dumps(body, separators=(",", ":")).encode(),
+            headers=endpoint.headers,
+            timeout=httpx.Timeout(request.timeout),
+        )
+        try:
+            response = await self._client.send(outgoing, stream=True)
+        except httpx.HTTPError as exc:
+            raise _before_response(exc, endpoint) from exc
+        try:
+            if response.status_code >= 300:
+                raise await _status_error(response, endpoint)
+            sse = SSEReader(endpoint.finish_reason)
+            chunks = response.aiter_bytes()
+            try:
+                async for data in chunks:
+                    parts = sse.feed(data)
+                    for part in parts:
+                        yield part
+                    if sse.done:
+                        break
+                if sse.done:
+                    with contextlib.suppress(httpx.HTTPError, TimeoutError):
+                        async with asyncio.timeout(_DRAIN_SECONDS):
+                            async for _ in chunks:
+                                pass
+            except httpx.HTTPError as exc:
+                log.warning("the stream of %s broke off: %r", endpoint.model, exc)
+                raise provider_error("provider_stream_interrupted") from exc
+            yield sse.finish()
+        finally:
+            await response.aclose()
+
+
+class SSEReader:
+    """Server-sent events from an OpenAI-compatible stream, fed bytes as they arrive, turned into parts.
+
+    Each `data:` line is one event (OpenAI and vLLM send one line per event); blank lines, `:` comments
+    and other fields are skipped; `[DONE]` ends the stream. A line may arrive in any number of pieces.
+    """
+
+    __slots__ = ("_finish", "_map_finish", "_tail", "_tool_called", "done")
+
+    def __init__(self, map_finish: Callable[[str], str]) -> None:
+        self._map_finish = map_finish
+        self._tail = b""
+        self._finish: str | None = None
+        self._tool_called = False
+        self.done = False
+
+    def feed(self, data: bytes) -> list[StreamPart]:
+        if self._tail:
+            data = self._tail + data
+        lines = data.split(b"\n")
+        self._tail = lines.pop()
+        if len(self._tail) > _MAX_LINE:
+            log.warning("the provider sent a line of more than %d bytes", _MAX_LINE)
+            raise provider_error("provider_stream_interrupted")
+        parts: list[StreamPart] = []
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                break
+            if payload:
+                self._event(payload, parts)
+        return parts
+
+    def finish(self) -> FinishPart:
+        """The finish reason, once the stream is over: as LiteLLM reports it ("stop" with tool calls is
+        "tool_calls"; none at all is "stop")."""
+        reason = self._map_finish(self._finish) if self._finish else "stop"
+        if reason == "stop" and self._tool_called:
+            reason = "tool_calls"
+        return FinishPart(reason)
+
+    def _event(self, payload: bytes, parts: list[StreamPart]) -> None:
+        try:
+            event = json.loads(payload)
+            if event.get("error") is not None:
+                log.warning("the provider sent an error mid-stream: %s", _head(payload))
+                raise provider_error("provider_stream_interrupted")
+            choices = event.get("choices")
+            if choices:
+                self._choice(choices[0], parts)
+            usage = event.get("usage")
+            if usage:
+                parts.append(
+                    UsagePart(
+                        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                        completion_tokens=int(usage.get("completion_tokens") or 0),
+                        total_tokens=int(usage.get("total_tokens") or 0),
+                    )
+                )
+        except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+            log.warning("the provider sent an event that is not a chat completion chunk: %s", _head(payload))
+            raise provider_error("provider_stream_interrupted") from exc
+
+    def _choice(self, choice: dict[str, Any], parts: list[StreamPart]) -> None:
+        delta = choice.get("delta")
+        if delta:
+            content = delta.get("content")
+            if content:
+                parts.append(TextPart(content))
+            calls = delta.get("tool_calls")
+            if calls:
+                self._tool_called = True
+                for call in calls:
+                    function = call.get("function") or {}
+                    parts.append(
+                        ToolCallPart(
+                            index=call.get("index") or 0,
+                            id=call.get("id"),
+                            name=function.get("name"),
+                            arguments=function.get("arguments") or "",
+                        )
+                    )
+        reason = choice.get("finish_reason")
+        if reason:
+            self._finish = reason
+
+
+def _head(payload: bytes | str) -> str:
+    text = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
+    return text[:_LOGGED_CHARS]
+
+
+def _before_response(exc: httpx.HTTPError, endpoint: Endpoint) -> ProviderError:
+    """No answer at all: a timeout (connect, or no headers in time) or a connection that failed."""
+    log.warning("calling %s at %s failed: %r", endpoint.model, endpoint.url, exc)
+    if isinstance(exc, httpx.TimeoutException):
+        return provider_error("provider_timeout")
+    return provider_error("provider_unreachable")
+
+
+async def _status_error(response: httpx.Response, endpoint: Endpoint) -> ProviderError:
+    received = bytearray()
+    with contextlib.suppress(httpx.HTTPError):
+        async for data in response.aiter_bytes():
+            received += data
+            if len(received) >= _ERROR_BODY_LIMIT:
+                break
+    text = received[:_ERROR_BODY_LIMIT].decode("utf-8", "replace")
+    log.warning(
+        "%s answered HTTP %s for %s: %s", endpoint.url, response.status_code, endpoint.model, _head(text)
+    )
+    return from_status(response.status_code, text)

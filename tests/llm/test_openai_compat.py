@@ -1,0 +1,340 @@
+"""The lean OpenAI-compatible reader's own edges: SSE parsing (pieces of any size, comments, blank lines,
+`[DONE]`, error events), cut streams, closing the connection at once on close or cancel, and reusing it
+only after a complete response.
+
+The adapter comes from the real model layer (LiteLLM resolves the model) and talks real HTTP: to the
+fake upstream (tests/fakes) or, where the bytes on the wire matter, to a raw socket server defined here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.llm.layer import ModelLayer
+from app.llm.openai_compat import OpenAICompatAdapter, SSEReader
+from app.llm.types import (
+    FinishPart,
+    ModelRequest,
+    ProviderError,
+    ResolvedModel,
+    StreamPart,
+    TextPart,
+    ToolCallPart,
+    UsagePart,
+)
+from app.settings import Settings
+from tests.fakes.upstream import FakeUpstream, Script
+
+pytestmark = pytest.mark.anyio
+
+MODEL = "openai/edge-model"
+DISCONNECT_BOUND = 1.0  # generous: checks that the upstream sees the close, not how fast
+CALLS = [("call_a", "current_time", '{"timezone": "UTC"}'), ("call_b", "calculate", '{"expression": "6*7"}')]
+
+
+def _wire(script: Script) -> bytes:
+    """The SSE body the fake upstream would send for `script`, with usage."""
+    events = script.stream_events(model="edge-model", include_usage=True, completion_id="chatcmpl-1")
+    return b"".join(b"data: " + event + b"\n\n" for event in events)
+
+
+def _decorated(wire: bytes) -> bytes:
+    """The same events with what SSE allows around them: comments, other fields, CRLF, spare blank lines."""
+    out = b": connected\n\n"
+    for n, event in enumerate(wire.split(b"\n\n")):
+        if not event:
+            continue
+        if n % 3 == 0:
+            out += b"event: chunk\nid: %d\n%s\r\n\r\n" % (n, event)
+        elif n % 3 == 1:
+            out += b": keep-alive\n\n" + event.replace(b"data: ", b"data:") + b"\n\n\n"
+        else:
+            out += event + b"\n\n"
+    return out + b'data: {"after": "[DONE] is ignored"}\n\n'
+
+
+def _read(data: bytes, pieces: Iterator[bytes]) -> list[StreamPart]:
+    reader = SSEReader(str)
+    parts: list[StreamPart] = []
+    for piece in pieces:
+        parts += reader.feed(piece)
+        if reader.done:
+            break
+    assert reader.done, data[-80:]
+    return [*parts, reader.finish()]
+
+
+def _split(data: bytes, size: int) -> Iterator[bytes]:
+    return (data[i : i + size] for i in range(0, len(data), size))
+
+
+def _summary(
+    parts: list[StreamPart],
+) -> tuple[str, dict[int, list[str]], str | None, tuple[int, int, int] | None]:
+    text, calls, finish, usage = "", dict[int, list[str]](), None, None
+    for part in parts:
+        if isinstance(part, TextPart):
+            text += part.text
+        elif isinstance(part, ToolCallPart):
+            entry = calls.setdefault(part.index, [part.id or "", part.name or "", ""])
+            entry[2] += part.arguments
+        elif isinstance(part, FinishPart):
+            finish = part.reason
+        elif isinstance(part, UsagePart):
+            usage = (part.prompt_tokens, part.completion_tokens, part.total_tokens)
+    return text, calls, finish, usage
+
+
+# --- SSE parsing ------------------------------------------------------------------------------------------
+
+
+def test_events_in_pieces_of_any_size_give_the_same_parts() -> None:
+    wire = _wire(Script.tool_calls(CALLS, fragments=4, text_before="Checking the time.", usage=(42, 17)))
+    whole = _read(wire, iter([wire]))
+    assert _summary(whole) == (
+        "Checking the time.",
+        {
+            0: ["call_a", "current_time", '{"timezone": "UTC"}'],
+            1: ["call_b", "calculate", '{"expression": "6*7"}'],
+        },
+        "tool_calls",
+        (42, 17, 59),
+    )
+    decorated = _decorated(wire)
+    for size in (1, 2, 3, 7, 64, len(decorated)):
+        assert _read(decorated, _split(decorated, size)) == whole, size
+
+
+def test_finish_reasons_as_litellm_reports_them() -> None:
+    def finish(*events: dict[str, Any]) -> str | None:
+        wire = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+        return _summary(_read(wire, iter([wire])))[2]
+
+    text = {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+    call = {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {}}]}}]}
+    assert finish(text) == "stop"  # none sent
+    assert finish(text, {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}) == "length"
+    assert finish(call, {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}) == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'{"error": {"message": "overloaded", "type": "server_error"}}',
+        b"{not json",
+        b'{"choices": "nonsense"}',
+    ],
+)
+def test_an_error_or_garbled_event_breaks_the_stream(event: bytes) -> None:
+    reader = SSEReader(str)
+    assert reader.feed(b'data: {"choices": [{"delta": {"content": "partial"}}]}\n\n') == [TextPart("partial")]
+    with pytest.raises(ProviderError) as caught:
+        reader.feed(b"data: " + event + b"\n\n")
+    assert (caught.value.code, caught.value.retryable) == ("provider_stream_interrupted", False)
+    assert "overloaded" not in caught.value.message
+
+
+def test_a_line_that_never_ends_breaks_the_stream() -> None:
+    reader = SSEReader(str)
+    for _ in range(40):
+        assert reader.feed(b"x" * 100_000) == []  # 4 MB, still waiting for the line's end
+    with pytest.raises(ProviderError) as caught:
+        reader.feed(b"x" * 300_000)
+    assert caught.value.code == "provider_stream_interrupted"
+
+
+# --- over HTTP --------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def lean_adapter(
+    tmp_path: Path, base_url: str, key: str | None = "sk-edge"
+) -> AsyncIterator[OpenAICompatAdapter]:
+    provider: dict[str, Any] = {"api_base": base_url, "models": [MODEL]}
+    if key is not None:
+        provider["api_key_env"] = "PARLEY_TEST_EDGE_KEY"
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps({"providers": {"edge": provider}}), encoding="utf-8")
+    layer = ModelLayer(
+        Settings(database_url=f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}", models_file=path)
+    )
+    layer.start()
+    await layer.ready()
+    try:
+        adapter = await layer.adapter(await layer.resolve(MODEL))
+        assert isinstance(adapter, OpenAICompatAdapter)
+        yield adapter
+    finally:
+        await layer.stop()
+
+
+def _request(timeout: float = 10.0) -> ModelRequest:
+    return ModelRequest(ResolvedModel(MODEL, None), [{"role": "user", "content": "hi"}], [], timeout)
+
+
+@pytest.fixture
+def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeUpstream]:
+    monkeypatch.setenv("PARLEY_TEST_EDGE_KEY", "sk-edge")
+    with FakeUpstream(api_key="sk-edge") as running:
+        yield running
+
+
+class RawUpstream:
+    """An HTTP/1.1 server that writes its answers in small TCP pieces and counts connections."""
+
+    def __init__(self, answer: Callable[[asyncio.StreamWriter], Awaitable[None]]) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.bodies: list[dict[str, Any]] = []
+        self.port = 0
+        self._handlers: set[asyncio.Task[Any]] = set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+                length = int(head.split("content-length:")[1].split("\r\n")[0])
+                self.bodies.append(json.loads(await reader.readexactly(length)))
+                await self.answer(writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[str]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        try:
+            yield f"http://127.0.0.1:{self.port}/v1"
+        finally:
+            server.close()
+            for task in self._handlers:
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+
+
+def _trickle(body: bytes, size: int = 9) -> Callable[[asyncio.StreamWriter], Awaitable[None]]:
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        for piece in _split(body, size):
+            chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+            half = len(chunk) // 2  # one HTTP chunk in two TCP writes
+            for part in (chunk[:half], chunk[half:]):
+                writer.write(part)
+                await writer.drain()
+                await asyncio.sleep(0.001)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    return answer
+
+
+async def test_a_stream_written_in_small_tcp_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARLEY_TEST_EDGE_KEY", "sk-edge")
+    wire = _wire(Script.tool_calls(CALLS, fragments=3, text_before="Checking.", usage=(12, 9)))
+    raw = RawUpstream(_trickle(_decorated(wire)))
+    async with raw.running() as base, lean_adapter(tmp_path, base) as adapter:
+        parts = [part async for part in adapter.stream(_request())]
+        again = [part async for part in adapter.stream(_request())]
+    assert parts == again
+    assert _summary(parts) == _summary(_read(wire, iter([wire])))
+    assert raw.bodies[0]["stream"] is True
+    assert raw.bodies[0]["stream_options"] == {"include_usage": True}
+    assert raw.bodies[0]["model"] == "edge-model"
+    assert raw.connections == 1  # complete responses leave the connection reusable
+
+
+async def test_a_closed_stream_is_not_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARLEY_TEST_EDGE_KEY", "sk-edge")
+    wire = _wire(Script.text(" ".join(f"w{n}" for n in range(50)), chunks=50))
+    raw = RawUpstream(_trickle(wire, size=40))
+    async with raw.running() as base, lean_adapter(tmp_path, base) as adapter:
+        stream = adapter.stream(_request())
+        assert isinstance(await anext(stream), TextPart)
+        await stream.aclose()
+        assert _summary([part async for part in adapter.stream(_request())])[2] == "stop"
+    assert raw.connections == 2
+
+
+async def test_closing_the_stream_disconnects_the_upstream(tmp_path: Path, upstream: FakeUpstream) -> None:
+    upstream.enqueue(Script.text(" ".join(f"w{n}" for n in range(200)), chunks=200, delay=0.02))
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+        stream = adapter.stream(_request())
+        received = [await anext(stream) for _ in range(3)]
+        closed_at = time.monotonic()
+        await stream.aclose()
+        request = await upstream.await_disconnect(within=5.0)
+    assert len(received) == 3
+    assert request.disconnected_at is not None
+    assert request.disconnected_at - closed_at < DISCONNECT_BOUND
+    assert request.chunks_sent < 50
+
+
+async def test_cancelling_the_reader_disconnects_the_upstream(tmp_path: Path, upstream: FakeUpstream) -> None:
+    upstream.enqueue(Script.text(" ".join(f"w{n}" for n in range(200)), chunks=200, delay=0.02))
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+        started = asyncio.Event()
+
+        async def consume() -> None:
+            async for _ in adapter.stream(_request()):
+                started.set()
+
+        task = asyncio.create_task(consume())
+        await started.wait()
+        cancelled_at = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        request = await upstream.await_disconnect(within=5.0)
+    assert request.disconnected_at is not None
+    assert request.disconnected_at - cancelled_at < DISCONNECT_BOUND
+
+
+async def _read_into(stream: AsyncIterator[StreamPart], received: list[StreamPart]) -> None:
+    async for part in stream:
+        received.append(part)
+
+
+async def test_a_cut_stream_keeps_what_came_then_fails(tmp_path: Path, upstream: FakeUpstream) -> None:
+    upstream.enqueue(Script.cut("one two three four", after=3, chunks=4))
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+        received: list[StreamPart] = []
+        with pytest.raises(ProviderError) as caught:
+            await _read_into(adapter.stream(_request()), received)
+    assert (caught.value.code, caught.value.retryable) == ("provider_stream_interrupted", False)
+    streamed = "".join(p.text for p in received if isinstance(p, TextPart))
+    assert streamed
+    assert "one two three four".startswith(streamed)
+    assert not any(isinstance(p, FinishPart) for p in received)
+
+
+async def test_an_error_answer_never_shows_the_upstreams_words(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    upstream.enqueue(Script.error(400, "secret detail from upstream"))
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+        with pytest.raises(ProviderError) as caught:
+            await anext(adapter.stream(_request()))
+    assert (caught.value.code, caught.value.status, caught.value.retryable) == (
+        "provider_bad_request",
+        400,
+        False,
+    )
+    assert "secret" not in caught.value.message
