@@ -30,7 +30,8 @@ from app.events import Resync, _Event
 
 RING_SIZE = 1024
 
-_json_string = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+# json.dumps(s, ensure_ascii=False) for a str, without the encoder object's Python layer.
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
 
 
 @dataclass(slots=True)
@@ -111,6 +112,9 @@ class Channel:
         self._limit = limit
         self._ring: deque[Frame] = deque(maxlen=ring_size)
         self.subscribers: set[Subscriber] = set()
+        # The part of a text_delta's JSON that repeats for every delta of one message.
+        self._delta_message: str | None = None
+        self._delta_middle: str | None = None
 
     def publish(self, cls: type[_Event], **fields: Any) -> Frame:
         """Numbers and serializes the event, and hands it to the log; subscribers get it once committed."""
@@ -124,12 +128,14 @@ class Channel:
         """`publish(TextDelta, id=message_id, text=text)` for every delta but a message's first, without
         building a model: the hot path. tests/streams/test_broker.py holds it byte-equal to the model's
         JSON; `text` must be valid Unicode (events.clean_text)."""
-        self.last_seq += 1
-        data = (
-            f'{{"type":"text_delta","seq":{self.last_seq},"session_id":{_json_string(self.session_id)},'
-            f'"id":{_json_string(message_id)},"text":{_json_string(text)}}}'
-        )
-        frame = Frame(self.last_seq, "text_delta", data)
+        self.last_seq = seq = self.last_seq + 1
+        middle = self._delta_middle
+        if middle is None or self._delta_message != message_id:
+            middle = self._delta_middle = (
+                f',"session_id":{_json_string(self.session_id)},"id":{_json_string(message_id)},"text":'
+            )
+            self._delta_message = message_id
+        frame = Frame(seq, "text_delta", f'{{"type":"text_delta","seq":{seq}{middle}{_json_string(text)}}}')
         self._sink(self.session_id, frame)
         return frame
 

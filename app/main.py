@@ -66,7 +66,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         async def load_frames(session_id: str, after: int, before: int) -> list[Frame]:
             async with database.session() as db:
                 rows = await repository.events_between(db, session_id, after, before)
-            return [Frame(row.seq, row.type, row.data) for row in rows]
+            return [Frame(seq, type_, data) for seq, type_, data in rows]
 
         broker = Broker(
             last_seq,

@@ -161,16 +161,15 @@ class TurnRecorder:
         await self.close("completed")
 
     async def _on(self, event: AgentEvent) -> None:
-        if isinstance(event, TextChunk):
+        if type(event) is TextChunk:
+            # The hot path. No write: the first delta's row is inserted by the next commit.
             text = clean_text(event.text)
             buffer = self._text
-            if buffer is not None:
-                # The hot path: every delta after the first; no write, nothing to protect.
+            if buffer is None:
+                self._on_first_text(text)
+            else:
                 buffer.parts.append(text)
                 self.channel.publish_text_delta(buffer.message_id, text)
-                return
-            with self._atomic():
-                await self._on_first_text(text)
             return
         with self._atomic():
             await self._dispatch(event)
@@ -226,25 +225,25 @@ class TurnRecorder:
 
     # --- model text ----------------------------------------------------------------------------------
 
-    async def _on_first_text(self, text: str) -> None:
-        """Later deltas take the hot path in `_on`; the first one opens the message's row."""
+    def _on_first_text(self, text: str) -> None:
+        """Opens the message: its row is inserted by the next commit (the write-behind's batch, or this
+        turn's next write), which also commits this first delta's event, so neither is seen without
+        the other."""
         assert self._response_id is not None
-        buffer = self._text = TextBuffer(self.session_id, self._response_id, text)
         self._text_timestamp = now_iso()
         row = self._row(
             "text",
             self._text_timestamp,
-            id=buffer.message_id,
+            id=self._response_id,
             role="assistant",
             content=text,
             model=self.model,
             response_id=self._response_id,
         )
-        async with self._transaction() as db:
-            await repository.insert_messages(db, [row])
-            self._emit(
-                TextDelta, id=buffer.message_id, text=text, timestamp=self._text_timestamp, model=self.model
-            )
+        buffer = self._text = TextBuffer(row)
+        self._emit(
+            TextDelta, id=buffer.message_id, text=text, timestamp=self._text_timestamp, model=self.model
+        )
         self.writer.track(buffer)
 
     async def _on_response_done(self, event: ResponseFinished) -> None:

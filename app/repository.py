@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -53,15 +54,16 @@ async def add_usage(
     db: AsyncSession, session_id: str, *, prompt: int, completion: int, window: int | None, at: str
 ) -> tuple[int, int]:
     """Adds one response's tokens; returns the session's (total_tokens, context_used)."""
-    row = await db.get(ChatSessionRow, session_id)
-    if row is None:
+    cursor = await (await _driver(db)).execute(
+        "UPDATE chat_sessions SET total_tokens = total_tokens + ?, context_used = ?, context_window = ?,"
+        " updated_at = ? WHERE id = ? RETURNING total_tokens, context_used",
+        (prompt + completion, prompt, window, at, session_id),
+    )
+    found = await cursor.fetchone()
+    await cursor.close()
+    if found is None:
         return (prompt + completion, prompt)
-    row.total_tokens += prompt + completion
-    row.context_used = prompt
-    row.context_window = window
-    row.updated_at = at
-    db.add(row)
-    return (row.total_tokens, row.context_used)
+    return (int(found[0]), int(found[1]))
 
 
 async def delete_session(db: AsyncSession, session_id: str) -> bool:
@@ -73,14 +75,60 @@ async def delete_session(db: AsyncSession, session_id: str) -> bool:
 # --- chat messages ---------------------------------------------------------------------------------
 
 
+# The columns a chat message is inserted with (`position` is the rowid SQLite assigns).
+_MESSAGE_COLUMNS = tuple(c.name for c in ChatMessageRow.__table__.columns if c.name != "position")  # type: ignore[attr-defined]
+_JSON_COLUMNS = frozenset(
+    c.name
+    for c in ChatMessageRow.__table__.columns  # type: ignore[attr-defined]
+    if c.type.__class__.__name__ == "JSON"
+)
+_COLUMN_LIST = ", ".join(_MESSAGE_COLUMNS)
+_PLACEHOLDERS = ", ".join("?" * len(_MESSAGE_COLUMNS))
+_INSERT_MESSAGE = f"INSERT INTO chat_messages ({_COLUMN_LIST}) VALUES ({_PLACEHOLDERS})"
+
+
+def _message_params(row: ChatMessageRow) -> tuple[Any, ...]:
+    # JSON columns as SQLAlchemy's JSON type writes them (json.dumps; None becomes 'null').
+    return tuple(
+        json.dumps(getattr(row, name)) if name in _JSON_COLUMNS else getattr(row, name)
+        for name in _MESSAGE_COLUMNS
+    )
+
+
+async def _driver(db: AsyncSession) -> Any:
+    """The aiosqlite connection under the session's transaction: the hot path's statements skip
+    SQLAlchemy's per-statement work (compile-cache lookups, parameter processing, a cursor per call)."""
+    connection = await db.connection()
+    driver = (await connection.get_raw_connection()).driver_connection
+    assert driver is not None
+    return driver
+
+
 async def insert_messages(db: AsyncSession, rows: Iterable[ChatMessageRow]) -> None:
-    for row in rows:
-        db.add(row)
-    await db.flush()
+    """In order: their positions (the history's order) are assigned as they are inserted."""
+    params = [_message_params(row) for row in rows]
+    if params:
+        await (await _driver(db)).executemany(_INSERT_MESSAGE, params)
+
+
+_UPDATABLE = frozenset(_MESSAGE_COLUMNS) - {"id", "session_id"} - _JSON_COLUMNS
 
 
 async def update_message(db: AsyncSession, message_id: str, values: dict[str, Any]) -> None:
-    await db.exec(update(ChatMessageRow).where(col(ChatMessageRow.id) == message_id).values(**values))
+    unknown = values.keys() - _UPDATABLE
+    if unknown:
+        raise ValueError(f"not updatable: {sorted(unknown)}")
+    names = sorted(values)
+    statement = f"UPDATE chat_messages SET {', '.join(f'{n} = ?' for n in names)} WHERE id = ?"
+    await (await _driver(db)).execute(statement, [*(values[n] for n in names), message_id])
+
+
+async def set_message_texts(db: AsyncSession, texts: Sequence[tuple[str, str]]) -> None:
+    """(message id, content) pairs: streamed text written behind, in one statement for all of them."""
+    if texts:
+        await (await _driver(db)).executemany(
+            "UPDATE chat_messages SET content = ? WHERE id = ?", [(text, mid) for mid, text in texts]
+        )
 
 
 async def list_messages(
@@ -180,17 +228,15 @@ _INSERT_EVENTS = "INSERT OR IGNORE INTO events (session_id, seq, type, data) VAL
 
 
 async def insert_events(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
-    """One executemany on the driver's connection, inside the session's transaction: this runs for every
-    event of every stream, and skipping SQLAlchemy's per-row parameter handling halves its CPU cost.
+    await log_events(db, [(r["session_id"], r["seq"], r["type"], r["data"]) for r in rows])
+
+
+async def log_events(db: AsyncSession, params: Sequence[tuple[str, int, str, str]]) -> None:
+    """(session_id, seq, type, data) rows in one executemany: this runs for every event of every stream.
 
     OR IGNORE: a batch retried after a failed commit must not fail on the events it already wrote."""
-    if not rows:
-        return
-    connection = await db.connection()
-    driver = (await connection.get_raw_connection()).driver_connection
-    assert driver is not None
-    params = [(r["session_id"], r["seq"], r["type"], r["data"]) for r in rows]
-    await driver.executemany(_INSERT_EVENTS, params)
+    if params:
+        await (await _driver(db)).executemany(_INSERT_EVENTS, params)
 
 
 async def events_after(db: AsyncSession, session_id: str, after: int, limit: int) -> list[EventRow]:
@@ -203,21 +249,29 @@ async def events_after(db: AsyncSession, session_id: str, after: int, limit: int
     return list((await db.exec(query)).all())
 
 
-async def events_between(db: AsyncSession, session_id: str, after: int, before: int) -> list[EventRow]:
-    """The session's events with after < seq < before, in order: one read, so one consistent snapshot."""
-    query = (
-        select(EventRow)
-        .where(col(EventRow.session_id) == session_id, col(EventRow.seq) > after, col(EventRow.seq) < before)
-        .order_by(col(EventRow.seq))
+async def events_between(
+    db: AsyncSession, session_id: str, after: int, before: int
+) -> list[tuple[int, str, str]]:
+    """(seq, type, data) of the session's events with after < seq < before, in order: one read, so one
+    consistent snapshot. Plain tuples from the driver: a resume may replay ten thousand of them."""
+    cursor = await (await _driver(db)).execute(
+        "SELECT seq, type, data FROM events WHERE session_id = ? AND seq > ? AND seq < ? ORDER BY seq",
+        (session_id, after, before),
     )
-    return list((await db.exec(query)).all())
+    rows = await cursor.fetchall()
+    await cursor.close()
+    return [(int(seq), str(type_), str(data)) for seq, type_, data in rows]
 
 
 async def prune_events(db: AsyncSession, session_id: str, *, keep_after: int) -> None:
     """Retention: deletes the session's events with seq <= keep_after."""
-    await db.exec(
-        delete(EventRow).where(col(EventRow.session_id) == session_id, col(EventRow.seq) <= keep_after)
-    )
+    await prune_logs(db, [(session_id, keep_after)])
+
+
+async def prune_logs(db: AsyncSession, cutoffs: Sequence[tuple[str, int]]) -> None:
+    """(session_id, keep_after) pairs: each session's events with seq <= keep_after go."""
+    if cutoffs:
+        await (await _driver(db)).executemany("DELETE FROM events WHERE session_id = ? AND seq <= ?", cutoffs)
 
 
 async def message_deltas(db: AsyncSession, session_id: str, message_id: str) -> list[EventRow]:

@@ -1,9 +1,11 @@
 """Write-behind persistence for the hot path: the event log and streamed text, in one periodic batch.
 
 Nothing is written per text delta. One short transaction inserts the events published since the last
-batch, trims each of their sessions' logs to the newest `retention` events, and updates the text of
-assistant messages still streaming (at most every `text_interval`). Only after that commit are the events
-handed to the broker for delivery: a client never sees an event the log could lose.
+batch, inserts the rows of assistant messages that started streaming, updates the text of those still
+streaming (at most every `text_interval`), and trims the logs of sessions that outgrew `retention` by a
+tenth. Only after that commit are the events handed to the broker for delivery: a client never sees an
+event the log could lose. The statements go to the driver in one executemany each, whatever the number
+of sessions in the batch.
 
 Batches are rate limited, not clocked: the first event after a quiet spell is committed at once (on the
 next turn of the loop, so a burst published together shares the commit), and while events keep coming
@@ -30,24 +32,37 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app import repository
 from app.broker import Frame
 from app.db import Database
+from app.models import ChatMessageRow
 
 log = logging.getLogger(__name__)
 
 
 class TextBuffer:
-    """An assistant message's text while it streams; the writer persists its current content."""
+    """An assistant message's text while it streams; the writer persists its current content.
 
-    __slots__ = ("flushed_at", "flushed_len", "message_id", "parts", "session_id")
+    `row` is the message's row until the first commit inserts it (with the text so far): the first delta
+    of a response costs no transaction of its own, and its event goes out with that commit.
+    """
 
-    def __init__(self, session_id: str, message_id: str, first: str) -> None:
-        self.session_id = session_id
-        self.message_id = message_id
-        self.parts: list[str] = [first]
-        self.flushed_len = len(self.parts)
+    __slots__ = ("flushed_at", "flushed_len", "message_id", "parts", "row", "session_id")
+
+    def __init__(self, row: ChatMessageRow) -> None:
+        self.session_id = row.session_id
+        self.message_id = row.id
+        self.parts: list[str] = [row.content or ""]
+        self.row: ChatMessageRow | None = row
+        self.flushed_len = 0
         self.flushed_at = time.monotonic()
 
     def text(self) -> str:
         return "".join(self.parts)
+
+    def snapshot(self) -> tuple[str, int]:
+        parts = self.parts
+        if len(parts) > 1:
+            # Joined once here instead of at every later flush and at the end.
+            parts[:] = ["".join(parts)]
+        return parts[0], len(parts)
 
 
 Deliver = Callable[[Sequence[tuple[str, Frame]]], None]
@@ -67,6 +82,10 @@ class WriteBehind:
         self._interval = interval
         self._text_interval = text_interval
         self._retention = retention
+        # A batch trims a session's log once it holds this many events beyond the retention; a turn's
+        # own writes trim it exactly. Trimming every batch would cost a DELETE per session per batch.
+        self._prune_slack = max(1, retention // 10) if retention is not None else 0
+        self._pruned_at: dict[str, int] = {}
         self._deliver = deliver
         self._events: list[tuple[str, Frame]] = []
         self._texts: dict[str, TextBuffer] = {}
@@ -96,6 +115,8 @@ class WriteBehind:
 
     def track(self, buffer: TextBuffer) -> None:
         self._texts[buffer.message_id] = buffer
+        if buffer.row is not None and not self._pending.is_set():
+            self._pending.set()
 
     def untrack(self, buffer: TextBuffer) -> None:
         self._texts.pop(buffer.message_id, None)
@@ -103,6 +124,7 @@ class WriteBehind:
     def forget_session(self, session_id: str) -> None:
         """The session was deleted: its pending rows would only violate foreign keys."""
         self._forgotten.add(session_id)
+        self._pruned_at.pop(session_id, None)
         for key in [k for k, b in self._texts.items() if b.session_id == session_id]:
             del self._texts[key]
 
@@ -132,41 +154,51 @@ class WriteBehind:
             texts = [
                 b
                 for b in self._texts.values()
-                if len(b.parts) != b.flushed_len and (force_text or now - b.flushed_at >= self._text_interval)
+                if b.row is not None
+                or (
+                    len(b.parts) != b.flushed_len
+                    and (force_text or now - b.flushed_at >= self._text_interval)
+                )
             ]
             if not self._events and not texts:
                 return
             taken = len(self._events)
-            events = [(sid, frame) for sid, frame in self._events[:taken] if sid not in self._forgotten]
-            snapshots = [(b, b.text(), len(b.parts)) for b in texts]
+            forgotten = self._forgotten
+            events = [item for item in self._events[:taken] if item[0] not in forgotten]
             async with self._db.session() as db:
-                await self._log(db, events)
-                for buffer, text, _ in snapshots:
-                    await repository.update_message(db, buffer.message_id, {"content": text})
+                written = await self._write_texts(db, texts)
+                await self._log(db, events, exact=False)
                 await db.commit()
             self.batch_commits += 1
             self._last_commit = asyncio.get_running_loop().time()
             del self._events[:taken]
-            for buffer, _, count in snapshots:
-                buffer.flushed_len = count
-                buffer.flushed_at = now
+            self._mark(written, now)
             if events and self._deliver is not None:
                 self._deliver(events)
 
     @asynccontextmanager
     async def transaction(self, session_id: str) -> AsyncIterator[AsyncSession]:
-        """A turn's own write: commits with it the session's pending events, then delivers them.
+        """A turn's own write: commits with it the session's pending rows and events, then delivers them.
 
-        Events published inside the block are part of the commit. Batches of other sessions wait for the
-        block (it holds the writer's lock), so this session's frames are still delivered in order.
-        If the block or its commit fails, its events stay pending for the next batch.
+        The session's streamed text rows not inserted yet are inserted first, so the block can update
+        them and later rows keep the history's order. Events published inside the block are part of the
+        commit. Batches of other sessions wait for the block (it holds the writer's lock), so this
+        session's frames are still delivered in order. If the block or its commit fails, its rows and
+        events stay pending for the next batch.
         """
         async with self._lock:
+            now = time.monotonic()
             async with self._db.session() as db:
+                pending = [
+                    b for b in self._texts.values() if b.session_id == session_id and b.row is not None
+                ]
+                written = await self._write_texts(db, pending)
                 yield db
                 mine = [item for item in self._events if item[0] == session_id]
-                await self._log(db, [item for item in mine if session_id not in self._forgotten])
+                if session_id not in self._forgotten:
+                    await self._log(db, mine, exact=True)
                 await db.commit()
+            self._mark(written, now)
             if mine:
                 self.turn_commits += 1
                 taken = {id(item) for item in mine}
@@ -174,28 +206,56 @@ class WriteBehind:
         if mine and self._deliver is not None and session_id not in self._forgotten:
             self._deliver(mine)
 
-    async def _log(self, db: AsyncSession, events: list[tuple[str, Frame]]) -> None:
-        if events:
-            await repository.insert_events(db, [_row(sid, frame) for sid, frame in events])
-            await self._prune(db, events)
+    @staticmethod
+    async def _write_texts(db: AsyncSession, buffers: list[TextBuffer]) -> list[tuple[TextBuffer, int]]:
+        """Inserts the rows of buffers that have none yet and updates the others' text; returns what was
+        written, to be marked once the commit succeeded."""
+        rows: list[ChatMessageRow] = []
+        updates: list[tuple[str, str]] = []
+        written: list[tuple[TextBuffer, int]] = []
+        for buffer in buffers:
+            text, count = buffer.snapshot()
+            if buffer.row is not None:
+                buffer.row.content = text
+                rows.append(buffer.row)
+            else:
+                updates.append((buffer.message_id, text))
+            written.append((buffer, count))
+        await repository.insert_messages(db, rows)
+        await repository.set_message_texts(db, updates)
+        return written
 
-    async def _prune(self, db: AsyncSession, events: list[tuple[str, Frame]]) -> None:
-        """Once per batch and session: keep the newest `retention` events."""
+    @staticmethod
+    def _mark(written: list[tuple[TextBuffer, int]], now: float) -> None:
+        for buffer, count in written:
+            buffer.row = None
+            buffer.flushed_len = count
+            buffer.flushed_at = now
+
+    async def _log(self, db: AsyncSession, events: list[tuple[str, Frame]], *, exact: bool) -> None:
+        if not events:
+            return
+        await repository.log_events(db, [(sid, f.seq, f.type, f.data) for sid, f in events])
         if self._retention is None:
             return
         heads: dict[str, int] = {}
         for session_id, frame in events:
             heads[session_id] = frame.seq
-        for session_id, head in heads.items():
-            if head > self._retention:
-                await repository.prune_events(db, session_id, keep_after=head - self._retention)
+        retention, pruned_at = self._retention, self._pruned_at
+        # Exact: whatever lies beyond the retention goes. Otherwise only once a tenth more has piled up.
+        least = 1 if exact else self._prune_slack
+        cutoffs = [
+            (sid, head - retention)
+            for sid, head in heads.items()
+            if head - retention - pruned_at.get(sid, 0) >= least
+        ]
+        await repository.prune_logs(db, cutoffs)
+        # Noted before the commit: a failed batch only makes the next trim cover more.
+        for sid, keep_after in cutoffs:
+            pruned_at[sid] = keep_after
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self.flush()
-
-
-def _row(session_id: str, frame: Frame) -> dict[str, object]:
-    return {"session_id": session_id, "seq": frame.seq, "type": frame.type, "data": frame.data}

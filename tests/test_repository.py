@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -68,8 +69,15 @@ async def add_messages(database: Database, rows: list[ChatMessageRow]) -> list[i
     async with database.session() as db:
         await repository.insert_messages(db, rows)
         await db.commit()
-    positions = [row.position for row in rows]
+    # Raw inserts do not read the rowids back: the positions SQLite gave, in the rows' order.
+    async with database.session() as db:
+        query = select(ChatMessageRow.id, ChatMessageRow.position).where(
+            col(ChatMessageRow.id).in_([row.id for row in rows])
+        )
+        found = {mid: position for mid, position in (await db.exec(query)).all()}
+    positions = [found[row.id] for row in rows]
     assert all(isinstance(p, int) for p in positions)
+    assert positions == sorted(positions)  # inserted in order: the history's order
     return [p for p in positions if p is not None]
 
 
@@ -376,7 +384,8 @@ async def test_deleting_a_session_cascades(database: Database) -> None:
 
 async def test_foreign_keys_are_enforced(database: Database) -> None:
     async with database.session() as db:
-        with pytest.raises(IntegrityError, match="FOREIGN KEY"):
+        # The hot path's raw statements raise the driver's error, not SQLAlchemy's wrapper of it.
+        with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
             await repository.insert_messages(db, [message("s_missing", "t_1", "turn_start")])
         await db.rollback()
     async with database.session() as db:

@@ -28,13 +28,15 @@ class Services:
     streams: StreamSlots
 
 
-def get_services(request: Request) -> Services:
+# Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request.
+async def get_services(request: Request) -> Services:
     services: Services = request.state.services
     return services
 
 
-def get_chat(request: Request) -> ChatService:
-    return get_services(request).chat
+async def get_chat(request: Request) -> ChatService:
+    services: Services = request.state.services
+    return services.chat
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]

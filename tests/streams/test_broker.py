@@ -210,3 +210,14 @@ async def test_a_frames_sse_bytes_are_sse_starlettes_encoding_built_once() -> No
 def test_clean_text_replaces_lone_surrogates_only(raw: str, clean: str) -> None:
     assert clean_text(raw) == clean
     clean_text(raw).encode()
+
+
+async def test_the_fast_path_keeps_each_messages_own_id_when_messages_alternate() -> None:
+    log = Log()
+    broker = make(log)
+    log.broker = broker
+    channel = await broker.channel(SID)
+    frames = [channel.publish_text_delta(mid, f"t{i}") for i, mid in enumerate(["m_a", "m_a", "m_b", "m_a"])]
+    assert [json.loads(f.data)["id"] for f in frames] == ["m_a", "m_a", "m_b", "m_a"]
+    assert [json.loads(f.data)["seq"] for f in frames] == [1, 2, 3, 4]
+    assert [json.loads(f.data)["text"] for f in frames] == ["t0", "t1", "t2", "t3"]

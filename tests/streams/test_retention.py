@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Sequence
 
 import httpx
 import pytest
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app import repository
 from app.settings import Settings
 from tests.streams.conftest import LONG, new_session, post
 from tests.support.server import live_server
@@ -67,46 +68,50 @@ async def test_a_stream_resumes_from_the_log_after_a_restart(settings: Settings)
     assert resumed.types()[len(full.frames)] == "turn_start"
 
 
-async def test_the_log_keeps_the_newest_events_and_older_positions_resync(settings: Settings) -> None:
+async def test_the_log_keeps_the_newest_events_and_older_positions_resync(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tuned = settings.model_copy(update={"event_retention": RETENTION})
-    statements: list[str] = []
+    trims: list[list[tuple[str, int]]] = []
+    prune_logs = repository.prune_logs
 
-    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        if "events" in statement and statement.lstrip().upper().startswith("DELETE"):
-            statements.append("DELETE")
+    async def counted(db: AsyncSession, cutoffs: Sequence[tuple[str, int]]) -> None:
+        if cutoffs:
+            trims.append(list(cutoffs))
+        await prune_logs(db, cutoffs)
 
-    event.listen(Engine, "before_cursor_execute", count)
-    try:
-        with live_server(tuned) as server:
-            async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
-                sid = await new_session(client)
-                full = await first_turn(client, sid, LONG)
-                head = full.last_id
-                assert head is not None and head > 10 * RETENTION
-                # Pruned in the write-behind's batches, not once per event. (The events themselves are
-                # inserted on the driver's connection, below SQLAlchemy's hooks: see insert_events.)
-                assert 1 <= statements.count("DELETE") < head / 10
-                assert logged_seqs(tuned, sid) == list(range(head - RETENTION + 1, head + 1))
+    # The server runs in this process (a thread): the write-behind calls the patched function.
+    monkeypatch.setattr(repository, "prune_logs", counted)
+    with live_server(tuned) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            sid = await new_session(client)
+            full = await first_turn(client, sid, LONG)
+            head = full.last_id
+            assert head is not None and head > 10 * RETENTION
+            # Trimmed in batches once a tenth more than the retention piled up (and exactly by the
+            # turn's own writes), never once per event.
+            assert 1 <= len(trims) < head / (RETENTION // 10)
+            assert all(keep_after <= head - RETENTION for batch in trims for _, keep_after in batch)
+            # At the turn's end the log holds exactly the newest RETENTION events.
+            assert logged_seqs(tuned, sid) == list(range(head - RETENTION + 1, head + 1))
 
-                oldest_kept = head - RETENTION  # the oldest position that can still be replayed
-                from_memory = StreamClient(client, sid)
-                # Read until the head arrives, not for a fixed time: a busy machine may take a while.
-                outcome = await from_memory.read(
-                    lambda f: f.id == head, seconds=20, params={"after": str(oldest_kept)}
-                )
-                assert outcome == "matched"
-                assert from_memory.frames == full.frames[-RETENTION:]
+            oldest_kept = head - RETENTION  # the oldest position that can still be replayed
+            from_memory = StreamClient(client, sid)
+            # Read until the head arrives, not for a fixed time: a busy machine may take a while.
+            outcome = await from_memory.read(
+                lambda f: f.id == head, seconds=20, params={"after": str(oldest_kept)}
+            )
+            assert outcome == "matched"
+            assert from_memory.frames == full.frames[-RETENTION:]
 
-                gone = StreamClient(client, sid)
-                opened = asyncio.Event()
-                reading = asyncio.create_task(
-                    gone.read_until_type("turn_done", params={"after": str(oldest_kept - 1)}, opened=opened)
-                )
-                await opened.wait()
-                await post(client, sid, "hello again")
-                await reading
-    finally:
-        event.remove(Engine, "before_cursor_execute", count)
+            gone = StreamClient(client, sid)
+            opened = asyncio.Event()
+            reading = asyncio.create_task(
+                gone.read_until_type("turn_done", params={"after": str(oldest_kept - 1)}, opened=opened)
+            )
+            await opened.wait()
+            await post(client, sid, "hello again")
+            await reading
 
     resync, *live = gone.frames
     assert (resync.event, resync.id) == ("resync", head)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
 
 import pytest
 from sqlalchemy import event as sa_event
@@ -169,13 +168,13 @@ async def test_a_transaction_waits_for_a_batch_in_flight_so_frames_stay_in_order
     sink = writer.sink()
     sink("s_a", frame(1))
     release = asyncio.Event()
-    original = repository.insert_events
+    original = repository.log_events
 
-    async def slow_insert(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    async def slow_insert(db: AsyncSession, rows: Sequence[tuple[str, int, str, str]]) -> None:
         await release.wait()
         await original(db, rows)
 
-    monkeypatch.setattr(repository, "insert_events", slow_insert)
+    monkeypatch.setattr(repository, "log_events", slow_insert)
     batch = asyncio.create_task(writer.flush())
     await asyncio.sleep(0.01)
 
