@@ -148,13 +148,18 @@ async def stream_events(
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         send_timeout=SEND_TIMEOUT,
         # Also when the body never starts (HEAD, a client gone at once): nothing is left subscribed.
-        background=BackgroundTask(_end, subscription, lease),
+        background=BackgroundTask(_end_async, subscription, lease),
     )
 
 
 def _end(subscription: Subscription, lease: StreamLease) -> None:
     subscription.close()
     lease.release()
+
+
+async def _end_async(subscription: Subscription, lease: StreamLease) -> None:
+    # Async on purpose: Starlette runs a plain function background task in its thread pool.
+    _end(subscription, lease)
 
 
 async def _frames(

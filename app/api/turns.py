@@ -16,7 +16,7 @@ from app.turns import Turn, TurnPage
 router = APIRouter(prefix="/v1/sessions/{session_id}/turns", tags=["turns"])
 
 
-def get_database(request: Request) -> Database:
+async def get_database(request: Request) -> Database:
     database: Database = request.state.database
     return database
 
