@@ -2,7 +2,7 @@
 
 `import litellm` costs seconds and ~170 MB; health, history and streams must not wait for it, so it is
 imported in a worker thread and everything that needs a model awaits `ready()`. It also picks the stream
-adapter of each model: the in-process demo, the lean OpenAI-compatible reader (one pooled httpx client),
+adapter of each model: the in-process demo, the lean OpenAI-compatible reader (one pooled aiohttp session),
 or LiteLLM's own stream on its worker thread (`adapter()`).
 """
 
@@ -17,7 +17,7 @@ import sys
 import threading
 from types import ModuleType
 
-import httpx
+import aiohttp
 
 from app.llm import lazy_encoding
 from app.llm.catalog import Catalog
@@ -77,7 +77,7 @@ class ModelLayer:
         self._litellm_adapter: LiteLLMAdapter | None = None
         self._demo = DemoAdapter(settings.demo_token_delay)
         self._worker = LiteLLMWorker()
-        self._http: httpx.AsyncClient | None = None
+        self._http: aiohttp.ClientSession | None = None
         self._loaded = asyncio.Event()
         self._load_error: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
@@ -124,7 +124,7 @@ class ModelLayer:
         litellm = self._litellm
         await self._worker.stop(_forget_loop_clients(litellm) if litellm is not None else None)
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
 
     async def adapter(self, model: ResolvedModel) -> ModelAdapter:
         """Demo in-process; otherwise the models file's `adapter` choice, unless PARLEY_STREAM_ADAPTER
