@@ -54,20 +54,27 @@ run: $(STAMP) ## Migrate the DB and serve on HOST:PORT (python -m app: refuses a
 	$(BIN)/python -m app --host $(HOST) --port $(PORT)
 
 test: $(STAMP) ## ruff check + pytest (pass PYTEST_ARGS=...)
-	$(BIN)/ruff check app tests migrations
+	$(BIN)/ruff check app tests migrations bench
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The benchmark harness (bench/README.md): 8-9 minutes on a 2-core machine; its figures go to
+# bench/results/. BENCH_ARGS passes options, e.g. BENCH_ARGS="--levels 1,10,50,100" or "--smoke".
+BENCH_ARGS ?=
+.PHONY: bench
+bench: $(STAMP) ## Benchmark the server against a fake upstream and raw litellm/openai (BENCH_ARGS=...)
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 lint: $(STAMP) ## ruff check + ruff format --check + mypy + hadolint (runs all, fails if any does)
 	@rc=0; \
-	echo "$(BIN)/ruff check app tests migrations"; $(BIN)/ruff check app tests migrations || rc=1; \
-	echo "$(BIN)/ruff format --check app tests migrations"; $(BIN)/ruff format --check app tests migrations || rc=1; \
+	echo "$(BIN)/ruff check app tests migrations bench"; $(BIN)/ruff check app tests migrations bench || rc=1; \
+	echo "$(BIN)/ruff format --check app tests migrations bench"; $(BIN)/ruff format --check app tests migrations bench || rc=1; \
 	echo "$(BIN)/mypy"; $(BIN)/mypy || rc=1; \
 	echo "$(BIN)/hadolint Dockerfile"; $(BIN)/hadolint Dockerfile || rc=1; \
 	exit $$rc
 
 fmt: $(STAMP) ## Apply ruff format and ruff's safe fixes
-	$(BIN)/ruff format app tests migrations
-	$(BIN)/ruff check --fix app tests migrations
+	$(BIN)/ruff format app tests migrations bench
+	$(BIN)/ruff check --fix app tests migrations bench
 
 migrate: $(STAMP) ## alembic upgrade head
 	mkdir -p data

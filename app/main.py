@@ -49,7 +49,9 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         database = Database(settings.database_url)
-        debug_stats = DebugStats.start(database.engine) if settings.debug_stats else None
+        debug_stats = None
+        if settings.debug_stats:
+            debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)
         models = ModelLayer(settings)
         models.start()
         writer = WriteBehind(

@@ -7,17 +7,27 @@
   durable writes) or `request` (everything else, e.g. a POST storing a message). The most commits of each
   kind within any `window` seconds tell whether the write-behind keeps its one-commit-per-interval budget.
 
-`GET /debug/stats` answers both (and the process's CPU seconds and RSS); `POST /debug/stats/reset` starts
-a new measurement window. Neither is in the published OpenAPI, and neither exists unless enabled.
+- `GcPauses`: how long the garbage collector stopped the process, per generation (a gen2 collection walks
+  every object, litellm's included, so it is the usual suspect behind a long lag).
+- `StallSampler`, only with PARLEY_DEBUG_STALL_MS=N as well: a thread that, whenever the loop has not
+  ticked for N ms, records where the loop thread is (its innermost frames), so a lag names its cause.
+  It takes the GIL every N/2 ms, which is why it is off unless asked for.
+
+`GET /debug/stats` answers all of them (and the process's CPU seconds and RSS); `POST /debug/stats/reset`
+starts a new measurement window. Neither is in the published OpenAPI, and neither exists unless enabled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import resource
+import sys
+import threading
 import time
-from collections import deque
+import traceback
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -31,6 +41,8 @@ TICK_SECONDS = 0.01
 LAG_SAMPLES = 60_000  # ten minutes of 10 ms ticks
 COMMIT_SAMPLES = 200_000
 WINDOW_SECONDS = 0.1
+STALL_FRAMES = 6
+STALL_TOP = 10
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -66,9 +78,13 @@ class LoopLag:
         self.samples: deque[float] = deque(maxlen=capacity)
         self.max = 0.0
         self.count = 0
+        # When the ticker last ran, and on which thread: what the stall sampler watches.
+        self.beat = time.monotonic()
+        self.thread_id = threading.get_ident()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        self.thread_id = threading.get_ident()
         self._task = asyncio.create_task(self._run(), name="debug-loop-lag")
 
     async def _run(self) -> None:
@@ -77,7 +93,8 @@ class LoopLag:
         while True:
             expected = clock() + interval
             await asyncio.sleep(interval)
-            self.record(max(0.0, clock() - expected))
+            self.beat = now = clock()
+            self.record(max(0.0, now - expected))
 
     def record(self, lag: float) -> None:
         self.samples.append(lag)
@@ -106,6 +123,85 @@ class LoopLag:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+
+class GcPauses:
+    """Time spent in each garbage collection, by generation (gc.callbacks: start/stop around each one)."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.stats = {gen: {"count": 0, "total_ms": 0.0, "max_ms": 0.0} for gen in (0, 1, 2)}
+
+    def attach(self) -> None:
+        gc.callbacks.append(self._on_gc)
+
+    def detach(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = (time.perf_counter() - self._started) * 1000
+        stats = self.stats[int(info.get("generation", 2))]
+        stats["count"] += 1
+        stats["total_ms"] += pause
+        stats["max_ms"] = max(stats["max_ms"], pause)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            f"gen{gen}": {key: round(value, 3) for key, value in stats.items()}
+            for gen, stats in self.stats.items()
+        }
+
+
+class StallSampler:
+    """A thread that notes where the loop thread is whenever the lag ticker is `threshold` seconds late.
+
+    One sample per stall (the first moment it is seen), keyed by the innermost frames of the loop thread."""
+
+    def __init__(self, lag: LoopLag, threshold: float) -> None:
+        self.lag = lag
+        self.threshold = threshold
+        self.stacks: Counter[str] = Counter()
+        self._seen_beat = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="debug-stall-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.threshold / 2):
+            beat = self.lag.beat
+            if time.monotonic() - beat < self.threshold or beat == self._seen_beat:
+                continue
+            self._seen_beat = beat
+            frame = sys._current_frames().get(self.lag.thread_id)
+            if frame is not None:
+                frames = traceback.extract_stack(frame)[-STALL_FRAMES:]
+                self.stacks[
+                    " < ".join(
+                        f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in reversed(frames)
+                    )
+                ] += 1
+
+    def reset(self) -> None:
+        self.stacks.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "threshold_ms": self.threshold * 1000,
+            "samples": sum(self.stacks.values()),
+            "top": [{"count": count, "stack": stack} for stack, count in self.stacks.most_common(STALL_TOP)],
+        }
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def commit_origin() -> str:
@@ -181,21 +277,29 @@ def _rss_mb() -> dict[str, float | None]:
 class DebugStats:
     """The lag ticker and the commit counter of one app, started in its lifespan."""
 
-    def __init__(self, engine: AsyncEngine, *, interval: float = TICK_SECONDS) -> None:
+    def __init__(self, engine: AsyncEngine, *, interval: float = TICK_SECONDS, stall_ms: float = 0) -> None:
         self.lag = LoopLag(interval)
         self.commits = CommitCounter()
         self.commits.attach(engine)
+        self.gc = GcPauses()
+        self.gc.attach()
+        self.stalls = StallSampler(self.lag, stall_ms / 1000) if stall_ms > 0 else None
         self.since = time.monotonic()
 
     @classmethod
-    def start(cls, engine: AsyncEngine, *, interval: float = TICK_SECONDS) -> DebugStats:
-        stats = cls(engine, interval=interval)
+    def start(cls, engine: AsyncEngine, *, interval: float = TICK_SECONDS, stall_ms: float = 0) -> DebugStats:
+        stats = cls(engine, interval=interval, stall_ms=stall_ms)
         stats.lag.start()
+        if stats.stalls is not None:
+            stats.stalls.start()
         return stats
 
     def reset(self) -> None:
         self.lag.reset()
         self.commits.reset()
+        self.gc.reset()
+        if self.stalls is not None:
+            self.stalls.reset()
         self.since = time.monotonic()
 
     def snapshot(self) -> dict[str, Any]:
@@ -208,11 +312,16 @@ class DebugStats:
             **_rss_mb(),
             "loop_lag": self.lag.snapshot(),
             "commits": self.commits.snapshot(),
+            "gc": self.gc.snapshot(),
+            "stalls": self.stalls.snapshot() if self.stalls is not None else None,
         }
 
     async def stop(self) -> None:
         await self.lag.stop()
         self.commits.detach()
+        self.gc.detach()
+        if self.stalls is not None:
+            self.stalls.stop()
 
 
 router = APIRouter(include_in_schema=False)

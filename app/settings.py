@@ -99,6 +99,12 @@ class Settings(BaseSettings):
         description="Serve GET /debug/stats (event-loop lag, commits per 100 ms; not in the OpenAPI) for "
         "the benchmark (bench/).",
     )
+    debug_stall_ms: float = Field(
+        0,
+        ge=0,
+        description="With debug_stats: when the event loop has not ticked for this many milliseconds, a "
+        "sampler thread notes where it is (0: off; it takes the GIL every half of it).",
+    )
 
     @field_validator("cors_origins", mode="before")
     @classmethod

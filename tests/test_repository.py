@@ -75,10 +75,13 @@ async def add_messages(database: Database, rows: list[ChatMessageRow]) -> list[i
             col(ChatMessageRow.id).in_([row.id for row in rows])
         )
         found = {mid: position for mid, position in (await db.exec(query)).all()}
-    positions = [found[row.id] for row in rows]
-    assert all(isinstance(p, int) for p in positions)
+    positions: list[int] = []
+    for row in rows:
+        position = found[row.id]
+        assert isinstance(position, int)
+        positions.append(position)
     assert positions == sorted(positions)  # inserted in order: the history's order
-    return [p for p in positions if p is not None]
+    return positions
 
 
 async def count(database: Database, model: type[Any], session_id: str) -> int:

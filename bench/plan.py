@@ -1,0 +1,174 @@
+"""What a benchmark run does: sizes of every stage, for the full run and for the CI smoke.
+
+Every stage reads its sizes from one `Config`, so `--smoke` is the same code with tiny numbers, and the
+JSON records the configuration that produced its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+STAGES = ("cold_start", "baselines", "sweep", "stop", "demo", "storage", "idle_streams")
+# "auto" is the server's default (a lean reader for OpenAI-compatible providers once it lands); "litellm"
+# forces litellm's stream for every model through PARLEY_STREAM_ADAPTER (ignored by servers without it).
+ADAPTERS = ("auto", "litellm")
+SDKS = ("litellm", "openai")
+
+
+@dataclass(frozen=True)
+class Config:
+    smoke: bool = False
+    # The concurrency sweep: C sessions, each running `rounds(C)` turns back to back.
+    levels: tuple[int, ...] = (1, 10, 50, 100)
+    chunks: int = 200
+    delay_ms: float = 20.0
+    samples: int = 100  # turns wanted per level; rounds are clamped to [min_rounds, max_rounds]
+    min_rounds: int = 2
+    max_rounds: int = 5
+    # Session i of C starts its first turn at i * ramp_s / C: C sessions all posting in the same
+    # millisecond measure a burst of POSTs rather than C concurrent streams.
+    ramp_s: float = 1.0
+    adapters: tuple[str, ...] = ADAPTERS
+    # Stop: `stop_sessions` stream back to back; every other one is cancelled mid-stream in each round.
+    stop_sessions: int = 50
+    stop_chunks: int = 200
+    stop_rounds: int = 3
+    stop_after_s: float = 0.5  # earliest cancel after the first text_delta; a jitter of up to 1 s is added
+    # The in-process demo model, paced.
+    demo_levels: tuple[int, ...] = (50, 200)
+    demo_delay: float = 0.02
+    # Start-up.
+    cold_starts: int = 5
+    idle_s: float = 2.0
+    # Storage.
+    messages: int = 10_000
+    events: int = 10_000
+    page_size: int = 100
+    page_calls: int = 100
+    replays: int = 5
+    # Idle open streams.
+    idle_streams: int = 2_000
+    stages: tuple[str, ...] = STAGES
+    # PARLEY_DEBUG_STALL_MS for every server with debug stats: where the loop was when it stalled this
+    # long (app/monitor.py). Off by default: the sampler thread takes the GIL, a little.
+    stall_ms: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def rounds(self, level: int) -> int:
+        return max(self.min_rounds, min(self.max_rounds, math.ceil(self.samples / max(level, 1))))
+
+    @property
+    def turn_seconds(self) -> float:
+        return self.chunks * self.delay_ms / 1000.0
+
+    def turn_timeout(self, chunks: int | None = None, delay_ms: float | None = None) -> float:
+        """Generous: a turn that takes this long has failed, and the run goes on without it."""
+        seconds = (chunks or self.chunks) * (self.delay_ms if delay_ms is None else delay_ms) / 1000.0
+        return 30.0 + 5.0 * seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SMOKE = Config(
+    smoke=True,
+    levels=(1, 3),
+    chunks=10,
+    delay_ms=5.0,
+    samples=1,
+    min_rounds=1,
+    max_rounds=1,
+    ramp_s=0.05,
+    stop_sessions=4,
+    stop_chunks=40,
+    stop_rounds=1,
+    stop_after_s=0.02,
+    demo_levels=(2,),
+    demo_delay=0.002,
+    cold_starts=1,
+    idle_s=0.2,
+    messages=300,
+    events=300,
+    page_calls=3,
+    replays=1,
+    idle_streams=20,
+)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    values = tuple(int(part) for part in text.split(",") if part.strip())
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"want positive integers separated by commas, got {text!r}")
+    return values
+
+
+def _names(allowed: tuple[str, ...]) -> Any:
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(part.strip() for part in text.split(",") if part.strip())
+        unknown = sorted(set(names) - set(allowed))
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(allowed)}")
+        return names
+
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description="Benchmark Parley against a fake OpenAI-compatible upstream (see bench/README.md).",
+    )
+    p.add_argument("--smoke", action="store_true", help="every stage, tiny sizes (CI): no figure is valid")
+    p.add_argument("--out", help="results (default bench/results; bench/work/smoke with --smoke)")
+    p.add_argument("--work", help="logs and databases (default bench/work)")
+    p.add_argument("--levels", type=_ints, help="concurrency levels of the sweep, e.g. 1,10,50,100")
+    p.add_argument("--chunks", type=int, help="text chunks per upstream response")
+    p.add_argument("--delay-ms", type=float, help="milliseconds between upstream chunks")
+    p.add_argument("--samples", type=int, help="turns wanted per level (rounds are clamped)")
+    p.add_argument("--max-rounds", type=int, help="most turns per session per level")
+    p.add_argument("--adapters", type=_names(ADAPTERS), help="stream adapters to sweep: auto,litellm")
+    p.add_argument("--stop-sessions", type=int, help="active sessions in the stop stage")
+    p.add_argument("--demo-levels", type=_ints, help="concurrent demo-model sessions, e.g. 50,200")
+    p.add_argument("--cold-starts", type=int, help="server spawns timed for the cold start")
+    p.add_argument("--messages", type=int, help="messages in the seeded long session")
+    p.add_argument("--events", type=int, help="events in the seeded replay session")
+    p.add_argument("--idle-streams", type=int, help="idle event streams opened at once")
+    p.add_argument("--stalls", type=float, dest="stall_ms", help="sample the loop's stack on stalls over MS")
+    p.add_argument("--render-only", action="store_true", help="rewrite latest.md/png from latest.json")
+    p.add_argument("--only", type=_names(STAGES), help=f"run only these stages ({', '.join(STAGES)})")
+    p.add_argument("--skip", type=_names(STAGES), help="skip these stages")
+    return p
+
+
+def config_from(args: argparse.Namespace) -> Config:
+    config = SMOKE if args.smoke else Config()
+    overrides: dict[str, Any] = {}
+    for name in (
+        "levels",
+        "chunks",
+        "delay_ms",
+        "samples",
+        "max_rounds",
+        "adapters",
+        "stop_sessions",
+        "demo_levels",
+        "cold_starts",
+        "messages",
+        "events",
+        "idle_streams",
+        "stall_ms",
+    ):
+        value = getattr(args, name)
+        if value is not None:
+            overrides[name] = value
+    stages = args.only or STAGES
+    if args.skip:
+        stages = tuple(s for s in stages if s not in args.skip)
+    overrides["stages"] = stages
+    config = replace(config, **overrides)
+    if config.min_rounds > config.max_rounds:
+        config = replace(config, min_rounds=config.max_rounds)
+    return config

@@ -1,0 +1,215 @@
+"""Seeds a migrated SQLite file directly, before its server starts, through the app's own code.
+
+Running 2,000 real turns to get a 10,000-message history would take longer than the rest of the run, so
+the storage stage writes the rows itself: `ChatMessageRow`s inserted with `repository.insert_messages`,
+events numbered and serialized by the broker's own `Channel.publish` (so the log holds byte for byte
+what a live turn would have logged) and written with `repository.insert_events`.
+
+- a history session: complete turns of turn_start, user text, assistant text (~1 KB), turn_done, every
+  third turn with a tool call (tool_group row) and a second text, until it holds `messages` rows;
+- a replay session: complete turns as the live stream numbers them (turn_start, user_message, thinking,
+  200 text_deltas, response_done, token_usage, idle, turn_done) with their chat rows, until its log holds
+  `events` events;
+- `idle` sessions with no history, for the idle-streams stage.
+Every turn is closed (turn_done row and event), so the server's crash recovery finds nothing to repair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app import repository
+from app.broker import Channel, Frame
+from app.clock import new_message_id, new_session_id, new_turn_id, now_iso
+from app.db import Database
+from app.events import (
+    AgentStatus,
+    ResponseDone,
+    ResponseInfo,
+    TextDelta,
+    TokenUsage,
+    TurnDone,
+    TurnStart,
+    Usage,
+    UserMessage,
+)
+from app.models import ChatMessageRow, ChatSessionRow
+
+MODEL = "openai/bench"
+USER_TEXT = "Tell me about the history of the city, its bridges and the river that runs through it."
+ANSWER = ("The city grew around its river crossing, and every century added a bridge. " * 14).strip()
+WORDS = [word + " " for word in ANSWER.split()]
+DELTAS_PER_TURN = 200
+BATCH = 2_000
+
+
+@dataclass
+class Seeded:
+    history_session: str
+    history_messages: int
+    history_ids: list[str]
+    replay_session: str
+    replay_events: int
+    idle_sessions: list[str]
+
+
+def _session(session_id: str, at: str) -> ChatSessionRow:
+    return ChatSessionRow(id=session_id, title="bench", model=MODEL, tools=[], created_at=at, updated_at=at)
+
+
+def _row(session_id: str, turn_id: str, type_: str, at: str, **fields: Any) -> ChatMessageRow:
+    return ChatMessageRow(
+        id=fields.pop("id", None) or new_message_id(),
+        session_id=session_id,
+        turn_id=turn_id,
+        type=type_,
+        timestamp=at,
+        **fields,
+    )
+
+
+def history_turn(session_id: str, index: int, at: str) -> list[ChatMessageRow]:
+    turn = new_turn_id()
+    response = new_message_id()
+    rows = [
+        _row(session_id, turn, "turn_start", at),
+        _row(session_id, turn, "text", at, role="user", content=USER_TEXT, sender="User"),
+        _row(
+            session_id,
+            turn,
+            "text",
+            at,
+            role="assistant",
+            content=ANSWER,
+            model=MODEL,
+            duration_ms=4100,
+            response_id=response,
+        ),
+    ]
+    if index % 3 == 2:
+        call = "call_" + new_message_id()[2:]
+        rows.append(
+            _row(
+                session_id,
+                turn,
+                "tool_group",
+                at,
+                tool_call_id=call,
+                tool_name="current_time",
+                arguments={"timezone": "Europe/Paris"},
+                result="2026-11-22T21:00:00+01:00",
+                is_error=False,
+                duration_ms=1,
+                model=MODEL,
+                response_id=response,
+            )
+        )
+        rows.append(
+            _row(
+                session_id,
+                turn,
+                "text",
+                at,
+                role="assistant",
+                content=ANSWER,
+                model=MODEL,
+                duration_ms=4000,
+                response_id=new_message_id(),
+            )
+        )
+    rows.append(_row(session_id, turn, "turn_done", at, duration_seconds=4.2, status="completed"))
+    return rows
+
+
+def replay_turn(channel: Channel, deltas: int, at: str, total: int) -> list[ChatMessageRow]:
+    """One turn's events, published on `channel` (its sink collects the frames), and its chat rows."""
+    session_id = channel.session_id
+    turn = new_turn_id()
+    start, user, text, done = (new_message_id() for _ in range(4))
+    channel.publish(TurnStart, id=start, turn_id=turn, timestamp=at)
+    channel.publish(
+        UserMessage,
+        id=user,
+        text=USER_TEXT,
+        timestamp=at,
+        turn_id=turn,
+        model=MODEL,
+        sender="User",
+        queued=False,
+    )
+    channel.publish(AgentStatus, status="thinking", turn_id=turn)
+    channel.publish(TextDelta, id=text, text=WORDS[0], timestamp=at, model=MODEL)
+    for i in range(1, deltas):
+        channel.publish_text_delta(text, WORDS[i % len(WORDS)])
+    usage = Usage(prompt_tokens=300, completion_tokens=deltas, total_tokens=300 + deltas)
+    info = ResponseInfo(model=MODEL, finish_reason="stop", usage=usage)
+    channel.publish(ResponseDone, id=text, duration_ms=4100, response=info)
+    channel.publish(
+        TokenUsage,
+        context_used=300,
+        context_window=None,
+        context_percent=None,
+        session_total_tokens=total,
+        model=MODEL,
+    )
+    channel.publish(AgentStatus, status="idle", turn_id=turn)
+    channel.publish(TurnDone, id=done, turn_id=turn, timestamp=at, duration_seconds=4.2, status="completed")
+    content = "".join(WORDS[i % len(WORDS)] for i in range(deltas))
+    return [
+        _row(session_id, turn, "turn_start", at, id=start),
+        _row(session_id, turn, "text", at, id=user, role="user", content=USER_TEXT, sender="User"),
+        _row(
+            session_id,
+            turn,
+            "text",
+            at,
+            id=text,
+            role="assistant",
+            content=content,
+            model=MODEL,
+            duration_ms=4100,
+            response_id=new_message_id(),
+        ),
+        _row(session_id, turn, "turn_done", at, id=done, duration_seconds=4.2, status="completed"),
+    ]
+
+
+async def _insert(database: Database, rows: list[Any], events: list[tuple[str, Frame]] | None = None) -> None:
+    async with database.session() as db:
+        for start in range(0, len(rows), BATCH):
+            await repository.insert_messages(db, rows[start : start + BATCH])
+        if events:
+            params = [{"session_id": s, "seq": f.seq, "type": f.type, "data": f.data} for s, f in events]
+            for start in range(0, len(params), BATCH):
+                await repository.insert_events(db, params[start : start + BATCH])
+        await db.commit()
+
+
+async def seed(path: Path, *, messages: int, events: int, idle: int) -> Seeded:
+    database = Database(f"sqlite+aiosqlite:///{path}")
+    at = now_iso()
+    try:
+        history_id, replay_id = new_session_id(), new_session_id()
+        idle_ids = [new_session_id() for _ in range(idle)]
+        await _insert(database, [_session(s, at) for s in (history_id, replay_id, *idle_ids)])
+
+        history: list[ChatMessageRow] = []
+        turns = 0
+        while len(history) < messages:
+            history.extend(history_turn(history_id, turns, at))
+            turns += 1
+        await _insert(database, history)
+
+        frames: list[tuple[str, Frame]] = []
+        channel = Channel(replay_id, 0, lambda s, f: frames.append((s, f)), limit=16)
+        replay_rows: list[ChatMessageRow] = []
+        while len(frames) < events:
+            # The last turn is shortened so the log ends near `events` (it holds at least that many).
+            deltas = max(1, min(DELTAS_PER_TURN, events - len(frames) - 7))
+            replay_rows.extend(replay_turn(channel, deltas, at, total=len(frames)))
+        await _insert(database, replay_rows, frames)
+    finally:
+        await database.dispose()
+    return Seeded(history_id, len(history), [r.id for r in history], replay_id, len(frames), idle_ids)
