@@ -112,6 +112,11 @@ class Runner:
         state = self._states.get(session_id)
         return state.live if state is not None else LiveStatus()
 
+    def is_closed(self, session_id: str) -> bool:
+        """The session is being deleted (its turn was stopped for that, and nothing starts after it)."""
+        state = self._states.get(session_id)
+        return state is not None and state.closed
+
     # --- posting -------------------------------------------------------------------------------------
 
     async def post(

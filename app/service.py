@@ -146,10 +146,11 @@ class ChatService:
         return self._out(row)
 
     async def get_row(self, principal: str, session_id: str) -> ChatSessionRow:
-        """The session, if `principal` owns it; 404 otherwise, so another principal's sessions stay unseen."""
+        """The session, if `principal` owns it; 404 otherwise, so another principal's sessions stay unseen.
+        A session being deleted is already gone."""
         async with self._db.session() as db:
             row = await repository.owned_session(db, principal, session_id)
-        if row is None:
+        if row is None or self._runner.is_closed(session_id):
             raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id})
         return row
 

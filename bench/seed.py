@@ -176,7 +176,15 @@ def replay_turn(channel: Channel, deltas: int, at: str, total: int) -> list[Chat
     ]
 
 
-async def _insert(database: Database, rows: list[Any], events: list[tuple[str, Frame]] | None = None) -> None:
+async def _add_sessions(database: Database, sessions: list[ChatSessionRow]) -> None:
+    async with database.session() as db:
+        db.add_all(sessions)
+        await db.commit()
+
+
+async def _insert(
+    database: Database, rows: list[ChatMessageRow], events: list[tuple[str, Frame]] | None = None
+) -> None:
     async with database.session() as db:
         for start in range(0, len(rows), BATCH):
             await repository.insert_messages(db, rows[start : start + BATCH])
@@ -193,7 +201,7 @@ async def seed(path: Path, *, messages: int, events: int, idle: int) -> Seeded:
     try:
         history_id, replay_id = new_session_id(), new_session_id()
         idle_ids = [new_session_id() for _ in range(idle)]
-        await _insert(database, [_session(s, at) for s in (history_id, replay_id, *idle_ids)])
+        await _add_sessions(database, [_session(s, at) for s in (history_id, replay_id, *idle_ids)])
 
         history: list[ChatMessageRow] = []
         turns = 0
