@@ -25,6 +25,10 @@ RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --
 COPY alembic.ini ./
 COPY migrations ./migrations
 COPY app ./app
+# Bytecode once, here: PYTHONDONTWRITEBYTECODE (and user 10001, who cannot write /app) keeps every start
+# from writing it, so without this each start compiled app/ and the migrations from source again (~0.1 s
+# of CPU before /healthz answered, measured).
+RUN python -m compileall -q app migrations
 
 USER 10001:10001
 VOLUME ["/data"]

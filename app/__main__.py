@@ -7,11 +7,15 @@ that says what to set, and where a keys file that cannot be used stops it before
 It also creates the listening socket itself, with TCP keepalive: connections accepted from it inherit the
 options (Linux), so an idle connection (a `?wait=true` request, an event stream between heartbeats) is
 probed, and a client whose machine or network vanished is noticed and its wait or stream ended.
+
+And it loads the app before uvicorn runs, with the garbage collector paused (`load_app`): part of a cold
+start that /healthz waits for.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import socket
 import sys
 from collections.abc import Sequence
@@ -55,16 +59,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=args.port,
         log_level=args.log_level,
         access_log=not args.no_access_log,
+        # No route is a websocket: "auto" would import the websockets library at every start for nothing.
+        ws="none",
     )
     server = uvicorn.Server(config)
     sock = listening_socket(config)
     try:
+        load_app(config)
         server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
         sock.close()
     return 0 if server.started else EXIT_STARTUP
+
+
+def load_app(config: uvicorn.Config) -> None:
+    """Imports and builds the app (what uvicorn does first when it runs), with the collector paused.
+
+    Building it allocates ~180k objects that live as long as the process: modules, routes, their pydantic
+    schemas. While they pile up, the collector's passes over them took ~0.13 s of CPU (of ~0.9 s before
+    /healthz answered) and found almost nothing to free (about 2,000 unreachable objects, measured). So no
+    collection meanwhile; afterwards they go to the permanent generation, out of every later pass (as the
+    model layer does with litellm's import, which starts later, with the collector running again).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        config.load()
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def listening_socket(config: uvicorn.Config) -> socket.socket:

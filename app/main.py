@@ -53,7 +53,6 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         if settings.debug_stats:
             debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)
         models = ModelLayer(settings)
-        models.start()
         writer = WriteBehind(
             database,
             interval=settings.event_flush_interval,
@@ -87,6 +86,9 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         # The repair is in the log (and the turns it closed are announced) before any client can ask.
         await writer.flush()
         await runner.resume_waiting()
+        # Last: litellm's import holds the GIL for seconds in its thread, and every step above would share
+        # the core with it; now the server starts serving at once, while it loads (/readyz says when).
+        models.start()
         try:
             with drain_on_signals(drain):
                 yield {

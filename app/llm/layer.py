@@ -11,23 +11,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib
 import logging
 import os
 import sys
 import threading
 from types import ModuleType
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from app.llm import lazy_encoding
 from app.llm.catalog import Catalog
 from app.llm.demo import DemoAdapter
 from app.llm.litellm_adapter import LiteLLMAdapter
 from app.llm.litellm_worker import LiteLLMWorker
-from app.llm.openai_compat import OpenAICompatAdapter, new_http_client
 from app.llm.routing import resolve_endpoint
 from app.llm.types import ModelAdapter, ResolvedModel
 from app.settings import DEMO_MODEL, Settings
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,18 @@ def import_litellm() -> ModuleType:
     return module
 
 
+def _import_model_modules() -> ModuleType:
+    """litellm, then the lean reader's module, both in the loading thread.
+
+    The lean reader is imported here rather than with this module: its aiohttp costs ~0.1 s of imports
+    that a cold start would otherwise spend before /healthz answers, and no model stream is read before
+    the layer has loaded. `_load` and `adapter` import from it once this has run.
+    """
+    module = import_litellm()
+    importlib.import_module("app.llm.openai_compat")
+    return module
+
+
 class UnknownModelError(LookupError):
     def __init__(self, model: str) -> None:
         super().__init__(model)
@@ -87,8 +101,9 @@ class ModelLayer:
 
     async def _load(self) -> None:
         try:
-            module = await asyncio.to_thread(import_litellm)
+            module = await asyncio.to_thread(_import_model_modules)
             from app.llm.demo_litellm import register_demo
+            from app.llm.openai_compat import new_http_client
 
             register_demo(self._settings.demo_token_delay)
             self._worker.start()
@@ -141,6 +156,8 @@ class ModelLayer:
         endpoint = resolve_endpoint(litellm, model, forced=choice == "openai")
         if endpoint is None:
             return self._litellm_adapter
+        from app.llm.openai_compat import OpenAICompatAdapter  # loaded by _import_model_modules
+
         return OpenAICompatAdapter(self._http, endpoint)
 
     async def is_known(self, model: str) -> bool:
