@@ -110,7 +110,10 @@ class Channel:
         self.delivered_seq = last_seq
         self._sink = sink
         self._limit = limit
-        self._ring: deque[Frame] = deque(maxlen=ring_size)
+        # Recent frames as plain (seq, type, data) tuples: a tuple of strings and an int is not tracked by
+        # the garbage collector, and a hundred busy sessions keep a hundred thousand of them; as Frame
+        # objects each full collection walked them all (tens of milliseconds with the event loop stopped).
+        self._ring: deque[tuple[int, str, str]] = deque(maxlen=ring_size)
         self.subscribers: set[Subscriber] = set()
         # The part of a text_delta's JSON that repeats for every delta of one message.
         self._delta_message: str | None = None
@@ -145,7 +148,7 @@ class Channel:
             if frame.seq <= self.delivered_seq:
                 continue
             self.delivered_seq = frame.seq
-            self._ring.append(frame)
+            self._ring.append((frame.seq, frame.type, frame.data))
             dropped = [sub for sub in self.subscribers if not sub.push(frame)]
             for sub in dropped:
                 self.subscribers.discard(sub)
@@ -154,7 +157,7 @@ class Channel:
         """The ring's frames after `after`: contiguous, ending at delivered_seq."""
         if after >= self.delivered_seq:
             return []
-        return [frame for frame in self._ring if frame.seq > after]
+        return [Frame(seq, type_, data) for seq, type_, data in self._ring if seq > after]
 
     def resync(self, head: int, reason: Literal["expired", "unknown"]) -> Frame:
         """A stream's first frame when it cannot replay: it takes no number, it repeats `head`'s."""

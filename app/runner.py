@@ -255,7 +255,7 @@ class Runner:
         )
         state.recorder = recorder
         state.task = recorder.task = asyncio.create_task(
-            self._run(session.id, state, recorder), name=f"turn:{turn_id}"
+            self._run(session, state, recorder), name=f"turn:{turn_id}"
         )
         # A task's callbacks run even when it is cancelled before it ever starts.
         state.task.add_done_callback(lambda _: self._turn_ended(turn_id))
@@ -271,9 +271,10 @@ class Runner:
     def _announce_queue(state: SessionState, channel: Channel) -> None:
         channel.publish(QueueUpdated, queue=[QueuedItem(**m.model_dump()) for m in state.waiting.values()])
 
-    async def _run(self, session_id: str, state: SessionState, recorder: TurnRecorder) -> None:
+    async def _run(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
+        session_id = session.id
         try:
-            await self._execute(session_id, state, recorder)
+            await self._execute(session, state, recorder)
         except asyncio.CancelledError:
             # Stopped before the recorder took charge (the turn had not reached the model yet).
             task = asyncio.current_task()
@@ -296,12 +297,12 @@ class Runner:
         except Exception:
             log.exception("closing a turn failed")
 
-    async def _execute(self, session_id: str, state: SessionState, recorder: TurnRecorder) -> None:
+    async def _execute(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
+        """`session` is the row the turn was started with, read just before (a deleted session stops its
+        turn first, and an update between that read and this moment is not seen: the next turn sees it)."""
+        session_id = session.id
         async with self._db.session() as db:
-            session = await repository.get_session(db, session_id)
             rows = await repository.list_messages(db, session_id)
-        if session is None:
-            raise RuntimeError(f"session {session_id} vanished")
         model = await self._models.resolve(session.model)
         recorder.context_window = model.context_window
         adapter = await self._models.adapter(model)
@@ -327,7 +328,8 @@ class Runner:
         """The turn is closed: take everything waiting as the next turn, or go idle."""
         async with state.lock:
             state.task = None
-            if not self._closing and not state.closed:
+            # `waiting` mirrors the waiting line's rows (kept under this lock): nothing waits, no read.
+            if state.waiting and not self._closing and not state.closed:
                 try:
                     await self._take_waiting(session_id, state)
                 except Exception:

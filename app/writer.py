@@ -132,12 +132,14 @@ class WriteBehind:
         self._task = asyncio.create_task(self._run(), name="write-behind")
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             # Streamed text needs a flush every text_interval even when no event comes.
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._pending.wait(), timeout=self._text_interval)
-            wait = self._last_commit + self._interval - loop.time()
+            # time.monotonic, not loop.time(): the loop's clock is read once per iteration, so after a long
+            # iteration it lags, and two commits could land in one interval. The millisecond covers a
+            # timer that fires a little early.
+            wait = self._last_commit + self._interval + 0.001 - time.monotonic()
             # After a quiet spell: one turn of the loop, so events published together share the commit.
             await asyncio.sleep(wait if wait > 0 else 0)
             self._pending.clear()
@@ -170,7 +172,7 @@ class WriteBehind:
                 await self._log(db, events, exact=False)
                 await db.commit()
             self.batch_commits += 1
-            self._last_commit = asyncio.get_running_loop().time()
+            self._last_commit = time.monotonic()
             del self._events[:taken]
             self._mark(written, now)
             if events and self._deliver is not None:

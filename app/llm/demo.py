@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import re
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -235,13 +236,57 @@ def _usage(prompt: int, completion: int) -> UsagePart:
     return UsagePart(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
+WaitUntil = Callable[[float], Awaitable[None]]
+
+
+async def sleep_until(due: float) -> None:
+    """Waits until the loop's clock reads `due` (at once, but still yielding to the loop, when it is past)."""
+    await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
+
+
+class Pacer:
+    """Wakes every paced stream due within the same `quantum` with one timer.
+
+    With `asyncio.sleep` each demo token costs its own timer (created, armed, fired, freed); at 200
+    streams of 50 tokens a second that was the demo's largest single cost. Here a part due at t waits
+    for the slot that ends at the first multiple of `quantum` at or after t: never early, at most a
+    quantum late, and streams due in the same slot share the slot's timer and event.
+    """
+
+    def __init__(self, quantum: float = 0.005) -> None:
+        self.quantum = quantum
+        self._slots: dict[int, asyncio.Event] = {}
+
+    async def until(self, due: float) -> None:
+        loop = asyncio.get_running_loop()
+        while (now := loop.time()) < due:
+            slot = math.ceil(due / self.quantum)
+            event = self._slots.get(slot)
+            if event is None:
+                event = self._slots[slot] = asyncio.Event()
+                loop.call_at(slot * self.quantum, self._fire, slot)
+            await event.wait()
+        if now - due > self.quantum:
+            # Past due by more than a slot (a busy loop): still let the loop run between parts.
+            await asyncio.sleep(0)
+
+    def _fire(self, slot: int) -> None:
+        event = self._slots.pop(slot, None)
+        if event is not None:
+            event.set()
+
+
 async def demo_parts(
-    messages: Sequence[Mapping[str, object]], tools: object, token_delay: float
+    messages: Sequence[Mapping[str, object]],
+    tools: object,
+    token_delay: float,
+    wait_until: WaitUntil = sleep_until,
 ) -> AsyncGenerator[StreamPart, None]:
     """The reply as stream parts: text tokens, tool-call fragments, then the finish reason and usage.
 
     Part n is due at start + n x delay (not delay after the previous one), so a loop that runs late
-    catches up instead of drifting. No try/except: a CancelledError from sleep reaches the consumer as is.
+    catches up instead of drifting. No try/except: a CancelledError from a wait reaches the consumer as
+    is.
     """
     plan, slow = _plan(messages, tools)
     parts: list[StreamPart] = [TextPart(token) for token in plan.tokens]
@@ -249,10 +294,9 @@ async def demo_parts(
         parts.extend(_fragments(call, index))
     delay = token_delay * (_SLOW_FACTOR if slow else 1)
     if delay > 0:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+        start = asyncio.get_running_loop().time()
         for n, part in enumerate(parts, 1):
-            await asyncio.sleep(max(0.0, start + n * delay - loop.time()))
+            await wait_until(start + n * delay)
             yield part
     else:
         for part in parts:
@@ -277,10 +321,12 @@ def demo_completion(
 
 
 class DemoAdapter:
-    """The demo model as a stream adapter: parts straight from the plan, no LiteLLM in the way."""
+    """The demo model as a stream adapter: parts straight from the plan, no LiteLLM in the way, paced by
+    one shared `Pacer` (or `wait_until`)."""
 
-    def __init__(self, token_delay: float = DEFAULT_TOKEN_DELAY) -> None:
+    def __init__(self, token_delay: float = DEFAULT_TOKEN_DELAY, wait_until: WaitUntil | None = None) -> None:
         self.token_delay = token_delay
+        self._wait_until = wait_until or Pacer().until
 
     def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
-        return demo_parts(request.messages, request.tools, self.token_delay)
+        return demo_parts(request.messages, request.tools, self.token_delay, self._wait_until)

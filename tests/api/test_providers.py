@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from app.llm.litellm_adapter import TRIM_AT, trim_kept_chunks
 from app.settings import Settings
 from tests.fakes.upstream import FakeUpstream, Script, validate_history
 from tests.support.server import LiveServer, free_port, live_server
@@ -136,6 +139,39 @@ async def test_text_with_usage_and_the_configured_window(
     assert request.body["model"] == "fake-model"  # the bare name, as LiteLLM resolves it
     # Which reader sent it: the lean one names itself, LiteLLM's goes through the openai SDK.
     assert (request.headers["user-agent"] == LEAN_USER_AGENT) is (stream_adapter == "auto")
+
+
+async def test_a_long_answer_keeps_every_chunk_and_the_providers_usage(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    """Longer than the LiteLLM adapter's trimming threshold (it drops the chunks LiteLLM keeps): every
+    text chunk still arrives, in order, and the usage is the provider's own."""
+    words = [f"w{i} " for i in range(3 * TRIM_AT)]
+    upstream.enqueue(Script.text("".join(words), chunks=len(words), usage=(321, len(words))))
+    sid, reader = await _turn(server, "a long one")
+    assert "".join(d["text"] for d in reader.of_type("text_delta")) == "".join(words)
+    done = reader.of_type("response_done")[0]
+    assert done["response"]["usage"] == {
+        "prompt_tokens": 321,
+        "completion_tokens": len(words),
+        "total_tokens": 321 + len(words),
+    }
+    assert reader.of_type("token_usage")[0]["context_used"] == 321
+    texts = [m for m in await _history(server, sid) if m["type"] == "text" and m.get("model")]
+    assert [m["content"] for m in texts] == ["".join(words)]
+
+
+def test_trimming_keeps_usage_chunks_and_the_last_two_in_order() -> None:
+    @dataclass
+    class Chunk:
+        n: int
+        usage: object = None
+
+    chunks: list[Any] = [Chunk(n, usage={"prompt_tokens": n} if n in (3, 70) else None) for n in range(80)]
+    trim_kept_chunks(chunks)
+    assert [c.n for c in chunks] == [3, 70, 78, 79]
+    trim_kept_chunks(chunks)  # again: nothing more to drop
+    assert [c.n for c in chunks] == [3, 70, 78, 79]
 
 
 async def test_fragmented_parallel_tool_calls_then_answer(server: LiveServer, upstream: FakeUpstream) -> None:

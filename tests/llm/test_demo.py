@@ -14,14 +14,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import asyncio
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import litellm
 import pytest
 from litellm.types.utils import GenericStreamingChunk
 
-from app.llm.demo import DEMO_CONTEXT_WINDOW, DEMO_MODEL, DemoAdapter
+from app.llm.demo import DEMO_CONTEXT_WINDOW, DEMO_MODEL, DemoAdapter, Pacer, sleep_until
 from app.llm.demo_litellm import DemoChunk, register_demo
 from app.llm.types import (
     FinishPart,
@@ -227,7 +229,8 @@ def _paced(
         monkeypatch.setattr(asyncio.get_running_loop(), "time", clock.time)
         monkeypatch.setattr(asyncio, "sleep", clock.sleep)
         received: list[StreamPart] = []
-        async for part in DemoAdapter(token_delay=delay).stream(_request(user(text), TOOLS)):
+        adapter = DemoAdapter(token_delay=delay, wait_until=sleep_until)
+        async for part in adapter.stream(_request(user(text), TOOLS)):
             received.append(part)
             if len(received) == stall_after:
                 clock.now += stall  # the consumer (or the whole loop) was busy for a while
@@ -368,3 +371,52 @@ def test_non_streaming_acompletion() -> None:
     finish, name, arguments, total = asyncio.run(call())
     assert (finish, name, arguments) == ("tool_calls", "calculate", '{"expression": "6 * 7"}')
     assert total > 0
+
+
+# --- the pacer: one timer per slot, never early ----------------------------------------------------------
+
+
+def test_the_pacer_wakes_streams_due_in_one_slot_with_one_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """How "one timer per slot" is proven: loop.call_at is counted while 40 waiters, due within two
+    slots, wait; each wakes no earlier than its due time (the loop's own clock says so)."""
+
+    async def scenario() -> tuple[int, list[float]]:
+        loop = asyncio.get_running_loop()
+        timers = 0
+        call_at = loop.call_at
+
+        def counted(when: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+            nonlocal timers
+            timers += 1
+            return call_at(when, callback, *args)
+
+        monkeypatch.setattr(loop, "call_at", counted)
+        pacer = Pacer(quantum=0.05)
+        base = (math.floor(loop.time() / 0.05) + 2) * 0.05  # a slot boundary, ahead of now
+        dues = [base + 0.001 * (1 + i % 20) + (0.05 if i >= 20 else 0.0) for i in range(40)]
+
+        async def wait(due: float) -> float:
+            await pacer.until(due)
+            return loop.time() - due
+
+        late = await asyncio.gather(*(wait(due) for due in dues))
+        return timers, late
+
+    timers, late = asyncio.run(scenario())
+    assert timers == 2
+    assert min(late) >= 0
+
+
+def test_a_waiter_cancelled_in_a_slot_leaves_the_others_waiting() -> None:
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        pacer = Pacer(quantum=0.05)
+        due = loop.time() + 0.06
+        first = asyncio.create_task(pacer.until(due))
+        second = asyncio.create_task(pacer.until(due))
+        await asyncio.sleep(0)
+        first.cancel()
+        await asyncio.gather(first, second, return_exceptions=True)
+        return ["cancelled" if t.cancelled() else "done" for t in (first, second)]
+
+    assert asyncio.run(scenario()) == ["cancelled", "done"]
