@@ -289,20 +289,25 @@ async def demo_parts(
     is.
     """
     plan, slow = _plan(messages, tools)
-    parts: list[StreamPart] = [TextPart(token) for token in plan.tokens]
-    for index, call in enumerate(plan.calls):
-        parts.extend(_fragments(call, index))
+    # Tokens stay plain strings until their turn: 400 part objects per stream made up front were, at 200
+    # streams, 80,000 objects the collector walked in every full collection (pauses of 200 ms and more).
+    fragments = [fragment for index, call in enumerate(plan.calls) for fragment in _fragments(call, index)]
+    count = len(plan.tokens) + len(fragments)
     delay = token_delay * (_SLOW_FACTOR if slow else 1)
-    if delay > 0:
-        start = asyncio.get_running_loop().time()
-        for n, part in enumerate(parts, 1):
+    start = asyncio.get_running_loop().time()
+    n = 0
+    for token in plan.tokens:
+        n += 1
+        if delay > 0:
             await wait_until(start + n * delay)
-            yield part
-    else:
-        for part in parts:
-            yield part
+        yield TextPart(token)
+    for fragment in fragments:
+        n += 1
+        if delay > 0:
+            await wait_until(start + n * delay)
+        yield fragment
     yield FinishPart(plan.finish_reason)
-    yield _usage(_prompt_tokens(messages, tools), len(parts))
+    yield _usage(_prompt_tokens(messages, tools), count)
 
 
 def demo_completion(
