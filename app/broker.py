@@ -59,34 +59,52 @@ class StreamsClosed(Unavailable):
 
 @dataclass(eq=False, slots=True)
 class Subscriber:
+    """One stream's buffer. Lean on purpose: thousands of idle streams each hold one (a list, and a future
+    only while it waits, instead of a deque and an Event with its own deque of waiters)."""
+
     limit: int
-    buffer: deque[Frame] = field(default_factory=deque)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    buffer: list[Frame] = field(default_factory=list)
     overflowed: bool = False
     closed: bool = False
+    # Set by the broker's heartbeat: the next wait returns an empty batch, which the stream sends as a
+    # heartbeat (a comment, a blank line) so that proxies keep an idle connection.
+    ping: bool = False
+    _waiter: asyncio.Future[None] | None = None
 
     def push(self, frame: Frame) -> bool:
         if len(self.buffer) >= self.limit:
             self.overflowed = True
-            self.wake.set()
+            self.wake()
             return False
         self.buffer.append(frame)
-        self.wake.set()
+        self.wake()
         return True
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def close(self) -> None:
         self.closed = True
-        self.wake.set()
+        self.wake()
 
     async def next_batch(self) -> list[Frame] | None:
-        """Frames in order; None once the subscription ended (overflow or close) and its buffer is empty."""
+        """Frames in order; [] when a heartbeat is due and nothing was sent since the last one; None once
+        the subscription ended (overflow or close) and its buffer is empty."""
         while not self.buffer:
             if self.overflowed or self.closed:
                 return None
-            self.wake.clear()
-            await self.wake.wait()
-        batch = list(self.buffer)
-        self.buffer.clear()
+            if self.ping:
+                self.ping = False
+                return []
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        self.ping = False  # frames are going out: the connection is not idle
+        batch, self.buffer = self.buffer, []
         return batch
 
 
@@ -216,6 +234,7 @@ class Broker:
         self._channels: dict[str, Channel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.closed = False
+        self._heartbeat: asyncio.Task[None] | None = None
 
     async def channel(self, session_id: str) -> Channel:
         existing = self._channels.get(session_id)
@@ -285,8 +304,27 @@ class Broker:
         if channel is not None:
             channel.close_all()
 
+    def start_heartbeat(self, interval: float) -> None:
+        """Every `interval`, each stream that sent nothing since the last beat gets a heartbeat.
+
+        One task for all streams, instead of the ping task sse-starlette would run per stream: at 2,000
+        idle streams those tasks (with their cancel scopes and frames) were a large part of the memory
+        an idle stream costs.
+        """
+        self._heartbeat = asyncio.create_task(self._beat(interval), name="stream-heartbeat")
+
+    async def _beat(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            for channel in self._channels.values():
+                for sub in channel.subscribers:
+                    sub.ping = True
+                    sub.wake()
+
     def close_all(self) -> None:
         """Shutdown: every stream ends once its buffered frames are sent, and no new one starts."""
         self.closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         for channel in self._channels.values():
             channel.close_all()

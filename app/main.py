@@ -77,6 +77,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
             ring_size=min(RING_SIZE, settings.event_retention),
         )
         writer.deliver_to(broker.deliver)
+        broker.start_heartbeat(settings.sse_ping_interval)
         registry = tools or build_default_registry()
         runner = Runner(settings, database, broker, writer, models, registry)
         chat = ChatService(settings, database, runner, models, registry, broker, writer)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import deque
 
 import pytest
 from sse_starlette import ServerSentEvent
@@ -81,7 +80,7 @@ async def test_subscribers_see_a_frame_only_once_it_is_committed() -> None:
     subscription = await broker.subscribe(SID, None)
     channel = await broker.channel(SID)
     channel.publish(AgentStatus, status="thinking")
-    assert subscription.subscriber.buffer == deque()
+    assert subscription.subscriber.buffer == []
     assert await broker.last_seq(SID) == 0
     log.commit()
     assert [f.seq for f in subscription.subscriber.buffer] == [1]
