@@ -249,31 +249,33 @@ class Pacer:
 
     With `asyncio.sleep` each demo token costs its own timer (created, armed, fired, freed); at 200
     streams of 50 tokens a second that was the demo's largest single cost. Here a part due at t waits
-    for the slot that ends at the first multiple of `quantum` at or after t: never early, at most a
-    quantum late, and streams due in the same slot share the slot's timer and event.
+    for the slot that ends at the first multiple of `quantum` at or after t: at most a quantum late
+    (the loop's timers may fire up to a millisecond early), and streams due in the same slot share one
+    timer. Each waiter has its own future, so a cancelled stream cancels only its own wait.
     """
 
     def __init__(self, quantum: float = 0.005) -> None:
         self.quantum = quantum
-        self._slots: dict[int, asyncio.Event] = {}
+        self._slots: dict[int, list[asyncio.Future[None]]] = {}
 
     async def until(self, due: float) -> None:
         loop = asyncio.get_running_loop()
-        while (now := loop.time()) < due:
-            slot = math.ceil(due / self.quantum)
-            event = self._slots.get(slot)
-            if event is None:
-                event = self._slots[slot] = asyncio.Event()
-                loop.call_at(slot * self.quantum, self._fire, slot)
-            await event.wait()
-        if now - due > self.quantum:
-            # Past due by more than a slot (a busy loop): still let the loop run between parts.
-            await asyncio.sleep(0)
+        if due - loop.time() <= 0.001:
+            await asyncio.sleep(0)  # due already: still let the loop run between parts
+            return
+        slot = math.ceil(due / self.quantum)
+        waiters = self._slots.get(slot)
+        if waiters is None:
+            waiters = self._slots[slot] = []
+            loop.call_at(slot * self.quantum, self._fire, slot)
+        waiter = loop.create_future()
+        waiters.append(waiter)
+        await waiter
 
     def _fire(self, slot: int) -> None:
-        event = self._slots.pop(slot, None)
-        if event is not None:
-            event.set()
+        for waiter in self._slots.pop(slot, ()):
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 async def demo_parts(

@@ -378,7 +378,7 @@ def test_non_streaming_acompletion() -> None:
 
 def test_the_pacer_wakes_streams_due_in_one_slot_with_one_timer(monkeypatch: pytest.MonkeyPatch) -> None:
     """How "one timer per slot" is proven: loop.call_at is counted while 40 waiters, due within two
-    slots, wait; each wakes no earlier than its due time (the loop's own clock says so)."""
+    slots, wait; none wakes before its due time (but for the millisecond a loop timer may be early)."""
 
     async def scenario() -> tuple[int, list[float]]:
         loop = asyncio.get_running_loop()
@@ -404,7 +404,7 @@ def test_the_pacer_wakes_streams_due_in_one_slot_with_one_timer(monkeypatch: pyt
 
     timers, late = asyncio.run(scenario())
     assert timers == 2
-    assert min(late) >= 0
+    assert min(late) >= -0.001  # a loop timer may fire up to a millisecond early
 
 
 def test_a_waiter_cancelled_in_a_slot_leaves_the_others_waiting() -> None:

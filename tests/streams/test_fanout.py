@@ -10,6 +10,7 @@ import httpx
 import pytest
 from httpx_sse import EventSource
 
+from app.api import events as events_api
 from app.settings import Settings
 from tests.streams.conftest import LONG, new_session, post
 from tests.support.server import LiveServer, live_server
@@ -122,3 +123,34 @@ async def test_every_subscriber_gets_every_event_in_order(server: LiveServer) ->
     assert_contiguous(readers[0].frames)
     for other in readers[1:]:
         assert other.frames == readers[0].frames
+
+
+async def test_a_client_that_stops_reading_is_cut_after_the_send_timeout(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """How the send timeout is proven: the principal may hold one stream; a stalled client holds it until
+    the server gives up on a send it cannot finish, then the slot is free again and a new stream opens."""
+    monkeypatch.setattr(events_api, "SEND_TIMEOUT", 0.5)
+    tuned = settings.model_copy(update={"demo_token_delay": 0.002, "max_streams_per_principal": 1})
+    with live_server(tuned, send_buffer=SOCKET_BUFFER) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            await wait_ready(client)
+            sid = await new_session(client)
+            options = [(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)]
+            transport = httpx.AsyncHTTPTransport(socket_options=options)
+            async with (
+                httpx.AsyncClient(base_url=server.base_url, timeout=30, transport=transport) as slow,
+                slow.stream("GET", f"/v1/sessions/{sid}/events") as stalled,
+            ):
+                assert stalled.status_code == 200
+                assert (await client.get(f"/v1/sessions/{sid}/events")).status_code == 429  # slot held
+                await post(client, sid, BULKY)  # far more than the socket buffers hold
+                freed = False
+                for _ in range(200):
+                    await asyncio.sleep(0.1)
+                    async with client.stream("GET", f"/v1/sessions/{sid}/events") as attempt:
+                        if attempt.status_code == 200:
+                            freed = True
+                            break
+                        assert attempt.status_code == 429
+                assert freed, "the stalled stream kept its slot for 20 s"
