@@ -77,6 +77,26 @@ def _import_model_modules() -> ModuleType:
     return module
 
 
+async def _settle(litellm: ModuleType, adapter: LiteLLMAdapter) -> None:
+    """What LiteLLM builds lazily on first use (its model-name index, the OpenAI call path) is built now,
+    and frozen with the import: otherwise tens of thousands of lasting objects made by the first real
+    calls stayed in the collector's way, and every full collection walked them with the GIL held."""
+    collecting = gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        with contextlib.suppress(Exception):
+            litellm.get_model_info(DEMO_MODEL)
+        try:
+            await adapter.warm_up()
+        except Exception:
+            log.warning("the LiteLLM warm-up call did not end in time", exc_info=True)
+    finally:
+        if collecting:
+            gc.freeze()
+            gc.enable()
+
+
 class UnknownModelError(LookupError):
     def __init__(self, model: str) -> None:
         super().__init__(model)
@@ -108,8 +128,10 @@ class ModelLayer:
             register_demo(self._settings.demo_token_delay)
             self._worker.start()
             self._http = new_http_client()
+            adapter = LiteLLMAdapter(module, self._worker)
+            await _settle(module, adapter)
             self._litellm = module
-            self._litellm_adapter = LiteLLMAdapter(module, self._worker)
+            self._litellm_adapter = adapter
         except BaseException as exc:
             log.exception("loading the model layer failed")
             self._load_error = exc
