@@ -51,6 +51,7 @@ $(STAMP): $(DEV_LOCK)
 run: $(STAMP) ## Migrate the DB and serve on HOST:PORT (python -m app: refuses a keyless non-loopback bind)
 	mkdir -p data
 	$(BIN)/alembic upgrade head
+	$(BIN)/python -m compileall -q app
 	$(BIN)/python -m app --host $(HOST) --port $(PORT)
 
 test: $(STAMP) ## ruff check + pytest (pass PYTEST_ARGS=...)
@@ -62,6 +63,8 @@ test: $(STAMP) ## ruff check + pytest (pass PYTEST_ARGS=...)
 BENCH_ARGS ?=
 .PHONY: bench
 bench: $(STAMP) ## Benchmark the server against a fake upstream and raw litellm/openai (BENCH_ARGS=...)
+	@# Bytecode first, as the image does: with PYTHONDONTWRITEBYTECODE set, every cold start would compile.
+	$(BIN)/python -m compileall -q app
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 lint: $(STAMP) ## ruff check + ruff format --check + mypy + hadolint (runs all, fails if any does)
