@@ -32,7 +32,14 @@ def ensure_sqlite_dir(url: str) -> None:
 
 def create_engine(url: str) -> AsyncEngine:
     ensure_sqlite_dir(url)
-    engine = create_async_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    engine = create_async_engine(
+        url,
+        connect_args={"timeout": BUSY_TIMEOUT_MS / 1000},
+        # A session that closes rolls back its own open transaction (SQLAlchemy runs that close to
+        # completion, also when the task is cancelled); the pool's rollback on top of it was one more trip
+        # to the driver's thread per session, for nothing.
+        pool_reset_on_return=None,
+    )
     event.listen(engine.sync_engine, "connect", _on_connect)
     return engine
 

@@ -21,11 +21,10 @@ async def get_session(db: AsyncSession, session_id: str) -> ChatSessionRow | Non
 
 
 async def owned_session(db: AsyncSession, principal: str, session_id: str) -> ChatSessionRow | None:
-    """The session if `principal` owns it: another principal's session is as absent as a missing one."""
-    query = select(ChatSessionRow).where(
-        col(ChatSessionRow.id) == session_id, col(ChatSessionRow.principal) == principal
-    )
-    return (await db.exec(query)).first()
+    """The session if `principal` owns it: another principal's session is as absent as a missing one.
+    (Every request names its session: this read is on every request's path.)"""
+    found = await _SESSIONS.all(db, "WHERE id = ? AND principal = ?", (session_id, principal))
+    return found[0] if found else None
 
 
 async def list_sessions(
@@ -54,16 +53,14 @@ async def add_usage(
     db: AsyncSession, session_id: str, *, prompt: int, completion: int, window: int | None, at: str
 ) -> tuple[int, int]:
     """Adds one response's tokens; returns the session's (total_tokens, context_used)."""
-    cursor = await (await _driver(db)).execute(
+    found = await (await _driver(db)).execute_fetchall(
         "UPDATE chat_sessions SET total_tokens = total_tokens + ?, context_used = ?, context_window = ?,"
         " updated_at = ? WHERE id = ? RETURNING total_tokens, context_used",
         (prompt + completion, prompt, window, at, session_id),
     )
-    found = await cursor.fetchone()
-    await cursor.close()
-    if found is None:
+    if not found:
         return (prompt + completion, prompt)
-    return (int(found[0]), int(found[1]))
+    return (int(found[0][0]), int(found[0][1]))
 
 
 async def delete_session(db: AsyncSession, session_id: str) -> bool:
@@ -93,6 +90,43 @@ def _message_params(row: ChatMessageRow) -> tuple[Any, ...]:
         json.dumps(getattr(row, name)) if name in _JSON_COLUMNS else getattr(row, name)
         for name in _MESSAGE_COLUMNS
     )
+
+
+def _decoder(column: Any) -> Any:
+    """How SQLAlchemy would turn the stored value of `column` back into Python."""
+    kind = column.type.__class__.__name__
+    if kind == "JSON":
+        return lambda v: None if v is None else json.loads(v)
+    if kind == "Boolean":
+        return lambda v: None if v is None else bool(v)
+    return None
+
+
+class _Loader:
+    """Rows of one table read with plain SQL and built into its model: one trip to the driver's thread
+    (aiosqlite's execute_fetchall) where an ORM select makes four (cursor, execute, fetch, close)."""
+
+    def __init__(self, model: Any) -> None:
+        columns = list(model.__table__.columns)
+        self.model = model
+        self.names = [c.name for c in columns]
+        self.select = f"SELECT {', '.join(self.names)} FROM {model.__tablename__}"
+        self.decoders = [(i, d) for i, c in enumerate(columns) if (d := _decoder(c)) is not None]
+
+    async def all(self, db: AsyncSession, where: str, params: Sequence[Any]) -> list[Any]:
+        records = await (await _driver(db)).execute_fetchall(f"{self.select} {where}", params)
+        names, decoders, model = self.names, self.decoders, self.model
+        rows = []
+        for record in records:
+            values = list(record)
+            for i, decode in decoders:
+                values[i] = decode(values[i])
+            rows.append(model(**dict(zip(names, values, strict=True))))
+        return rows
+
+
+_SESSIONS = _Loader(ChatSessionRow)
+_MESSAGES = _Loader(ChatMessageRow)
 
 
 async def _driver(db: AsyncSession) -> Any:
@@ -139,20 +173,23 @@ async def list_messages(
     after_position: int | None = None,
     before_position: int | None = None,
 ) -> list[ChatMessageRow]:
-    """In history order. With `before_position`, the `limit` messages just before it (still in order)."""
-    query = select(ChatMessageRow).where(col(ChatMessageRow.session_id) == session_id)
+    """In history order. With `before_position`, the `limit` messages just before it (still in order).
+    (Every turn reads its session's history: plain SQL, one trip to the driver.)"""
+    where = "WHERE session_id = ?"
+    params: list[Any] = [session_id]
     if after_position is not None:
-        query = query.where(col(ChatMessageRow.position) > after_position)
+        where += " AND position > ?"
+        params.append(after_position)
     if before_position is not None:
-        query = query.where(col(ChatMessageRow.position) < before_position)
-        query = query.order_by(col(ChatMessageRow.position).desc())
-        if limit is not None:
-            query = query.limit(limit)
-        return list(reversed((await db.exec(query)).all()))
-    query = query.order_by(col(ChatMessageRow.position))
+        where += " AND position < ?"
+        params.append(before_position)
+    backwards = before_position is not None
+    where += " ORDER BY position DESC" if backwards else " ORDER BY position"
     if limit is not None:
-        query = query.limit(limit)
-    return list((await db.exec(query)).all())
+        where += " LIMIT ?"
+        params.append(limit)
+    rows: list[ChatMessageRow] = await _MESSAGES.all(db, where, params)
+    return rows[::-1] if backwards else rows
 
 
 async def get_message(db: AsyncSession, message_id: str) -> ChatMessageRow | None:
@@ -220,8 +257,10 @@ async def dequeue(db: AsyncSession, message_ids: Sequence[str]) -> None:
 
 
 async def last_event_seq(db: AsyncSession, session_id: str) -> int:
-    query = select(func.max(EventRow.seq)).where(col(EventRow.session_id) == session_id)
-    return int((await db.exec(query)).first() or 0)
+    found = await (await _driver(db)).execute_fetchall(
+        "SELECT max(seq) FROM events WHERE session_id = ?", (session_id,)
+    )
+    return int(found[0][0] or 0) if found else 0
 
 
 _INSERT_EVENTS = "INSERT OR IGNORE INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
@@ -254,12 +293,10 @@ async def events_between(
 ) -> list[tuple[int, str, str]]:
     """(seq, type, data) of the session's events with after < seq < before, in order: one read, so one
     consistent snapshot. Plain tuples from the driver: a resume may replay ten thousand of them."""
-    cursor = await (await _driver(db)).execute(
+    rows = await (await _driver(db)).execute_fetchall(
         "SELECT seq, type, data FROM events WHERE session_id = ? AND seq > ? AND seq < ? ORDER BY seq",
         (session_id, after, before),
     )
-    rows = await cursor.fetchall()
-    await cursor.close()
     return [(int(seq), str(type_), str(data)) for seq, type_, data in rows]
 
 

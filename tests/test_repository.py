@@ -109,6 +109,49 @@ async def test_session_round_trip(database: Database) -> None:
     assert missing is None
 
 
+async def test_plain_sql_reads_build_the_same_rows_as_the_orm(database: Database) -> None:
+    """owned_session and list_messages read with plain SQL (one trip to the driver): every column comes
+    back as SQLAlchemy's own read would give it (JSON decoded, booleans as bool, None kept)."""
+    await add_sessions(database, "s_a")
+    rows = [
+        message("s_a", "t_1", "turn_start"),
+        message(
+            "s_a",
+            "t_1",
+            "tool_group",
+            tool_call_id="c_1",
+            tool_name="calculate",
+            arguments={"expression": "1+1"},
+            result="2",
+            is_error=False,
+            interrupted=True,
+            duration_ms=5,
+        ),
+        message("s_a", "t_1", "turn_done", duration_seconds=1.25, status="completed"),
+    ]
+    await add_messages(database, rows)
+    async with database.session() as db:
+        plain = await repository.list_messages(db, "s_a")
+        orm = (
+            await db.exec(
+                select(ChatMessageRow)
+                .where(col(ChatMessageRow.session_id) == "s_a")
+                .order_by(col(ChatMessageRow.position))
+            )
+        ).all()
+        owned = await repository.owned_session(db, "", "s_a")
+        by_orm = await repository.get_session(db, "s_a")
+    columns = [c.name for c in ChatMessageRow.__table__.columns]  # type: ignore[attr-defined]
+    assert [[getattr(r, c) for c in columns] for r in plain] == [
+        [getattr(r, c) for c in columns] for r in orm
+    ]
+    assert [type(r.is_error) for r in plain] == [type(None), bool, type(None)]
+    assert owned is not None and by_orm is not None
+    session_columns = [c.name for c in ChatSessionRow.__table__.columns]  # type: ignore[attr-defined]
+    assert [getattr(owned, c) for c in session_columns] == [getattr(by_orm, c) for c in session_columns]
+    assert owned.tools == ["current_time"]
+
+
 async def test_list_sessions_newest_first_with_keyset_paging(database: Database) -> None:
     async with database.session() as db:
         for session_id, created in [("s_1", 1), ("s_2", 2), ("s_3", 2), ("s_4", 3)]:
