@@ -251,10 +251,12 @@ class Pacer:
     streams of 50 tokens a second that was the demo's largest single cost. Here a part due at t waits
     for the slot that ends at the first multiple of `quantum` at or after t: at most a quantum late
     (the loop's timers may fire up to a millisecond early), and streams due in the same slot share one
-    timer. Each waiter has its own future, so a cancelled stream cancels only its own wait.
+    timer. Each waiter has its own future, so a cancelled stream cancels only its own wait. Ten
+    milliseconds: on this kind of machine every wake-up of the loop costs ~170 µs of CPU (measured with a
+    bare ticker), so fewer, fuller slots are what makes a paced token cheap.
     """
 
-    def __init__(self, quantum: float = 0.005) -> None:
+    def __init__(self, quantum: float = 0.01) -> None:
         self.quantum = quantum
         self._slots: dict[int, list[asyncio.Future[None]]] = {}
 
