@@ -1,9 +1,11 @@
 """The model layer: the only owner of the litellm module, loaded off the event loop at startup.
 
 `import litellm` costs seconds and ~170 MB; health, history and streams must not wait for it, so it is
-imported in a worker thread and everything that needs a model awaits `ready()`. It also picks the stream
-adapter of each model: the in-process demo, the lean OpenAI-compatible reader (one pooled aiohttp session),
-or LiteLLM's own stream on its worker thread (`adapter()`).
+imported in a worker thread and everything that needs a model awaits `ready()`. Here litellm resolves
+models (routing, context windows, `is_known`); it streams nothing. The layer also picks the stream adapter
+of each model: the in-process demo, the lean OpenAI-compatible reader (one pooled aiohttp session), or
+LiteLLM's own stream, which runs in a child process started with the first such stream (`adapter()`,
+litellm_process.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import importlib
 import logging
 import os
 import sys
-import threading
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,7 @@ from app.llm import lazy_encoding
 from app.llm.catalog import Catalog
 from app.llm.demo import DemoAdapter
 from app.llm.litellm_adapter import LiteLLMAdapter
-from app.llm.litellm_worker import LiteLLMWorker
+from app.llm.litellm_process import LiteLLMProcess
 from app.llm.routing import resolve_endpoint
 from app.llm.types import ModelAdapter, ResolvedModel
 from app.settings import DEMO_MODEL, Settings
@@ -77,20 +78,17 @@ def _import_model_modules() -> ModuleType:
     return module
 
 
-async def _settle(litellm: ModuleType, adapter: LiteLLMAdapter) -> None:
-    """What LiteLLM builds lazily on first use (its model-name index, the OpenAI call path) is built now,
-    and frozen with the import: otherwise tens of thousands of lasting objects made by the first real
-    calls stayed in the collector's way, and every full collection walked them with the GIL held."""
+def _settle(litellm: ModuleType) -> None:
+    """What LiteLLM builds lazily on first use here (its model-name index) is built now, and frozen with the
+    import, out of every later full collection. LiteLLM's call path is warmed up in its child process
+    (litellm_child.py), the only place it runs; the lean reader's first request mapping costs ~2 ms and
+    ~100 lasting objects (measured), left to the first request. Runs in the loading thread."""
     collecting = gc.isenabled()
     if collecting:
         gc.disable()
     try:
         with contextlib.suppress(Exception):
             litellm.get_model_info(DEMO_MODEL)
-        try:
-            await adapter.warm_up()
-        except Exception:
-            log.warning("the LiteLLM warm-up call did not end in time", exc_info=True)
     finally:
         if collecting:
             gc.freeze()
@@ -110,7 +108,8 @@ class ModelLayer:
         self._litellm: ModuleType | None = None
         self._litellm_adapter: LiteLLMAdapter | None = None
         self._demo = DemoAdapter(settings.demo_token_delay)
-        self._worker = LiteLLMWorker()
+        # No process yet: the child starts with the first LiteLLM stream.
+        self._process = LiteLLMProcess(settings.demo_token_delay)
         self._http: aiohttp.ClientSession | None = None
         self._loaded = asyncio.Event()
         self._load_error: BaseException | None = None
@@ -126,10 +125,9 @@ class ModelLayer:
             from app.llm.openai_compat import new_http_client
 
             register_demo(self._settings.demo_token_delay)
-            self._worker.start()
             self._http = new_http_client()
-            adapter = LiteLLMAdapter(module, self._worker)
-            await _settle(module, adapter)
+            adapter = LiteLLMAdapter(self._process)
+            await asyncio.to_thread(_settle, module)
             self._litellm = module
             self._litellm_adapter = adapter
         except BaseException as exc:
@@ -144,9 +142,9 @@ class ModelLayer:
         return self._litellm_adapter is not None
 
     @property
-    def stream_thread(self) -> threading.Thread | None:
-        """The thread LiteLLM's streams run on, once loaded (None before, or if loading failed)."""
-        return self._worker.thread
+    def litellm_process(self) -> LiteLLMProcess:
+        """Where LiteLLM's streams run: its `pid` is None until the first of them."""
+        return self._process
 
     async def ready(self) -> ModuleType:
         await self._loaded.wait()
@@ -158,8 +156,7 @@ class ModelLayer:
         if self._task is not None and not self._task.done():
             self._task.cancel()
             await asyncio.wait([self._task])
-        litellm = self._litellm
-        await self._worker.stop(_forget_loop_clients(litellm) if litellm is not None else None)
+        await self._process.stop()
         if self._http is not None:
             await self._http.close()
 
@@ -209,25 +206,3 @@ class ModelLayer:
     def model_names(self) -> list[str]:
         names = [DEMO_MODEL, *self.catalog.names()]
         return list(dict.fromkeys(names))
-
-
-async def _forget_loop_clients(litellm: ModuleType) -> None:
-    """Closes the SDK clients LiteLLM cached for the worker's loop (runs on it), and drops them.
-
-    The cache keys them by `id(loop)`: a later loop with a recycled id must not be handed a dead client.
-    """
-    cache = getattr(litellm, "in_memory_llm_clients_cache", None)
-    entries = getattr(cache, "cache_dict", None)
-    if not isinstance(entries, dict):
-        return
-    suffix = f"-{id(asyncio.get_running_loop())}"
-    for key in [k for k in entries if isinstance(k, str) and k.endswith(suffix)]:
-        client = entries.pop(key, None)
-        getattr(cache, "ttl_dict", {}).pop(key, None)
-        close = getattr(client, "aclose", None) or getattr(client, "close", None)
-        if close is None:
-            continue
-        with contextlib.suppress(Exception):
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result

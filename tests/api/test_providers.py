@@ -1,7 +1,7 @@
 """Both stream adapters against a fake OpenAI-compatible upstream over HTTP, configured by a models file.
 
 Every test runs twice: with `stream_adapter="auto"` ("openai/..." models take the lean OpenAI-compatible
-reader, LiteLLM still resolving them) and with `"litellm"` (LiteLLM's own stream, on its worker thread).
+reader, LiteLLM still resolving them) and with `"litellm"` (LiteLLM's own stream, in its child process).
 Both must give the same events, the same error codes and the same retries. Covers text with usage,
 fragmented parallel tool calls, provider errors (with retries only before any output), streams cut or
 failing mid-way, timeouts, and a model calling a tool that does not exist. Every request the upstream
@@ -11,6 +11,8 @@ receives is checked against the strict (Anthropic-like) history rules.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app.llm.litellm_adapter import TRIM_AT, trim_kept_chunks
+from app.llm.litellm_child import TRIM_AT, trim_kept_chunks
 from app.settings import Settings
 from tests.fakes.upstream import FakeUpstream, Script, validate_history
+from tests.llm.procfs import connection_owners, needs_proc, running
 from tests.support.server import LiveServer, free_port, live_server
 from tests.support.sse import EventReader
 
@@ -348,3 +351,87 @@ async def test_patching_the_model_switches_it_between_turns(
     history = await _history(server, sid)
     models = [m.get("model") for m in history if m["type"] == "text" and m["role"] == "assistant"]
     assert models == ["parley/demo", MODEL]
+
+
+# --- the LiteLLM child process dies -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def litellm_server(
+    settings: Settings, upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LiveServer]:
+    monkeypatch.setenv("PARLEY_TEST_FAKE_KEY", "sk-test")
+    configured = settings.model_copy(
+        update={
+            "models_file": _models_file(tmp_path, upstream.base_url),
+            "default_model": MODEL,
+            "stream_adapter": "litellm",
+        }
+    )
+    with live_server(configured) as running_server:
+        yield running_server
+
+
+async def _kill_the_reader(upstream: FakeUpstream) -> int:
+    """SIGKILL to the process holding the connection to the upstream: LiteLLM's child, not this process."""
+    [reader] = connection_owners(upstream.port)
+    assert reader != os.getpid()
+    os.kill(reader, signal.SIGKILL)
+    return reader
+
+
+async def _turn_killing_the_reader(
+    server: LiveServer, upstream: FakeUpstream, *, when_text: bool
+) -> tuple[str, EventReader, int]:
+    """A turn whose LiteLLM child is killed once text streamed (`when_text`), else once the upstream has
+    the request; returns the session, its events to turn_done, and the killed pid."""
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        created = await client.post("/v1/sessions", json={})
+        assert created.status_code == 201, created.text
+        sid = str(created.json()["id"])
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+            posted = await client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"})
+            assert posted.status_code == 202
+            if when_text:
+                await reader.wait_type("text_delta", count=2)
+            else:
+                await upstream.await_request(lambda _: True, within=10)
+            killed = await _kill_the_reader(upstream)
+            await reader.wait_type("turn_done")
+    return sid, reader, killed
+
+
+@needs_proc
+async def test_a_killed_litellm_child_fails_the_turn_and_the_next_turn_works(
+    litellm_server: LiveServer, upstream: FakeUpstream
+) -> None:
+    upstream.enqueue(Script.text(" ".join(f"w{n}" for n in range(200)), chunks=200, delay=0.05))
+    sid, reader, killed = await _turn_killing_the_reader(litellm_server, upstream, when_text=True)
+    # Text had reached the client: not retried; the turn fails with the error of a child that died.
+    assert len(upstream.requests) == 1
+    assert reader.of_type("error")[0]["code"] == "provider_stream_interrupted"
+    assert reader.of_type("turn_done")[0]["status"] == "failed"
+    streamed = "".join(d["text"] for d in reader.of_type("text_delta"))
+    history = await _history(litellm_server, sid)
+    partial = [m for m in history if m["type"] == "text" and m["role"] == "assistant"]
+    assert [(m["content"], m["interrupted"]) for m in partial] == [(streamed, True)]
+    assert not running(killed)
+
+    upstream.enqueue(Script.text("Back to normal."))
+    again = await _post(litellm_server, sid, "again")  # in a new child
+    assert again.of_type("turn_done")[0]["status"] == "completed"
+    assert "".join(d["text"] for d in again.of_type("text_delta")) == "Back to normal."
+
+
+@needs_proc
+async def test_a_litellm_child_killed_before_any_text_is_retried_in_a_new_one(
+    litellm_server: LiveServer, upstream: FakeUpstream
+) -> None:
+    upstream.enqueue(Script.hang(30), Script.text("Retried."))
+    _, reader, killed = await _turn_killing_the_reader(litellm_server, upstream, when_text=False)
+    assert reader.of_type("error") == []
+    assert reader.of_type("turn_done")[0]["status"] == "completed"
+    assert "".join(d["text"] for d in reader.of_type("text_delta")) == "Retried."
+    first, second = upstream.requests
+    assert first.disconnected and second.done
+    assert not running(killed)

@@ -1,16 +1,13 @@
-"""The model layer: which stream adapter each model gets, LiteLLM's streams on their own thread and loop,
-the worker's shutdown, and litellm imported without building its default tiktoken encoding.
+"""The model layer: which stream adapter each model gets, and litellm imported without building its
+default tiktoken encoding. Where LiteLLM's streams run (a child process): test_litellm_process.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
-import threading
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,9 +16,8 @@ import pytest
 from app.llm.demo import DemoAdapter
 from app.llm.layer import ModelLayer
 from app.llm.litellm_adapter import LiteLLMAdapter
-from app.llm.litellm_worker import PartChannel
 from app.llm.openai_compat import OpenAICompatAdapter
-from app.llm.types import ModelRequest, ProviderError, ResolvedModel, StreamPart, TextPart
+from app.llm.types import ModelRequest, ProviderError, ResolvedModel
 from app.settings import DEMO_MODEL, Settings
 
 pytestmark = pytest.mark.anyio
@@ -137,130 +133,16 @@ async def test_keys_as_litellm_finds_them(layer: ModelLayer, monkeypatch: pytest
     assert local.endpoint.headers["authorization"] == "Bearer no-key"
 
 
-# --- LiteLLM's streams run on the worker's thread and loop -------------------------------------------------
+# --- the LiteLLM child: tests/llm/test_litellm_process.py ---------------------------------------------------
 
 
-@dataclass
-class Probe:
-    """Where a custom LiteLLM provider's stream ran: thread and loop of each step."""
-
-    chunks: int = 3
-    delay: float = 0.0
-    seen: list[tuple[str, threading.Thread, asyncio.AbstractEventLoop]] = field(default_factory=list)
-    closed: threading.Event = field(default_factory=threading.Event)
-
-    def note(self, step: str) -> None:
-        self.seen.append((step, threading.current_thread(), asyncio.get_running_loop()))
-
-
-USAGE = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-
-
-def _chunk(text: str) -> dict[str, Any]:
-    """A litellm GenericStreamingChunk."""
-    return {
-        "text": text,
-        "tool_use": None,
-        "is_finished": False,
-        "finish_reason": "",
-        "usage": None,
-        "index": 0,
-    }
-
-
-@pytest.fixture
-def probe() -> Iterator[Probe]:
-    import litellm
-
-    state = Probe()
-
-    class ThreadProbe(litellm.CustomLLM):  # type: ignore[misc]
-        async def astreaming(self, **_: object) -> AsyncIterator[dict[str, Any]]:
-            state.note("stream")
-            try:
-                for n in range(state.chunks):
-                    if state.delay:
-                        await asyncio.sleep(state.delay)
-                    yield _chunk(f"t{n} ")
-                yield {**_chunk(""), "is_finished": True, "finish_reason": "stop", "usage": USAGE}
-            finally:
-                state.note("close")
-                state.closed.set()
-
-    saved = list(litellm.custom_provider_map)
-    litellm.custom_provider_map = [*saved, {"provider": "threadprobe", "custom_handler": ThreadProbe()}]
-    litellm.utils.custom_llm_setup()
-    yield state
-    litellm.custom_provider_map = saved
-
-
-def _probe_request() -> ModelRequest:
-    return ModelRequest(ResolvedModel("threadprobe/x", None), [{"role": "user", "content": "hi"}], [], 5.0)
-
-
-async def test_litellm_streams_run_on_the_worker_thread_and_loop(layer: ModelLayer, probe: Probe) -> None:
-    adapter = await layer.adapter(await layer.resolve("threadprobe/x"))
-    first = [part async for part in adapter.stream(_probe_request())]
-    second = [part async for part in adapter.stream(_probe_request())]
-    assert [p.text for p in first if isinstance(p, TextPart)] == ["t0 ", "t1 ", "t2 "]
-    assert first == second
-    threads = {thread for _, thread, _ in probe.seen}
-    loops = {loop for _, _, loop in probe.seen}
-    assert [step for step, _, _ in probe.seen] == ["stream", "close", "stream", "close"]
-    # Off the caller's thread and loop, always on the same ones (LiteLLM caches clients per loop).
-    assert threads == {layer.stream_thread}
-    assert threading.current_thread() not in threads
-    assert len(loops) == 1
-    assert asyncio.get_running_loop() not in loops
-
-
-async def test_closing_the_stream_closes_it_on_the_worker(layer: ModelLayer, probe: Probe) -> None:
-    probe.chunks, probe.delay = 1000, 0.01
-    adapter = await layer.adapter(await layer.resolve("threadprobe/x"))
-    stream = adapter.stream(_probe_request())
-    received: list[StreamPart] = [await anext(stream), await anext(stream)]
-    await stream.aclose()
-    # Generous bound: this checks that the close reaches the worker, not how fast.
-    assert await asyncio.to_thread(probe.closed.wait, 5.0)
-    assert len(received) == 2
-    assert probe.seen[-1][0] == "close"
-    assert probe.seen[-1][1] is layer.stream_thread
-
-
-async def test_stop_ends_the_worker_thread(tmp_path: Path) -> None:
+async def test_stop_without_any_litellm_stream(tmp_path: Path) -> None:
     model_layer = ModelLayer(_settings(tmp_path))
     model_layer.start()
     await model_layer.ready()
-    thread = model_layer.stream_thread
-    assert thread is not None and thread.is_alive()
+    assert model_layer.litellm_process.pid is None  # started by the first LiteLLM stream only
     await model_layer.stop()
-    assert not thread.is_alive()
-
-
-async def test_parts_cross_threads_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    loop = asyncio.get_running_loop()
-    wakeups: list[object] = []
-    schedule = loop.call_soon_threadsafe
-
-    def counting(callback: Any, *args: Any) -> asyncio.Handle:
-        wakeups.append(callback)
-        return schedule(callback, *args)
-
-    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
-    channel = PartChannel(loop)
-
-    def produce() -> None:
-        for n in range(100):
-            channel.put([TextPart(str(n))])
-        channel.end()
-
-    worker = threading.Thread(target=produce)
-    worker.start()
-    worker.join()  # this loop is blocked meanwhile: everything lands in one batch
-    parts, ended, error = await channel.take()
-    assert [p.text for p in parts if isinstance(p, TextPart)] == [str(n) for n in range(100)]
-    assert (ended, error) == (True, None)
-    assert len(wakeups) == 1
+    assert model_layer.litellm_process.pid is None
 
 
 # --- litellm without its default encoding ------------------------------------------------------------------

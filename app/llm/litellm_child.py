@@ -1,0 +1,387 @@
+"""The LiteLLM child: the process where every LiteLLM stream of the service runs, on a loop of its own.
+
+LiteLLM's stream wrapper costs ~0.45 ms of CPU per chunk, rebuilds the whole response synchronously when a
+stream ends, and leaves a backlog of objects that made the collector's full passes last hundreds of ms
+(../shared/notes/litellm.md §2). In the service's process that CPU, that GIL and that garbage were shared
+with the loop serving every session; here they are not, and on a machine with more than one core LiteLLM
+gets a core of its own. The service talks to this process over one socket (litellm_wire.py):
+`acompletion`, the iteration (with LiteLLM's kept chunks trimmed), `aclose` and the mapping of errors all
+happen here; the service receives parts in batches, and a safe `ProviderError` when a call fails (the
+upstream's own words go to the log only).
+
+`prepare` is what the zygote (litellm_zygote.py) does once before it forks children: import litellm as
+the service does, register the demo provider, warm LiteLLM's call path up, freeze all of it out of the
+collector's way. `run` serves one connection from the service until it closes, then returns (the child
+exits). The child ignores SIGINT: a Ctrl-C reaches the whole process group, and the service, which stops
+its turns first, closes the connection itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import gc
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, cast
+
+from app.llm.demo import DEMO_MODEL
+from app.llm.litellm_adapter import PLACEHOLDER_KEY, map_error
+from app.llm.litellm_wire import VERSION, LineReader, Outbox, encode_error, encode_part
+from app.llm.provider_errors import call_failed
+from app.llm.types import FinishPart, ProviderError, StreamPart, TextPart, ToolCallPart, UsagePart
+
+log = logging.getLogger(__name__)
+
+_WARM_UP_SECONDS = 2.0
+# How long the streams cancelled at the end get to close their upstream connections.
+_CLOSE_SECONDS = 3.0
+
+
+@functools.cache
+def prepare() -> ModuleType:
+    """Imports litellm (as the service does: import_litellm), registers the demo model, warms LiteLLM's
+    OpenAI call path up and freezes everything that built. Once per process; leaves no thread behind, so
+    the zygote can fork safely afterwards."""
+    from app.llm.layer import import_litellm
+
+    litellm = import_litellm()
+    from app.llm.demo_litellm import register_demo
+
+    collecting = gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        register_demo(0.0)  # for the warm-up; each child registers it with the service's pace
+        # Builds LiteLLM's model-name index, as the first stream's cost lookup would.
+        with contextlib.suppress(Exception):
+            litellm.get_model_info(DEMO_MODEL)
+        asyncio.run(_warm_up(litellm))
+    finally:
+        if collecting:
+            gc.freeze()
+            gc.enable()
+    return litellm
+
+
+async def _warm_up(litellm: ModuleType) -> None:
+    """Streams through LiteLLM's paths once, so that what they build lazily on the first real call is
+    built in the zygote and shared by every child (~450 modules, ~45k lasting objects; without it each
+    child's first stream took ~0.3 s more, measured): a refused call (the error path), a stream with text,
+    a tool call and usage from a local stand-in of an OpenAI-compatible server, and the demo provider.
+    The SDK clients cached for this loop are closed and dropped: the cache keys them by `id(loop)`, and a
+    child's loop could get the same id."""
+    server = await asyncio.start_server(_answer_warm_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        refused = probe.getsockname()[1]
+    common = {
+        "messages": [{"role": "user", "content": "."}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_retries": 0,
+        "timeout": _WARM_UP_SECONDS,
+    }
+    calls = [
+        {**common, "model": "openai/parley-warm-up", "api_base": f"http://127.0.0.1:{refused}/v1"},
+        {**common, "model": "openai/parley-warm-up", "api_base": f"http://127.0.0.1:{port}/v1"},
+        {**common, "model": DEMO_MODEL},
+    ]
+    logging.disable(logging.WARNING)  # the refused call is logged as a failed provider call
+    try:
+        for kwargs in calls:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_WARM_UP_SECONDS * 2):
+                    error = await read_stream(litellm, {"api_key": PLACEHOLDER_KEY, **kwargs}, lambda _: None)
+                    log.debug("LiteLLM warm-up call to %s ended: %s", kwargs["model"], error and error.code)
+    finally:
+        logging.disable(logging.NOTSET)
+        server.close()
+        await server.wait_closed()
+        await forget_loop_clients(litellm)
+
+
+_WARM_UP_CHUNKS = (
+    {"role": "assistant", "content": ""},
+    {"content": "warm"},
+    {
+        "tool_calls": [
+            {"index": 0, "id": "call_w", "type": "function", "function": {"name": "f", "arguments": ""}}
+        ]
+    },
+    {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+)
+
+
+async def _answer_warm_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A one-answer OpenAI-compatible chat-completions stream (text, a tool call, finish, usage)."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            (
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            ),
+            0,
+        )
+        await reader.readexactly(length)
+        base = {"id": "w", "object": "chat.completion.chunk", "created": 0, "model": "parley-warm-up"}
+        events = [
+            {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+            for delta in _WARM_UP_CHUNKS
+        ]
+        events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        events.append({**base, "choices": [], "usage": usage})
+        body = (
+            b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events)
+            + b"data: [DONE]\n\n"
+        )
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+    except (OSError, asyncio.IncompleteReadError, ValueError):
+        pass
+    finally:
+        writer.close()
+
+
+def run(sock: socket.socket) -> int:
+    """Serves the service's connection on `sock` until it closes; the exit code of the child."""
+    litellm = prepare()
+    asyncio.run(_serve(litellm, sock))
+    return 0
+
+
+async def _serve(litellm: ModuleType, sock: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    server = _Server(litellm, loop)
+    await loop.create_unix_connection(lambda: server, sock=sock)
+    try:
+        await server.closed
+    finally:
+        await server.shutdown()
+
+
+class _Server(asyncio.Protocol):
+    """The child's end of the connection: one task per stream, parts out in batches."""
+
+    def __init__(self, litellm: ModuleType, loop: asyncio.AbstractEventLoop) -> None:
+        self._litellm = litellm
+        self._loop = loop
+        self._reader = LineReader()
+        self._outbox = Outbox(loop)
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[None] = loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's are not asyncio.Transport subclasses, hence no isinstance check).
+        self._transport = cast(asyncio.Transport, transport)
+        self._outbox.attach(self._transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self._reader.feed(data)
+        except ValueError:
+            log.exception("the service sent a line that is not the wire protocol")
+            assert self._transport is not None
+            self._transport.abort()
+            return
+        for message in messages:
+            kind = message[0]
+            if kind == "open":
+                self._open(message[1], message[2])
+            elif kind == "cancel":
+                task = self._tasks.pop(message[1], None)
+                if task is not None:
+                    task.cancel()
+            elif kind == "init":
+                self._init(message[1], message[2])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._outbox.detach()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def _init(self, version: int, config: dict[str, Any]) -> None:
+        if version != VERSION:
+            log.error("the service speaks wire version %s, this child %s", version, VERSION)
+            assert self._transport is not None
+            self._transport.close()
+            return
+        # What a child started by the service itself would inherit: its environment (API keys included)
+        # and its CPU affinity, as they are now.
+        os.environ.clear()
+        os.environ.update(config["env"])
+        affinity = config.get("affinity")
+        if affinity and hasattr(os, "sched_setaffinity"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, affinity)
+        from app.llm.demo_litellm import register_demo
+
+        register_demo(float(config["demo_token_delay"]))
+        _forward_logging(self._outbox, int(config["log_level"]))
+        self._outbox.send(["hello", VERSION, os.getpid()])
+
+    def _open(self, stream_id: int, kwargs: dict[str, Any]) -> None:
+        task = self._loop.create_task(self._pump(stream_id, kwargs), name=f"litellm-stream-{stream_id}")
+        self._tasks[stream_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(stream_id, None))
+
+    async def _pump(self, stream_id: int, kwargs: dict[str, Any]) -> None:
+        def emit(parts: list[StreamPart]) -> None:
+            self._outbox.send_parts(stream_id, [encode_part(part) for part in parts])
+
+        try:
+            error = await read_stream(self._litellm, kwargs, emit)
+        except asyncio.CancelledError:
+            raise  # the service has forgotten this stream: no "end"
+        except Exception:
+            log.exception("a LiteLLM stream failed unexpectedly")
+            error = call_failed()
+        self._outbox.send(["end", stream_id, encode_error(error)])
+
+    async def shutdown(self) -> None:
+        """The service is gone or done: every stream is cancelled (its aclose closes the upstream
+        connection), then LiteLLM's clients for this loop are closed."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CLOSE_SECONDS)
+        await forget_loop_clients(self._litellm)
+
+
+async def read_stream(
+    litellm: ModuleType, kwargs: dict[str, Any], emit: Callable[[list[StreamPart]], None]
+) -> ProviderError | None:
+    """One `acompletion` stream: its parts to `emit`, chunk by chunk; the mapped error if it failed."""
+    try:
+        response = await litellm.acompletion(**kwargs)
+    except Exception as exc:
+        return map_error(litellm, exc, streamed=False)
+    kept = getattr(response, "chunks", None)
+    try:
+        async for chunk in response:
+            parts = _parts(chunk)
+            if parts:
+                emit(parts)
+            if type(kept) is list and len(kept) >= TRIM_AT:
+                trim_kept_chunks(kept)
+    except Exception as exc:
+        return map_error(litellm, exc, streamed=True)
+    finally:
+        # Without aclose a cancelled or abandoned stream keeps the upstream request open (notes §4).
+        await response.aclose()
+    return None
+
+
+# LiteLLM's stream wrapper keeps every chunk it returned (`CustomStreamWrapper.chunks`, ~4 KB and a dozen
+# objects each) only to rebuild the whole response when the stream ends: for the usage (read from the
+# chunks that carry one), for its logging callbacks (none here) and to compare the last two chunks
+# (its repetition check). Kept whole, that list grows for the stream's life, the rebuild at the end takes
+# ~110 ms per 1,000 chunks, and at 100 streams the collector walks hundreds of thousands of live objects
+# (full collections of 200-400 ms were measured). Trimmed to the chunks with usage plus the last two, usage
+# and the checks come out the same (tests/api/test_providers.py) at a constant cost.
+TRIM_AT = 64
+_LAST_KEPT = 2
+
+
+def trim_kept_chunks(chunks: list[Any]) -> None:
+    """Keeps the chunks that carry usage, in order, and the last two; drops the rest, in place."""
+    older = chunks[:-_LAST_KEPT]
+    chunks[:] = [*(c for c in older if getattr(c, "usage", None) is not None), *chunks[-_LAST_KEPT:]]
+
+
+def _parts(chunk: Any) -> list[StreamPart]:
+    parts: list[StreamPart] = []
+    choices = chunk.choices
+    if choices:
+        choice = choices[0]
+        delta = choice.delta
+        if delta is not None:
+            if delta.content:
+                parts.append(TextPart(delta.content))
+            for tc in delta.tool_calls or ():
+                fn = tc.function
+                parts.append(
+                    ToolCallPart(
+                        index=tc.index or 0,
+                        id=tc.id,
+                        name=fn.name if fn is not None else None,
+                        arguments=(fn.arguments or "") if fn is not None else "",
+                    )
+                )
+        if choice.finish_reason:
+            parts.append(FinishPart(choice.finish_reason))
+    usage = getattr(chunk, "usage", None)
+    if usage is not None:
+        parts.append(
+            UsagePart(
+                prompt_tokens=int(usage.prompt_tokens or 0),
+                completion_tokens=int(usage.completion_tokens or 0),
+                total_tokens=int(usage.total_tokens or 0),
+            )
+        )
+    return parts
+
+
+class _ToService(logging.Handler):
+    """The child's log records, sent to the service, which logs them through its own configuration."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        super().__init__()
+        self._outbox = outbox
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        if self._outbox.attached:
+            self._outbox.send(["log", record.levelno, record.name, text])
+        else:  # the connection is gone: the service's stderr, which this process shares
+            print(f"{record.levelname} {record.name}: {text}", file=sys.stderr)
+
+
+def _forward_logging(outbox: Outbox, level: int) -> None:
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, _ToService)]:
+        root.removeHandler(handler)
+    root.addHandler(_ToService(outbox))
+    root.setLevel(level)
+
+
+async def forget_loop_clients(litellm: ModuleType) -> None:
+    """Closes the SDK clients LiteLLM cached for the running loop, and drops them.
+
+    The cache keys them by `id(loop)`: a later loop with a recycled id must not be handed a dead client.
+    """
+    cache = getattr(litellm, "in_memory_llm_clients_cache", None)
+    entries = getattr(cache, "cache_dict", None)
+    if not isinstance(entries, dict):
+        return
+    suffix = f"-{id(asyncio.get_running_loop())}"
+    for key in [k for k in entries if isinstance(k, str) and k.endswith(suffix)]:
+        client = entries.pop(key, None)
+        getattr(cache, "ttl_dict", {}).pop(key, None)
+        close = getattr(client, "aclose", None) or getattr(client, "close", None)
+        if close is None:
+            continue
+        with contextlib.suppress(Exception):
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
