@@ -54,7 +54,7 @@ def build(results: dict[str, Any]) -> list[Figure]:
             170,
             _with_sdks(results, c50, "cpu_per_chunk_us"),
             {PEER: 455},
-            f"at {c50} sessions; all threads, every cost of the turn included",
+            f"at {c50} sessions; all threads and LiteLLM processes, every cost of the turn included",
         )
     )
     lit50 = _level(get(sweep, "litellm", "levels"), 50)
@@ -227,6 +227,15 @@ def _start(results: dict[str, Any]) -> list[Figure]:
             "MB",
             None,
             note="the largest VmHWM of any server process of the run, at any stage",
+        ),
+        Figure(
+            "litellm_processes_rss_mb",
+            "RSS of the LiteLLM processes under load",
+            max((w.get("children_rss_mb") or 0.0 for w in _load_windows(results)), default=None),
+            "MB",
+            None,
+            note="largest over the load windows: the zygote plus its child, which run LiteLLM's streams "
+            "(started by the first one; pages they share by the fork count twice); not in the server's RSS",
         ),
     ]
 

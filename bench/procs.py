@@ -89,6 +89,41 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children, their children, ...), from /proc/<pid>/task/*/children.
+
+    The server's LiteLLM zygote and the child it forks for LiteLLM's streams are the server's work: their
+    CPU and memory count as the server's. (A child that has exited is not counted: the zygote reaps its
+    children without wait, so their CPU is not added to anyone's; the child lives as long as the server.)
+    """
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as children:
+                    kids = [int(x) for x in children.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += kids
+            pending += kids
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """cpu_seconds of `pid` and of every live process below it."""
+    total = cpu_seconds(pid)
+    for child in descendants(pid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += cpu_seconds(child)
+    return total
+
+
 def core_busy_seconds(cpu: int | None) -> float | None:
     """Seconds core `cpu` has been busy (user, nice, system, irq, softirq, steal) since boot: /proc/stat.
 
@@ -128,6 +163,16 @@ def memory_mb(pid: int) -> dict[str, float]:
             if line.startswith(("VmRSS:", "VmHWM:")):
                 found[line.split(":")[0]] = int(line.split()[1]) / 1024
     return {"rss_mb": found.get("VmRSS", 0.0), "peak_rss_mb": found.get("VmHWM", 0.0)}
+
+
+def children_rss_mb(pid: int) -> float:
+    """RSS of every live process below `pid` (the LiteLLM zygote and its child), in MB: pages they share
+    with each other by the fork count in each."""
+    total = 0.0
+    for child in descendants(pid):
+        with contextlib.suppress(OSError):
+            total += memory_mb(child)["rss_mb"]
+    return total
 
 
 def reset_peak(pid: int) -> bool:
@@ -333,13 +378,15 @@ class ServerProcess:
             time.sleep(0.002)
 
     def memory(self) -> dict[str, float]:
-        return memory_mb(self.pid)
+        """The server process's own RSS and peak; `children_rss_mb`: its LiteLLM processes' RSS now."""
+        return {**memory_mb(self.pid), "children_rss_mb": children_rss_mb(self.pid)}
 
     def reset_peak(self) -> bool:
         return reset_peak(self.pid)
 
     def cpu_seconds(self) -> float:
-        return cpu_seconds(self.pid)
+        """The server's CPU, its LiteLLM processes' included (tree_cpu_seconds)."""
+        return tree_cpu_seconds(self.pid)
 
     def log_tail(self, lines: int = 40) -> str:
         try:
