@@ -24,6 +24,7 @@ import pytest
 
 from app.llm.layer import ModelLayer
 from app.llm.litellm_adapter import LiteLLMAdapter
+from app.llm.litellm_child import NICENESS_ABOVE_SERVICE
 from app.llm.litellm_process import SHARED_ZYGOTE
 from app.llm.types import ModelAdapter, ModelRequest, ProviderError, StreamPart, TextPart
 from app.settings import DEMO_MODEL, Settings
@@ -214,7 +215,7 @@ async def test_stop_ends_the_child_its_streams_and_any_later_start(
 # --- what the child inherits, what it reports ---------------------------------------------------------
 
 
-async def test_children_get_the_services_environment_and_affinity(
+async def test_children_get_the_services_environment_and_affinity_and_a_lower_priority(
     layer: ModelLayer, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Set after the zygote may have started: each child takes the service's environment (API keys) and
@@ -232,6 +233,9 @@ async def test_children_get_the_services_environment_and_affinity(
         assert _text([part async for part in adapter.stream(request)]) == "keyed"
         if pinned is not None:
             assert os.sched_getaffinity(_child_pid(layer)) == pinned
+        # Below the service's priority: when both want the core, the service's loop goes first.
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, _child_pid(layer)) == min(19, ours + NICENESS_ABOVE_SERVICE)
     finally:
         if pinned is not None:
             os.sched_setaffinity(0, saved)
