@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, text, update
+from sqlalchemy import inspect as sa_inspect
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -112,16 +113,21 @@ class _Loader:
         self.names = [c.name for c in columns]
         self.select = f"SELECT {', '.join(self.names)} FROM {model.__tablename__}"
         self.decoders = [(i, d) for i, c in enumerate(columns) if (d := _decoder(c)) is not None]
+        # As the ORM loads a row: a bare instance whose attributes are set, not validated. The model's
+        # __init__ validates every field (~100 us a message row, measured: 10 ms for a page of 100).
+        self.new = sa_inspect(model).class_manager.new_instance
 
     async def all(self, db: AsyncSession, where: str, params: Sequence[Any]) -> list[Any]:
         records = await (await _driver(db)).execute_fetchall(f"{self.select} {where}", params)
-        names, decoders, model = self.names, self.decoders, self.model
+        names, decoders, new = self.names, self.decoders, self.new
         rows = []
         for record in records:
             values = list(record)
             for i, decode in decoders:
                 values[i] = decode(values[i])
-            rows.append(model(**dict(zip(names, values, strict=True))))
+            row = new()
+            row.__dict__.update(zip(names, values, strict=True))
+            rows.append(row)
         return rows
 
 
