@@ -29,22 +29,14 @@ pytestmark = [
 ]
 
 
-def test_the_container_serves_a_whole_turn() -> None:
+def _drive_a_turn(*envs: str) -> None:
+    """container-smoke.sh builds and starts the image with `envs`, then drive_turn runs a whole turn."""
     assert SMOKE.is_file(), f"{SMOKE} is missing: the container test needs shared/ beside the repository"
     # The image binds 0.0.0.0, so it serves only with keys (or PARLEY_ALLOW_OPEN=1): give it one.
     key = secrets.token_hex(24)
+    options = [part for env in (f"PARLEY_API_KEYS=smoke:{key}", *envs) for part in ("--env", env)]
     smoke = subprocess.run(
-        [
-            "bash",
-            str(SMOKE),
-            "--env",
-            f"PARLEY_API_KEYS=smoke:{key}",
-            ".",
-            "--",
-            sys.executable,
-            "-m",
-            "tests.container.drive_turn",
-        ],
+        ["bash", str(SMOKE), *options, ".", "--", sys.executable, "-m", "tests.container.drive_turn"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -55,6 +47,10 @@ def test_the_container_serves_a_whole_turn() -> None:
     assert key not in smoke.stdout + smoke.stderr, "the API key was printed"
     assert "drive_turn:" in smoke.stdout, smoke.stdout
 
+
+def test_the_container_serves_a_whole_turn() -> None:
+    _drive_a_turn()
+
     inspected = subprocess.run(
         ["podman", "image", "inspect", IMAGE], capture_output=True, text=True, check=True
     )
@@ -64,3 +60,10 @@ def test_the_container_serves_a_whole_turn() -> None:
     assert "/data" in config["Volumes"]
     assert "/healthz" in " ".join(image["Healthcheck"]["Test"])
     assert "PARLEY_DATABASE_URL=sqlite+aiosqlite:////data/parley.db" in config["Env"]
+
+
+def test_litellm_streams_run_in_the_image() -> None:
+    """Every model read through LiteLLM: its streams run only in the LiteLLM child process (forked by its
+    zygote, `python -m app.llm.litellm_zygote`), so this turn completes only if both start in the image,
+    as its non-root user."""
+    _drive_a_turn("PARLEY_STREAM_ADAPTER=litellm")
