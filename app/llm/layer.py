@@ -17,6 +17,7 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@contextlib.contextmanager
+def frozen_afterwards(when: bool = True) -> Iterator[None]:
+    """No collection while the block builds long-lived objects; afterwards they go to the permanent
+    generation, out of every later full collection. Does nothing unless `when` and the collector is on."""
+    pausing = when and gc.isenabled()
+    if pausing:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if pausing:
+            gc.freeze()
+            gc.enable()
+
+
 def import_litellm() -> ModuleType:
     # Without these, import fetches the cost map over the network and offline tokenizer loads stall for
     # tens of seconds (../shared/notes/litellm.md §0, §5). They must be set before the import.
@@ -49,15 +65,8 @@ def import_litellm() -> ModuleType:
     # So no collection during the import (it leaves ~2,000 garbage objects, measured), and afterwards the
     # lot goes to the permanent generation: later full collections walk only what the service allocates
     # (a full pass then took 0.1 ms instead of 560).
-    collecting = first_import and gc.isenabled()
-    if collecting:
-        gc.disable()
-    try:
+    with frozen_afterwards(first_import):
         import litellm
-    finally:
-        if collecting:
-            gc.freeze()
-            gc.enable()
 
     litellm.suppress_debug_info = True
     litellm.disable_hf_tokenizer_download = True
@@ -83,16 +92,8 @@ def _settle(litellm: ModuleType) -> None:
     import, out of every later full collection. LiteLLM's call path is warmed up in its child process
     (litellm_child.py), the only place it runs; the lean reader's first request mapping costs ~2 ms and
     ~100 lasting objects (measured), left to the first request. Runs in the loading thread."""
-    collecting = gc.isenabled()
-    if collecting:
-        gc.disable()
-    try:
-        with contextlib.suppress(Exception):
-            litellm.get_model_info(DEMO_MODEL)
-    finally:
-        if collecting:
-            gc.freeze()
-            gc.enable()
+    with frozen_afterwards(), contextlib.suppress(Exception):
+        litellm.get_model_info(DEMO_MODEL)
 
 
 class UnknownModelError(LookupError):
@@ -106,10 +107,10 @@ class ModelLayer:
         self._settings = settings
         self.catalog = Catalog.load(settings.models_file)
         self._litellm: ModuleType | None = None
-        self._litellm_adapter: LiteLLMAdapter | None = None
         self._demo = DemoAdapter(settings.demo_token_delay)
         # No process yet: the child starts with the first LiteLLM stream.
         self._process = LiteLLMProcess(settings.demo_token_delay)
+        self._litellm_adapter = LiteLLMAdapter(self._process)
         self._http: aiohttp.ClientSession | None = None
         self._loaded = asyncio.Event()
         self._load_error: BaseException | None = None
@@ -126,10 +127,8 @@ class ModelLayer:
 
             register_demo(self._settings.demo_token_delay)
             self._http = new_http_client()
-            adapter = LiteLLMAdapter(self._process)
             await asyncio.to_thread(_settle, module)
             self._litellm = module
-            self._litellm_adapter = adapter
         except BaseException as exc:
             log.exception("loading the model layer failed")
             self._load_error = exc
@@ -139,7 +138,7 @@ class ModelLayer:
 
     @property
     def is_ready(self) -> bool:
-        return self._litellm_adapter is not None
+        return self._litellm is not None
 
     @property
     def litellm_process(self) -> LiteLLMProcess:
@@ -165,7 +164,7 @@ class ModelLayer:
         forces LiteLLM everywhere; "auto" takes the lean reader where routing.py finds the model
         OpenAI-compatible."""
         litellm = await self.ready()
-        assert self._litellm_adapter is not None and self._http is not None
+        assert self._http is not None
         forced_litellm = self._settings.stream_adapter == "litellm"
         if model.name == DEMO_MODEL:
             return self._litellm_adapter if forced_litellm else self._demo
