@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import json
 import logging
 import os
@@ -29,11 +28,11 @@ import socket
 import sys
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 from app.llm.demo import DEMO_MODEL
 from app.llm.litellm_adapter import PLACEHOLDER_KEY, map_error
-from app.llm.litellm_wire import VERSION, LineReader, Outbox, encode_error, encode_part
+from app.llm.litellm_wire import VERSION, Outbox, Peer, encode_error, encode_part
 from app.llm.provider_errors import call_failed
 from app.llm.types import FinishPart, ProviderError, StreamPart, TextPart, ToolCallPart, UsagePart
 
@@ -54,24 +53,17 @@ def prepare() -> ModuleType:
     """Imports litellm (as the service does: import_litellm), registers the demo model, warms LiteLLM's
     OpenAI call path up and freezes everything that built. Once per process; leaves no thread behind, so
     the zygote can fork safely afterwards."""
-    from app.llm.layer import import_litellm
+    from app.llm.layer import frozen_afterwards, import_litellm
 
     litellm = import_litellm()
     from app.llm.demo_litellm import register_demo
 
-    collecting = gc.isenabled()
-    if collecting:
-        gc.disable()
-    try:
+    with frozen_afterwards():
         register_demo(0.0)  # for the warm-up; each child registers it with the service's pace
         # Builds LiteLLM's model-name index, as the first stream's cost lookup would.
         with contextlib.suppress(Exception):
             litellm.get_model_info(DEMO_MODEL)
         asyncio.run(_warm_up(litellm))
-    finally:
-        if collecting:
-            gc.freeze()
-            gc.enable()
     return litellm
 
 
@@ -178,32 +170,20 @@ async def _serve(litellm: ModuleType, sock: socket.socket) -> None:
         await server.shutdown()
 
 
-class _Server(asyncio.Protocol):
+class _Server(Peer, asyncio.Protocol):
     """The child's end of the connection: one task per stream, parts out in batches."""
 
+    peer = "the service"
+
     def __init__(self, litellm: ModuleType, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
         self._litellm = litellm
         self._loop = loop
-        self._reader = LineReader()
-        self._outbox = Outbox(loop)
         self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[None] = loop.create_future()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport (uvloop's are not asyncio.Transport subclasses, hence no isinstance check).
-        self._transport = cast(asyncio.Transport, transport)
-        self._outbox.attach(self._transport)
-
     def data_received(self, data: bytes) -> None:
-        try:
-            messages = self._reader.feed(data)
-        except ValueError:
-            log.exception("the service sent a line that is not the wire protocol")
-            assert self._transport is not None
-            self._transport.abort()
-            return
-        for message in messages:
+        for message in self.read(data):
             kind = message[0]
             if kind == "open":
                 self._open(message[1], message[2])

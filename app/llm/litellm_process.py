@@ -23,9 +23,9 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from app.llm.litellm_wire import VERSION, LineReader, Outbox, decode_error, decode_part
+from app.llm.litellm_wire import VERSION, Peer, decode_error, decode_part
 from app.llm.litellm_zygote import Zygote
 from app.llm.provider_errors import provider_error
 from app.llm.types import ProviderError, StreamPart
@@ -78,15 +78,15 @@ class Channel:
 READ_SIZE = 16 * 1024
 
 
-class Link(asyncio.BufferedProtocol):
+class Link(Peer, asyncio.BufferedProtocol):
     """The service's end of the connection to one child."""
 
+    peer = "the LiteLLM child"
+
     def __init__(self, loop: asyncio.AbstractEventLoop, on_lost: Callable[[Link], None]) -> None:
+        super().__init__(loop)
         self._on_lost = on_lost
-        self._buffer = bytearray(READ_SIZE)
-        self._reader = LineReader()
-        self._outbox = Outbox(loop)
-        self._transport: asyncio.Transport | None = None
+        self._buffer = memoryview(bytearray(READ_SIZE))
         self._streams: dict[int, Channel] = {}
         self._ids = itertools.count(1)
         self.closed = False
@@ -94,25 +94,14 @@ class Link(asyncio.BufferedProtocol):
         # Read whether or not anyone awaits it (a start cancelled meanwhile): no "never retrieved" warning.
         self.greeting.add_done_callback(lambda f: f.cancelled() or f.exception())
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport (uvloop's are not asyncio.Transport subclasses, hence no isinstance check).
-        self._transport = cast(asyncio.Transport, transport)
-        self._outbox.attach(self._transport)
-
     def get_buffer(self, sizehint: int) -> memoryview:
-        return memoryview(self._buffer)
+        return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(self._buffer[:nbytes]))
+        self.data_received(self._buffer[:nbytes])  # no copy: the reader copies it into its own buffer
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            messages = self._reader.feed(data)
-        except ValueError:
-            log.exception("the LiteLLM child sent a line that is not the wire protocol")
-            self.abort()
-            return
-        for message in messages:
+    def data_received(self, data: bytes | memoryview) -> None:
+        for message in self.read(data):
             kind = message[0]
             if kind == "parts":
                 channel = self._streams.get(message[1])
@@ -158,10 +147,6 @@ class Link(asyncio.BufferedProtocol):
         self._outbox.flush()
         if self._transport is not None:
             self._transport.close()
-
-    def abort(self) -> None:
-        if self._transport is not None:
-            self._transport.abort()
 
 
 @dataclass(eq=False)

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+import logging
+from typing import Any, cast
 
 from app.llm.types import FinishPart, ProviderError, StreamPart, TextPart, ToolCallPart, UsagePart
+
+log = logging.getLogger(__name__)
 
 VERSION = 1
 
@@ -135,14 +138,44 @@ class LineReader:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list[list[Any]]:
+    def feed(self, data: bytes | memoryview) -> list[list[Any]]:
         self._buffer += data
         end = self._buffer.rfind(b"\n")
         if end < 0:
             return []
-        complete = bytes(self._buffer[:end])
+        complete = self._buffer[:end]
         del self._buffer[: end + 1]
         messages: list[list[Any]] = []
         for line in complete.split(b"\n"):
             messages.extend(json.loads(line))
         return messages
+
+
+class Peer(asyncio.BaseProtocol):
+    """What both ends of the connection share: an `Outbox` attached to the transport, and lines read into
+    messages; a line that is not the protocol aborts the connection (`peer` names the sender in the log)."""
+
+    peer = "the peer"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._reader = LineReader()
+        self._outbox = Outbox(loop)
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's are not asyncio.Transport subclasses, hence no isinstance check).
+        self._transport = cast(asyncio.Transport, transport)
+        self._outbox.attach(self._transport)
+
+    def read(self, data: bytes | memoryview) -> list[list[Any]]:
+        """The messages of the lines `data` completes; none if it broke the protocol (then aborted)."""
+        try:
+            return self._reader.feed(data)
+        except ValueError:
+            log.exception("%s sent a line that is not the wire protocol", self.peer)
+            self.abort()
+            return []
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()

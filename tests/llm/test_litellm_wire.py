@@ -182,3 +182,15 @@ async def test_a_lost_connection_fails_every_open_stream_retryably(pair: Pair) -
     # A stream opened on a lost connection ends at once, the same way.
     _, late = pair.link.open({})
     assert late.ended and late.error is not None and late.error.retryable
+
+
+async def test_a_line_that_is_not_the_protocol_aborts_the_connection(
+    pair: Pair, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, channel = pair.link.open({})
+    pair.peer.sendall(b"not json\n")
+    await asyncio.wait_for(channel.take(), 10)  # wakes with the end: the connection was aborted
+    assert pair.link.closed
+    assert channel.error is not None
+    assert (channel.error.code, channel.error.retryable) == ("provider_stream_interrupted", True)
+    assert "the LiteLLM child sent a line that is not the wire protocol" in caplog.text
