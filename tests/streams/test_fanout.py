@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -12,25 +10,19 @@ from httpx_sse import EventSource
 
 from app.api import events as events_api
 from app.settings import Settings
-from tests.streams.conftest import LONG, new_session, post
+from tests.streams.conftest import (
+    BULKY,
+    LONG,
+    SOCKET_BUFFER,
+    new_session,
+    post,
+    resume_reading,
+    stalling_client,
+)
 from tests.support.server import LiveServer, live_server
 from tests.support.stream import Frame, StreamClient, assert_contiguous
 
 pytestmark = pytest.mark.anyio
-
-QUEUE = 64
-# Fixed socket buffers (no autotuning): with asyncio's 64 KB write buffer, a client that reads nothing
-# holds about 130 KB before the server's sends stop and its queue starts to fill.
-SOCKET_BUFFER = 16 * 1024
-# A user_message event repeats the text: two turns of these are far more than the buffers hold.
-BULKY = LONG + " " + "x" * 90_000
-
-
-@pytest.fixture
-def small_queues(settings: Settings) -> Iterator[LiveServer]:
-    tuned = settings.model_copy(update={"demo_token_delay": 0.002, "subscriber_queue_size": QUEUE})
-    with live_server(tuned, send_buffer=SOCKET_BUFFER) as running:
-        yield running
 
 
 async def wait_ready(client: httpx.AsyncClient) -> None:
@@ -60,10 +52,8 @@ async def test_a_subscriber_that_reads_nothing_slows_nobody_and_resumes(small_qu
         head = alone.last_id
         assert head is not None
 
-        options = [(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)]
-        transport = httpx.AsyncHTTPTransport(socket_options=options)
         async with (
-            httpx.AsyncClient(base_url=small_queues.base_url, timeout=30, transport=transport) as slow,
+            stalling_client(small_queues) as slow,
             slow.stream("GET", f"/v1/sessions/{sid}/events") as stalled,
         ):
             assert stalled.status_code == 200
@@ -77,9 +67,7 @@ async def test_a_subscriber_that_reads_nothing_slows_nobody_and_resumes(small_qu
             await post(client, sid, BULKY)  # runs as a second turn
             assert await reading == "matched"
             # Only now does the stalled client read: what was buffered for it, then the end of its stream.
-            # (A window far below loopback's 64 KB segments makes TCP crawl: open it wide first.)
-            sock = stalled.extensions["network_stream"].get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+            resume_reading(stalled)
             received: list[Frame] = []
             async with asyncio.timeout(10):
                 async for sse in EventSource(stalled).aiter_sse():
@@ -136,10 +124,8 @@ async def test_a_client_that_stops_reading_is_cut_after_the_send_timeout(
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
             await wait_ready(client)
             sid = await new_session(client)
-            options = [(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)]
-            transport = httpx.AsyncHTTPTransport(socket_options=options)
             async with (
-                httpx.AsyncClient(base_url=server.base_url, timeout=30, transport=transport) as slow,
+                stalling_client(server) as slow,
                 slow.stream("GET", f"/v1/sessions/{sid}/events") as stalled,
             ):
                 assert stalled.status_code == 200

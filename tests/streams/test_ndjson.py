@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,7 +17,7 @@ from httpx_sse import aconnect_sse
 from app.api.events import wants_ndjson
 from app.settings import Settings
 from tests.interrupt.conftest import SlowTool, build_registry
-from tests.streams.conftest import LONG, new_session
+from tests.streams.conftest import BULKY, new_session, resume_reading, stalling_client
 from tests.support.server import LiveServer, live_server
 
 pytestmark = pytest.mark.anyio
@@ -239,35 +238,17 @@ async def test_at_shutdown_the_stream_ends_after_its_last_lines(gated: tuple[Liv
     assert seen[-1]["type"] == "turn_done" and seen[-1]["status"] == "interrupted"
 
 
-QUEUE = 64
-SOCKET_BUFFER = 16 * 1024
-BULKY = LONG + " " + "x" * 90_000
-
-
-@pytest.fixture
-def small_queues(settings: Settings) -> Iterator[LiveServer]:
-    tuned = settings.model_copy(update={"demo_token_delay": 0.002, "subscriber_queue_size": QUEUE})
-    with live_server(tuned, send_buffer=SOCKET_BUFFER) as running:
-        yield running
-
-
 async def test_a_client_that_reads_nothing_is_cut_off_and_resumes_from_its_last_line(
     small_queues: LiveServer,
 ) -> None:
     async with httpx.AsyncClient(base_url=small_queues.base_url, timeout=SAFETY) as client:
         sid = await new_session(client)
-        options = [(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)]
-        transport = httpx.AsyncHTTPTransport(socket_options=options)
-        async with (
-            httpx.AsyncClient(base_url=small_queues.base_url, timeout=SAFETY, transport=transport) as slow,
-            ndjson(slow, sid) as stalled,
-        ):
+        async with stalling_client(small_queues) as slow, ndjson(slow, sid) as stalled:
             assert stalled.status_code == 200
             await wait_turn(client, sid, BULKY)
             await wait_turn(client, sid, BULKY)
             # Only now does it read: what was buffered for it, then the end of its stream.
-            sock = stalled.extensions["network_stream"].get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+            resume_reading(stalled)
             received = events(await read_lines(stalled, until_type=None))
         last = (await client.get(f"/v1/sessions/{sid}/messages")).json()["last_event_id"]
         async with ndjson(client, sid, params={**NDJSON, "after": str(received[-1]["seq"])}) as rest:
