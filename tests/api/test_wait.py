@@ -15,6 +15,7 @@ import pytest
 
 from app.settings import Settings
 from tests.interrupt.conftest import SlowTool, build_registry
+from tests.streams.conftest import new_session
 from tests.support.server import LiveServer, live_server
 
 pytestmark = pytest.mark.anyio
@@ -41,12 +42,6 @@ def gated(gate: str) -> str:
     return f"[call:slow {json.dumps({'gate': gate})}]"
 
 
-async def _session(client: httpx.AsyncClient) -> str:
-    response = await client.post("/v1/sessions", json={})
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
-
-
 async def _until(check: Callable[[], Any], what: str) -> None:
     """Polls a condition the test itself brings about; the time limit only keeps a broken run finite."""
     async with asyncio.timeout(SAFETY):
@@ -59,6 +54,29 @@ async def _until(check: Callable[[], Any], what: str) -> None:
 
 async def _value(value: Any) -> Any:
     return await value if asyncio.iscoroutine(value) else value
+
+
+def _post_waiting(
+    client: httpx.AsyncClient, sid: str, content: str, **body: Any
+) -> asyncio.Task[httpx.Response]:
+    """A `?wait=true` post, answered once its turn ends: a task the test awaits after it acts."""
+    return asyncio.create_task(
+        client.post(f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": content, **body})
+    )
+
+
+async def _in_the_tool(slow_tool: SlowTool, gate: str) -> None:
+    """A turn runs, stopped in the `slow` tool on `gate` until the test opens it."""
+    await _until(lambda: gate in slow_tool.started, f"a turn waits in its tool on {gate!r}")
+
+
+async def _hold(client: httpx.AsyncClient, sid: str, slow_tool: SlowTool, gate: str) -> dict[str, Any]:
+    """Posts a message (no wait) whose turn then runs in the tool on `gate`; returns the 202 body."""
+    posted = await client.post(f"/v1/sessions/{sid}/messages", json={"content": gated(gate)})
+    assert posted.status_code == 202, posted.text
+    await _in_the_tool(slow_tool, gate)
+    accepted: dict[str, Any] = posted.json()
+    return accepted
 
 
 async def _queued(client: httpx.AsyncClient, sid: str, content: str) -> dict[str, Any]:
@@ -90,7 +108,7 @@ def _error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
 
 async def test_wait_answers_with_the_ended_turn_and_its_tool_round(server: LiveServer) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
-        sid = await _session(client)
+        sid = await new_session(client)
         posted = await client.post(
             f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": "what time is it?"}
         )
@@ -117,26 +135,18 @@ async def test_a_message_queued_behind_a_running_turn_gets_the_later_turn(
     server: LiveServer, slow_tool: SlowTool
 ) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
-        sid = await _session(client)
-        first = await client.post(f"/v1/sessions/{sid}/messages", json={"content": gated("first")})
-        assert first.status_code == 202, first.text
-        await _until(lambda: "first" in slow_tool.started, "the first turn is in its tool")
-        waiting = asyncio.create_task(
-            client.post(
-                f"/v1/sessions/{sid}/messages",
-                params=WAIT,
-                json={"content": "and then?", "delivery": "queue", "client_message_id": "c-1"},
-            )
-        )
+        sid = await new_session(client)
+        first = await _hold(client, sid, slow_tool, "first")
+        waiting = _post_waiting(client, sid, "and then?", delivery="queue", client_message_id="c-1")
         queued = await _queued(client, sid, "and then?")
         assert not waiting.done()
         slow_tool.release("first")
         answered = await waiting
-        earlier = (await client.get(f"/v1/sessions/{sid}/turns/{first.json()['turn_id']}")).json()
+        earlier = (await client.get(f"/v1/sessions/{sid}/turns/{first['turn_id']}")).json()
 
     assert answered.status_code == 200, answered.text
     turn = answered.json()
-    assert turn["turn_id"] != first.json()["turn_id"]
+    assert turn["turn_id"] != first["turn_id"]
     assert [(m["id"], m["content"], m["client_message_id"]) for m in turn["user_messages"]] == [
         (queued["id"], "and then?", "c-1")
     ]
@@ -148,11 +158,9 @@ async def test_a_stop_during_the_wait_answers_with_the_cancelled_turn(
     server: LiveServer, slow_tool: SlowTool
 ) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
-        sid = await _session(client)
-        waiting = asyncio.create_task(
-            client.post(f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": gated("never")})
-        )
-        await _until(lambda: "never" in slow_tool.started, "the turn is in its tool")
+        sid = await new_session(client)
+        waiting = _post_waiting(client, sid, gated("never"))
+        await _in_the_tool(slow_tool, "never")
         stopped = await client.post(f"/v1/sessions/{sid}/cancel")
         answered = await waiting
 
@@ -168,7 +176,7 @@ async def test_past_its_limit_a_wait_is_a_504_with_the_turn_id_and_the_turn_goes
     server: LiveServer, slow_tool: SlowTool
 ) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
-        sid = await _session(client)
+        sid = await new_session(client)
         # The gate stays shut until the 504 is in: the turn cannot end before it.
         late = await client.post(
             f"/v1/sessions/{sid}/messages", params={**WAIT, "timeout": "0.2"}, json={"content": gated("late")}
@@ -196,13 +204,43 @@ async def test_past_its_limit_a_wait_is_a_504_with_the_turn_id_and_the_turn_goes
     assert slow_tool.finished == ["late"] and slow_tool.cancelled == []
 
 
+@pytest.fixture
+def short_waits(settings: Settings, slow_tool: SlowTool) -> Iterator[LiveServer]:
+    """PARLEY_WAIT_TIMEOUT=0.2: no wait lasts longer, whatever `timeout` it asks for."""
+    tuned = settings.model_copy(update={"wait_timeout": 0.2})
+    with live_server(tuned, tools=build_registry(slow_tool)) as running:
+        yield running
+
+
+async def test_the_configured_limit_bounds_a_wait_and_caps_a_longer_timeout(
+    short_waits: LiveServer, slow_tool: SlowTool
+) -> None:
+    async with httpx.AsyncClient(base_url=short_waits.base_url, timeout=SAFETY) as client:
+        sid = await new_session(client)
+        # No `timeout`: the configured limit applies. The gate stays shut: the turn cannot end first.
+        unbounded = await client.post(
+            f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": gated("cap")}
+        )
+        error = _error(unbounded, 504, "wait_timeout")
+        turn_id = error["details"]["turn_id"]
+        # A longer `timeout` is capped (uncapped, this wait would outlast the client's SAFETY timeout).
+        capped = await client.get(f"/v1/sessions/{sid}/turns/{turn_id}", params={**WAIT, "timeout": "60"})
+        slow_tool.release("cap")
+
+    assert turn_id is not None and error["details"]["timeout"] == 0.2
+    assert _error(capped, 504, "wait_timeout")["details"] == {
+        "turn_id": turn_id,
+        "message_id": None,
+        "timeout": 0.2,
+    }
+
+
 async def test_a_queued_message_past_its_limit_has_no_turn_yet_and_a_retry_waits_for_its_turn(
     server: LiveServer, slow_tool: SlowTool
 ) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
-        sid = await _session(client)
-        first = await client.post(f"/v1/sessions/{sid}/messages", json={"content": gated("hold")})
-        await _until(lambda: "hold" in slow_tool.started, "the first turn is in its tool")
+        sid = await new_session(client)
+        first = await _hold(client, sid, slow_tool, "hold")
         body = {"content": "after that", "delivery": "queue"}
         key = {"Idempotency-Key": "wait-retry-1"}
         late = await client.post(
@@ -220,7 +258,7 @@ async def test_a_queued_message_past_its_limit_has_no_turn_yet_and_a_retry_waits
     assert retried.status_code == 200, retried.text
     assert retried.headers["idempotent-replayed"] == "true"
     turn = retried.json()
-    assert turn["turn_id"] != first.json()["turn_id"] and turn["status"] == "completed"
+    assert turn["turn_id"] != first["turn_id"] and turn["status"] == "completed"
     assert [m["id"] for m in turn["user_messages"]] == [message_id]
     # The retry waited for the stored message: it did not post it again.
     assert [m["content"] for m in history if m.get("role") == "user"] == [gated("hold"), "after that"]
@@ -228,7 +266,7 @@ async def test_a_queued_message_past_its_limit_has_no_turn_yet_and_a_retry_waits
 
 async def test_an_idempotent_retry_with_wait_waits_for_the_first_posts_turn(server: LiveServer) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
-        sid = await _session(client)
+        sid = await new_session(client)
         key = {"Idempotency-Key": "wait-retry-2"}
         body = {"content": "what is 2+3*4?"}
         posted = await client.post(f"/v1/sessions/{sid}/messages", json=body, headers=key)
@@ -251,11 +289,9 @@ async def test_a_waiter_that_disconnects_stops_waiting_and_the_turn_goes_on(
         httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client,
         httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as leaving,
     ):
-        sid = await _session(client)
-        waiting = asyncio.create_task(
-            leaving.post(f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": gated("gone")})
-        )
-        await _until(lambda: "gone" in slow_tool.started, "the turn is in its tool")
+        sid = await new_session(client)
+        waiting = _post_waiting(leaving, sid, gated("gone"))
+        await _in_the_tool(slow_tool, "gone")
         turn_id = await _running_turn(client, sid)
         waiting.cancel()  # closes the connection: what a script's Ctrl-C does
         await asyncio.gather(waiting, return_exceptions=True)
@@ -275,16 +311,9 @@ async def test_a_message_withdrawn_while_its_poster_waits_is_a_409(
     server: LiveServer, slow_tool: SlowTool
 ) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
-        sid = await _session(client)
-        await client.post(f"/v1/sessions/{sid}/messages", json={"content": gated("busy")})
-        await _until(lambda: "busy" in slow_tool.started, "the first turn is in its tool")
-        waiting = asyncio.create_task(
-            client.post(
-                f"/v1/sessions/{sid}/messages",
-                params=WAIT,
-                json={"content": "never mind", "delivery": "queue"},
-            )
-        )
+        sid = await new_session(client)
+        await _hold(client, sid, slow_tool, "busy")
+        waiting = _post_waiting(client, sid, "never mind", delivery="queue")
         queued = await _queued(client, sid, "never mind")
         withdrawn = await client.delete(f"/v1/sessions/{sid}/queue/{queued['id']}")
         answered = await waiting
@@ -298,16 +327,10 @@ async def test_at_shutdown_a_waiter_gets_the_interrupted_turn_and_a_queued_ones_
     server: LiveServer, slow_tool: SlowTool
 ) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
-        sid = await _session(client)
-        running = asyncio.create_task(
-            client.post(f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": gated("down")})
-        )
-        await _until(lambda: "down" in slow_tool.started, "the turn is in its tool")
-        behind = asyncio.create_task(
-            client.post(
-                f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": "later", "delivery": "queue"}
-            )
-        )
+        sid = await new_session(client)
+        running = _post_waiting(client, sid, gated("down"))
+        await _in_the_tool(slow_tool, "down")
+        behind = _post_waiting(client, sid, "later", delivery="queue")
         queued = await _queued(client, sid, "later")
         await asyncio.to_thread(server.drain)  # what SIGTERM starts
         interrupted, refused = await running, await behind
@@ -320,7 +343,7 @@ async def test_at_shutdown_a_waiter_gets_the_interrupted_turn_and_a_queued_ones_
 
 async def test_waiting_on_an_unknown_turn_is_a_404(server: LiveServer) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
-        sid = await _session(client)
+        sid = await new_session(client)
         response = await client.get(f"/v1/sessions/{sid}/turns/t_000000000000", params=WAIT)
     _error(response, 404, "not_found")
 
@@ -329,16 +352,10 @@ async def test_deleting_the_session_ends_its_waits_with_a_404(
     server: LiveServer, slow_tool: SlowTool
 ) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=SAFETY) as client:
-        sid = await _session(client)
-        running = asyncio.create_task(
-            client.post(f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": gated("deleted")})
-        )
-        await _until(lambda: "deleted" in slow_tool.started, "the turn is in its tool")
-        behind = asyncio.create_task(
-            client.post(
-                f"/v1/sessions/{sid}/messages", params=WAIT, json={"content": "gone", "delivery": "queue"}
-            )
-        )
+        sid = await new_session(client)
+        running = _post_waiting(client, sid, gated("deleted"))
+        await _in_the_tool(slow_tool, "deleted")
+        behind = _post_waiting(client, sid, "gone", delivery="queue")
         await _queued(client, sid, "gone")
         deleted = await client.delete(f"/v1/sessions/{sid}")
         answers = [await running, await behind]
