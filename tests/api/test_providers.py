@@ -356,20 +356,8 @@ async def test_patching_the_model_switches_it_between_turns(
 # --- the LiteLLM child process dies -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def litellm_server(
-    settings: Settings, upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[LiveServer]:
-    monkeypatch.setenv("PARLEY_TEST_FAKE_KEY", "sk-test")
-    configured = settings.model_copy(
-        update={
-            "models_file": _models_file(tmp_path, upstream.base_url),
-            "default_model": MODEL,
-            "stream_adapter": "litellm",
-        }
-    )
-    with live_server(configured) as running_server:
-        yield running_server
+# Only LiteLLM's stream has a child process: these tests set `stream_adapter` instead of running with both.
+LITELLM_ONLY = pytest.mark.parametrize("stream_adapter", ["litellm"])
 
 
 async def _kill_the_reader(upstream: FakeUpstream) -> int:
@@ -402,33 +390,35 @@ async def _turn_killing_the_reader(
 
 
 @needs_proc
+@LITELLM_ONLY
 async def test_a_killed_litellm_child_fails_the_turn_and_the_next_turn_works(
-    litellm_server: LiveServer, upstream: FakeUpstream
+    server: LiveServer, upstream: FakeUpstream
 ) -> None:
     upstream.enqueue(Script.text(" ".join(f"w{n}" for n in range(200)), chunks=200, delay=0.05))
-    sid, reader, killed = await _turn_killing_the_reader(litellm_server, upstream, when_text=True)
+    sid, reader, killed = await _turn_killing_the_reader(server, upstream, when_text=True)
     # Text had reached the client: not retried; the turn fails with the error of a child that died.
     assert len(upstream.requests) == 1
     assert reader.of_type("error")[0]["code"] == "provider_stream_interrupted"
     assert reader.of_type("turn_done")[0]["status"] == "failed"
     streamed = "".join(d["text"] for d in reader.of_type("text_delta"))
-    history = await _history(litellm_server, sid)
+    history = await _history(server, sid)
     partial = [m for m in history if m["type"] == "text" and m["role"] == "assistant"]
     assert [(m["content"], m["interrupted"]) for m in partial] == [(streamed, True)]
     assert not running(killed)
 
     upstream.enqueue(Script.text("Back to normal."))
-    again = await _post(litellm_server, sid, "again")  # in a new child
+    again = await _post(server, sid, "again")  # in a new child
     assert again.of_type("turn_done")[0]["status"] == "completed"
     assert "".join(d["text"] for d in again.of_type("text_delta")) == "Back to normal."
 
 
 @needs_proc
+@LITELLM_ONLY
 async def test_a_litellm_child_killed_before_any_text_is_retried_in_a_new_one(
-    litellm_server: LiveServer, upstream: FakeUpstream
+    server: LiveServer, upstream: FakeUpstream
 ) -> None:
     upstream.enqueue(Script.hang(30), Script.text("Retried."))
-    _, reader, killed = await _turn_killing_the_reader(litellm_server, upstream, when_text=False)
+    _, reader, killed = await _turn_killing_the_reader(server, upstream, when_text=False)
     assert reader.of_type("error") == []
     assert reader.of_type("turn_done")[0]["status"] == "completed"
     assert "".join(d["text"] for d in reader.of_type("text_delta")) == "Retried."
