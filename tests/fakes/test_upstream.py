@@ -252,10 +252,14 @@ def test_timeout_while_upstream_hangs_before_headers_is_a_disconnect(upstream: F
 # ----- the wire itself (raw httpx) --------------------------------------------------------------------
 
 
-def _events(body: str) -> list[Any]:
+def _events(body: str, *, done: bool = True) -> list[Any]:
+    """The stream's JSON events; it ends with `[DONE]` if `done`, else has none at all."""
     datas = [line[len("data: ") :] for line in body.split("\n\n") if line.startswith("data: ")]
-    assert datas[-1] == "[DONE]"
-    return [json.loads(d) for d in datas[:-1]]
+    if done:
+        assert datas[-1] == "[DONE]"
+        datas = datas[:-1]
+    assert "[DONE]" not in datas
+    return [json.loads(d) for d in datas]
 
 
 def test_wire_format_matches_openai(upstream: FakeUpstream) -> None:
@@ -312,9 +316,7 @@ def test_wire_error_event_mid_stream(upstream: FakeUpstream) -> None:
     body = {"model": "m", "messages": USER, "stream": True}
     with httpx.Client(base_url=upstream.base_url) as client:
         resp = client.post("/chat/completions", json=body)
-    datas = [line[len("data: ") :] for line in resp.text.split("\n\n") if line.startswith("data: ")]
-    assert "[DONE]" not in datas  # the body ends cleanly, but the stream never finished
-    events = [json.loads(d) for d in datas]
+    events = _events(resp.text, done=False)  # the body ends cleanly, but the stream never finished
     assert [e["choices"][0]["delta"].get("content") for e in events[:2]] == ["", "one t"]
     assert events[2]["error"]["type"] == "server_error"
     assert len(events) == 3
