@@ -1,5 +1,6 @@
-"""The README's reference tables follow the code: every event with every field, every setting with its
-environment variable and default. A field or a setting added without its row fails here."""
+"""The README's reference tables follow the code: every route with its query parameters, every event with
+every field, every setting with its environment variable and default. A route, a field or a setting added
+without its row fails here."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from app.events import Event
+from app.main import create_app
 from app.settings import Settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -112,3 +114,41 @@ def test_the_configuration_table_has_no_setting_the_code_does_not_know() -> None
     rows = _rows(_section("Configuration"), "| variable | default | meaning |")
     known = {f"PARLEY_{name.upper()}" for name in Settings.model_fields}
     assert set(rows) <= known, sorted(set(rows) - known)
+
+
+def _documented_routes() -> dict[tuple[str, str], set[str]]:
+    """The API table's routes: (method, path) to the query parameters its `?a=&b=` names. A path given as
+    `.../rest` goes on from the previous path of its row, at rest's first segment."""
+    section = _section("API")
+    lines = section[section.index("| method and path |") :].splitlines()[2:]
+    routes: dict[tuple[str, str], set[str]] = {}
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        previous = ""
+        for quoted in re.findall(r"`([^`]*)`", line.strip("|").split("|")[0]):
+            found = re.fullmatch(r"(GET|POST|PUT|PATCH|DELETE) ([^?\s]+)(?:\?(\S*))?", quoted)
+            if found is None:
+                continue  # a request body
+            method, path, query = found.groups()
+            if path.startswith("..."):
+                rest = path[len("...") :]
+                path = previous[: previous.index("/" + rest.split("/")[1])] + rest
+            routes[(method, path)] = {name for name in re.findall(r"(\w+)=", query or "")}
+            previous = path
+    return routes
+
+
+def test_the_api_table_lists_every_route_with_its_query_parameters() -> None:
+    spec = create_app(Settings()).openapi()
+    routes = {
+        (method.upper(), path): {p["name"] for p in operation.get("parameters", []) if p["in"] == "query"}
+        for path, operations in spec["paths"].items()
+        for method, operation in operations.items()
+    }
+    documented = _documented_routes()
+    assert sorted(documented) == sorted(routes), "README API table: one route per operation, and no other"
+    for route, query in routes.items():
+        assert documented[route] == query, (
+            f"README API table, {' '.join(route)}: the code takes {sorted(query)}"
+        )
