@@ -10,6 +10,7 @@ from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBear
 
 from app.auth import OPEN_PRINCIPAL, KeyRing
 from app.broker import Broker
+from app.db import Database
 from app.errors import Unauthorized
 from app.limits import MessageRate, StreamSlots
 from app.llm.layer import ModelLayer
@@ -35,12 +36,17 @@ async def get_services(request: Request) -> Services:
 
 
 async def get_chat(request: Request) -> ChatService:
-    services: Services = request.state.services
-    return services.chat
+    return (await get_services(request)).chat
+
+
+async def get_database(request: Request) -> Database:
+    database: Database = request.state.database
+    return database
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
 ChatDep = Annotated[ChatService, Depends(get_chat)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
 
 _bearer = HTTPBearer(
     auto_error=False,

@@ -7,9 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 
 from app import turns
-from app.api.deps import ChatDep, IdempotencyKey, MessagePosterDep, PrincipalDep
+from app.api.deps import ChatDep, DatabaseDep, IdempotencyKey, MessagePosterDep, PrincipalDep
 from app.api.responses import v1_errors
-from app.api.turns import DatabaseDep
 from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
 from app.schemas import (
     CancelRequest,

@@ -4,24 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 
 from app import turns
-from app.api.deps import ChatDep, PrincipalDep
+from app.api.deps import ChatDep, DatabaseDep, PrincipalDep
 from app.api.responses import v1_errors
 from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
-from app.db import Database
 from app.turns import Turn, TurnPage
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/turns", tags=["turns"])
-
-
-async def get_database(request: Request) -> Database:
-    database: Database = request.state.database
-    return database
-
-
-DatabaseDep = Annotated[Database, Depends(get_database)]
 
 
 @router.get("", responses=v1_errors(400, 404, 422))
