@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -285,30 +287,43 @@ class ChatService:
         limit = self._settings.wait_timeout
         return limit if timeout is None else min(timeout, limit)
 
+    @asynccontextmanager
+    async def _within(
+        self, timeout: float | None, timed_out: Callable[[float], WaitTimeout]
+    ) -> AsyncIterator[None]:
+        """The block under the wait's limit: past it, `timed_out(seconds)` is raised (a TimeoutError of
+        the block's own stays one)."""
+        seconds = self.wait_seconds(timeout)
+        deadline = asyncio.timeout(seconds)
+        try:
+            async with deadline:
+                yield
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise
+            raise timed_out(seconds) from exc
+
     async def await_message_turn(
         self, principal: str, session_id: str, message: MessageAccepted, timeout: float | None
     ) -> str:
         """The id of the turn that took the stored message, once that turn has ended; one limit for both
         waits. Cancelling this (the client left) stops the wait, never the turn."""
-        seconds = self.wait_seconds(timeout)
         turn_id = message.turn_id
-        deadline = asyncio.timeout(seconds)
-        try:
-            async with deadline:
-                if turn_id is None:
-                    turn_id = await self._runner.taker(session_id, message.id)
-                    if turn_id is None:
-                        raise await self._never_taken(principal, session_id, message.id)
-                await self._runner.turn_end(turn_id)
-        except TimeoutError as exc:
-            if not deadline.expired():
-                raise
-            raise WaitTimeout(
+
+        def timed_out(seconds: float) -> WaitTimeout:
+            return WaitTimeout(
                 f"No turn ended within {seconds:g} s; the message is kept and its turn goes on. Wait "
                 "again with GET .../turns/{turn_id}?wait=true once turn_id is known (it is null while "
                 "the message waits for a turn).",
                 details={"turn_id": turn_id, "message_id": message.id, "timeout": seconds},
-            ) from exc
+            )
+
+        async with self._within(timeout, timed_out):
+            if turn_id is None:
+                turn_id = await self._runner.taker(session_id, message.id)
+                if turn_id is None:
+                    raise await self._never_taken(principal, session_id, message.id)
+            await self._runner.turn_end(turn_id)
         return turn_id
 
     async def _never_taken(self, principal: str, session_id: str, message_id: str) -> ApiError:
@@ -326,18 +341,15 @@ class ChatService:
 
     async def await_turn_end(self, turn_id: str, timeout: float | None) -> None:
         """Returns once the turn has ended (at once if it is not running); 504 if the limit passes first."""
-        seconds = self.wait_seconds(timeout)
-        deadline = asyncio.timeout(seconds)
-        try:
-            async with deadline:
-                await self._runner.turn_end(turn_id)
-        except TimeoutError as exc:
-            if not deadline.expired():
-                raise
-            raise WaitTimeout(
+
+        def timed_out(seconds: float) -> WaitTimeout:
+            return WaitTimeout(
                 f"The turn did not end within {seconds:g} s; it goes on. Wait again, or follow the events.",
                 details={"turn_id": turn_id, "message_id": None, "timeout": seconds},
-            ) from exc
+            )
+
+        async with self._within(timeout, timed_out):
+            await self._runner.turn_end(turn_id)
 
     # --- stop and the waiting line -------------------------------------------------------------------
 
