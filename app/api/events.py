@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -19,7 +19,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.api.deps import ServicesDep, StreamPrincipalDep
 from app.api.responses import v1_errors
-from app.broker import Subscription
+from app.broker import Frame, Subscription
 from app.errors import ApiError
 from app.limits import StreamLease
 from app.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
@@ -143,8 +143,10 @@ async def stream_events(
         lease.release()
         raise
     settings = services.settings
-    body: AsyncIterator[ServerSentEvent | bytes] = (
-        _lines(subscription, lease) if ndjson else _frames(subscription, lease, settings.sse_retry_ms)
+    body = (
+        _body(subscription, lease, _ndjson, _NDJSON_HEARTBEAT)
+        if ndjson
+        else _body(subscription, lease, _sse, _SSE_HEARTBEAT, ServerSentEvent(retry=settings.sse_retry_ms))
     )
     # The same response for both: sse-starlette's encoding, send timeout (slow clients) and disconnect
     # handling, in two tasks instead of four (see _EventStream).
@@ -217,33 +219,35 @@ async def _end_async(subscription: Subscription, lease: StreamLease) -> None:
     _end(subscription, lease)
 
 
-async def _frames(
-    subscription: Subscription, lease: StreamLease, retry_ms: int
+async def _body(
+    subscription: Subscription,
+    lease: StreamLease,
+    encode: Callable[[list[Frame]], bytes],
+    heartbeat: bytes,
+    first: ServerSentEvent | None = None,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """The frames of each committed batch go out as one body chunk (one send, one socket write per
-    batch, not per event); each frame is sse-starlette's own encoding, made once for all clients."""
+    batch, not per event), framed by `encode`; an empty batch (the broker's heartbeat) is `heartbeat`."""
     try:
-        yield ServerSentEvent(retry=retry_ms)
+        if first is not None:
+            yield first
         async for batch in subscription.batches():
             if not batch:
-                yield _SSE_HEARTBEAT
+                yield heartbeat
             for start in range(0, len(batch), SEND_FRAMES):
-                yield b"".join([frame.sse() for frame in batch[start : start + SEND_FRAMES]])
+                yield encode(batch[start : start + SEND_FRAMES])
     finally:
         _end(subscription, lease)
 
 
-async def _lines(subscription: Subscription, lease: StreamLease) -> AsyncIterator[bytes]:
-    """NDJSON: each frame's data (the JSON of its SSE `data:`, which never holds a raw newline) and a
-    newline; like `_frames`, one body chunk per committed batch."""
-    try:
-        async for batch in subscription.batches():
-            if not batch:
-                yield _NDJSON_HEARTBEAT
-            for start in range(0, len(batch), SEND_FRAMES):
-                yield "".join([f"{frame.data}\n" for frame in batch[start : start + SEND_FRAMES]]).encode()
-    finally:
-        _end(subscription, lease)
+def _sse(frames: list[Frame]) -> bytes:
+    """Each frame in sse-starlette's own encoding, made once for all clients (Frame.sse)."""
+    return b"".join([frame.sse() for frame in frames])
+
+
+def _ndjson(frames: list[Frame]) -> bytes:
+    """Each frame's data (the JSON of its SSE `data:`, which never holds a raw newline) and a newline."""
+    return "".join([f"{frame.data}\n" for frame in frames]).encode()
 
 
 # The SSE heartbeat is a comment (sse-starlette's encoding); the NDJSON one an empty line, which line
