@@ -305,7 +305,9 @@ class Broker:
             channel.close_all()
 
     def start_heartbeat(self, interval: float) -> None:
-        """Every `interval`, each stream that sent nothing since the last beat gets a heartbeat.
+        """Every `interval`, each stream gets a heartbeat, unless frames wait in its buffer when it next
+        takes a batch (they keep the connection alive themselves). A stream that sent frames just before
+        the beat still gets one: idleness since the last beat is not tracked.
 
         One task for all streams, instead of the ping task sse-starlette would run per stream: at 2,000
         idle streams those tasks (with their cancel scopes and frames) were a large part of the memory
