@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, text, update
 from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.orm import configure_mappers
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -115,6 +116,10 @@ class _Loader:
         self.decoders = [(i, d) for i, c in enumerate(columns) if (d := _decoder(c)) is not None]
         # As the ORM loads a row: a bare instance whose attributes are set, not validated. The model's
         # __init__ validates every field (~100 us a message row, measured: 10 ms for a page of 100).
+        # A bare instance reads its attributes through the mapper's instrumentation, which exists only
+        # once the mappers are configured: the ORM does that at its first query, which may not have
+        # run yet (the first request after a start may be a history read).
+        configure_mappers()
         self.new = sa_inspect(model).class_manager.new_instance
 
     async def all(self, db: AsyncSession, where: str, params: Sequence[Any]) -> list[Any]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +19,8 @@ from sqlmodel import col, select
 from app import repository
 from app.db import Database
 from app.models import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.anyio
 
@@ -107,6 +113,44 @@ async def test_session_round_trip(database: Database) -> None:
         None,
     )
     assert missing is None
+
+
+_FIRST_READ = """
+import asyncio, sys
+from app import repository
+from app.db import Database
+
+async def main() -> None:
+    database = Database(sys.argv[1])
+    async with database.session() as db:
+        owned = await repository.owned_session(db, "", "s_a")
+        rows = await repository.list_messages(db, "s_a")
+    await database.dispose()
+    print(owned.model, [row.type for row in rows])
+
+asyncio.run(main())
+"""
+
+
+async def test_a_plain_sql_read_works_as_the_first_database_access_of_a_process(
+    database: Database, database_url: str
+) -> None:
+    """A bare row reads its attributes through the ORM's instrumentation, set up when the mappers are
+    configured, which the ORM itself does only at its first query: after a restart the first request may
+    well be a history read."""
+    await add_sessions(database, "s_a")
+    await add_messages(database, [message("s_a", "t_1", "turn_start")])
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", _FIRST_READ, database_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["parley/demo", "['turn_start']"]
 
 
 async def test_plain_sql_reads_build_the_same_rows_as_the_orm(database: Database) -> None:
