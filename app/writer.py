@@ -89,6 +89,8 @@ class WriteBehind:
         self._deliver = deliver
         self._events: list[tuple[str, Frame]] = []
         self._texts: dict[str, TextBuffer] = {}
+        # Buffers the open transaction finished (untrack): they leave _texts only once it commits.
+        self._finished: list[TextBuffer] | None = None
         self._forgotten: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -119,7 +121,10 @@ class WriteBehind:
             self._pending.set()
 
     def untrack(self, buffer: TextBuffer) -> None:
-        self._texts.pop(buffer.message_id, None)
+        """Inside `transaction`, which writes the buffer's final text: it leaves the write-behind once that
+        transaction commits. If it fails, the next batch still inserts the row and writes the text."""
+        assert self._finished is not None, "untrack belongs inside writer.transaction"
+        self._finished.append(buffer)
 
     def forget_session(self, session_id: str) -> None:
         """The session was deleted: its pending rows would only violate foreign keys."""
@@ -185,22 +190,28 @@ class WriteBehind:
         The session's streamed text rows not inserted yet are inserted first, so the block can update
         them and later rows keep the history's order. Events published inside the block are part of the
         commit. Batches of other sessions wait for the block (it holds the writer's lock), so this
-        session's frames are still delivered in order. If the block or its commit fails, its rows and
-        events stay pending for the next batch.
+        session's frames are still delivered in order. If the block or its commit fails, its rows, events
+        and the text buffers it finished (`untrack`) stay pending for the next batch.
         """
         async with self._lock:
             now = time.monotonic()
-            async with self._db.session() as db:
-                pending = [
-                    b for b in self._texts.values() if b.session_id == session_id and b.row is not None
-                ]
-                written = await self._write_texts(db, pending)
-                yield db
-                mine = [item for item in self._events if item[0] == session_id]
-                if session_id not in self._forgotten:
-                    await self._log(db, mine, exact=True)
-                await db.commit()
+            finished = self._finished = []
+            try:
+                async with self._db.session() as db:
+                    pending = [
+                        b for b in self._texts.values() if b.session_id == session_id and b.row is not None
+                    ]
+                    written = await self._write_texts(db, pending)
+                    yield db
+                    mine = [item for item in self._events if item[0] == session_id]
+                    if session_id not in self._forgotten:
+                        await self._log(db, mine, exact=True)
+                    await db.commit()
+            finally:
+                self._finished = None
             self._mark(written, now)
+            for buffer in finished:
+                self._texts.pop(buffer.message_id, None)
             if mine:
                 self.turn_commits += 1
                 taken = {id(item) for item in mine}

@@ -16,7 +16,7 @@ from app import repository
 from app.broker import Frame
 from app.db import Database
 from app.models import ChatMessageRow, ChatSessionRow, EventRow
-from app.writer import WriteBehind
+from app.writer import TextBuffer, WriteBehind
 
 pytestmark = pytest.mark.anyio
 
@@ -156,6 +156,44 @@ async def test_a_failed_transaction_keeps_its_events_for_the_next_batch(database
     await writer.flush()
     assert delivered.seqs == [("s_a", 1)]
     assert await logged(database) == [("s_a", 1)]
+
+
+async def test_a_failed_transaction_leaves_the_text_it_finished_to_the_next_batch(database: Database) -> None:
+    """A response's last write (its final text, with usage) fails: the streamed message's row, never
+    inserted yet, and its text are still written by the next batch, with the first delta's event."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=60.0, deliver=delivered)
+    sink = writer.sink()
+    row = ChatMessageRow(
+        id="m_t", session_id="s_a", turn_id="t", type="text", role="assistant", content="Hel", timestamp=T0
+    )
+    buffer = TextBuffer(row)
+    writer.track(buffer)
+    sink("s_a", frame(1))  # the first delta's event: it commits with the row
+    buffer.parts.append("lo")
+    bad = ChatMessageRow(id="m_x", session_id="s_missing", turn_id="t", type="turn_done", timestamp=T0)
+
+    async def response_done() -> None:
+        async with writer.transaction("s_a") as db:
+            writer.untrack(buffer)
+            await repository.update_message(db, "m_t", {"content": buffer.text()})
+            await repository.insert_messages(db, [bad])
+
+    with pytest.raises(Exception, match="FOREIGN KEY"):
+        await response_done()
+    await writer.flush()
+    async with database.session() as db:
+        stored = (await db.exec(select(ChatMessageRow).where(col(ChatMessageRow.id) == "m_t"))).all()
+    assert [r.content for r in stored] == ["Hello"]
+    assert delivered.seqs == [("s_a", 1)]
+    # Once a transaction that finishes it commits, the batches leave it alone.
+    async with writer.transaction("s_a") as db:
+        writer.untrack(buffer)
+    buffer.parts.append("!")
+    await writer.flush()
+    async with database.session() as db:
+        stored = (await db.exec(select(ChatMessageRow).where(col(ChatMessageRow.id) == "m_t"))).all()
+    assert [r.content for r in stored] == ["Hello"]
 
 
 async def test_a_transaction_waits_for_a_batch_in_flight_so_frames_stay_in_order(
