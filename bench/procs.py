@@ -185,21 +185,12 @@ def reset_peak(pid: int) -> bool:
     return True
 
 
-def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    """A blocking one-shot GET on 127.0.0.1 (for polling health while a process starts)."""
+def http(port: int, method: str, path: str, timeout: float) -> tuple[int, bytes]:
+    """A blocking one-shot request without a body on 127.0.0.1 (polling a starting process, the
+    upstream's /stats and /reset): the status and the body."""
+    length = "" if method == "GET" else "Content-Length: 0\r\n"
+    request = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{length}Connection: close\r\n\r\n"
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
-        data = bytearray()
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = bytes(data).partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
-    return status, body
-
-
-def http_post(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        request = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         sock.sendall(request.encode())
         data = bytearray()
         while chunk := sock.recv(65536):
@@ -263,7 +254,7 @@ class UpstreamProcess:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def stats(self) -> list[dict[str, Any]]:
-        _, body = http_get(self.port, "/stats", timeout=10)
+        _, body = http(self.port, "GET", "/stats", timeout=10)
         requests: list[dict[str, Any]] = json.loads(body)["requests"]
         return requests
 
@@ -271,7 +262,7 @@ class UpstreamProcess:
         return {r["tag"]: r for r in self.stats() if r.get("tag")}
 
     def reset(self) -> None:
-        http_post(self.port, "/reset")
+        http(self.port, "POST", "/reset", timeout=5)
 
     def stop(self) -> None:
         if self.process is not None:
@@ -302,7 +293,6 @@ class StartTimes:
     healthz_s: float
     readyz_s: float
     saw_loading: bool
-    ready_body: dict[str, Any]
     rss_at_healthz_mb: float
     cpu_at_healthz_s: float
 
@@ -352,16 +342,14 @@ class ServerProcess:
         saw_loading = False
         deadline = self.spawned_at + timeout
         while True:
-            status, body = self._poll("/readyz", deadline - time.monotonic())[1:]
+            status = self._poll("/readyz", deadline - time.monotonic())[1]
             if status == 200:
                 ready = time.monotonic() - self.spawned_at
-                return StartTimes(
-                    healthz, ready, saw_loading, json.loads(body), rss_at_healthz, cpu_at_healthz
-                )
+                return StartTimes(healthz, ready, saw_loading, rss_at_healthz, cpu_at_healthz)
             saw_loading = saw_loading or status == 503
             time.sleep(0.02)
 
-    def _poll(self, path: str, timeout: float) -> tuple[float, int, bytes]:
+    def _poll(self, path: str, timeout: float) -> tuple[float, int]:
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             if self.process is not None and self.process.poll() is not None:
@@ -369,12 +357,12 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the server did not answer {path} in time:\n{self.log_tail()}")
             try:
-                status, body = http_get(self.port, path, timeout=2)
+                status = http(self.port, "GET", path, timeout=2)[0]
             except OSError:
                 time.sleep(0.002)
                 continue
             if path != "/healthz" or status == 200:
-                return time.monotonic() - self.spawned_at, status, body
+                return time.monotonic() - self.spawned_at, status
             time.sleep(0.002)
 
     def memory(self) -> dict[str, float]:
