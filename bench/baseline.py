@@ -25,12 +25,12 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
 from app.monitor import LoopLag
-from bench.procs import core_busy_seconds, runqueue_wait_seconds
+from bench.procs import ROOT, core_busy_seconds, pin_self, runqueue_wait_seconds
 from bench.upstream import bench_content
 
 Reader = Callable[[str], Awaitable[dict[str, Any]]]
@@ -47,6 +47,25 @@ def message(tag: str, chunks: int, delay_ms: float) -> list[dict[str, str]]:
     ]
 
 
+async def _timed(
+    tag: str, start: float, chunks: AsyncIterable[Any], close: Callable[[], Awaitable[Any]]
+) -> dict[str, Any]:
+    """Reads a stream to its end (closing it whatever happens): when the first content chunk came, and
+    how many did."""
+    first: float | None = None
+    count = 0
+    try:
+        async for chunk in chunks:
+            choices = chunk.choices
+            if choices and choices[0].delta is not None and choices[0].delta.content:
+                count += 1
+                if first is None:
+                    first = time.monotonic()
+    finally:
+        await close()
+    return {"tag": tag, "start": start, "first": first, "end": time.monotonic(), "chunks": count}
+
+
 def litellm_reader(api_base: str, chunks: int, delay_ms: float) -> Reader:
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,8 +75,6 @@ def litellm_reader(api_base: str, chunks: int, delay_ms: float) -> Reader:
 
     async def read(tag: str) -> dict[str, Any]:
         start = time.monotonic()
-        first: float | None = None
-        count = 0
         response = await litellm.acompletion(
             model="openai/bench",
             api_base=api_base,
@@ -67,16 +84,7 @@ def litellm_reader(api_base: str, chunks: int, delay_ms: float) -> Reader:
             stream_options={"include_usage": True},
             max_retries=0,
         )
-        try:
-            async for chunk in response:
-                choices = chunk.choices
-                if choices and choices[0].delta is not None and choices[0].delta.content:
-                    count += 1
-                    if first is None:
-                        first = time.monotonic()
-        finally:
-            await response.aclose()
-        return {"tag": tag, "start": start, "first": first, "end": time.monotonic(), "chunks": count}
+        return await _timed(tag, start, response, response.aclose)
 
     return read
 
@@ -88,23 +96,13 @@ def openai_reader(api_base: str, chunks: int, delay_ms: float) -> Reader:
 
     async def read(tag: str) -> dict[str, Any]:
         start = time.monotonic()
-        first: float | None = None
-        count = 0
         stream = await client.chat.completions.create(
             model="bench",
             messages=cast(Any, message(tag, chunks, delay_ms)),  # plain dicts: the SDK's TypedDicts
             stream=True,
             stream_options={"include_usage": True},
         )
-        try:
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    count += 1
-                    if first is None:
-                        first = time.monotonic()
-        finally:
-            await stream.close()
-        return {"tag": tag, "start": start, "first": first, "end": time.monotonic(), "chunks": count}
+        return await _timed(tag, start, stream, stream.close)
 
     return read
 
@@ -192,10 +190,9 @@ def launch(
     args += ["--prefix", sdk]
     if cpu is not None:
         args += ["--cpu", str(cpu)]
-    root = Path(__file__).resolve().parents[1]
     with log_path.open("ab") as log:
         done = subprocess.run(
-            args, cwd=root, stdout=subprocess.PIPE, stderr=log, timeout=timeout, check=False
+            args, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, timeout=timeout, check=False
         )
     for line in done.stdout.decode(errors="replace").splitlines():
         if line.startswith("RESULT "):
@@ -216,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="base")
     parser.add_argument("--cpu", type=int, default=None)
     args = parser.parse_args(argv)
-    if args.cpu is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {args.cpu})
+    pin_self(args.cpu)
     try:
         import uvloop
     except ImportError:
