@@ -162,7 +162,7 @@ def every_other(after_s: float, jitter_s: float, seed: int = 7) -> CancelPlan:
 class Probe:
     """Brackets a measurement window: CPU of the server, upstream and client; the server's debug stats."""
 
-    def __init__(self, server: ServerProcess, upstream: UpstreamProcess | None, conn: HttpConn) -> None:
+    def __init__(self, server: ServerProcess, upstream: UpstreamProcess, conn: HttpConn) -> None:
         self.server = server
         self.upstream = upstream
         self.conn = conn
@@ -171,35 +171,28 @@ class Probe:
     async def start(self) -> None:
         await self.conn.json("POST", "/debug/stats/reset")
         self.server.reset_peak()
-        if self.upstream is not None:
-            self.upstream.reset()
+        self.upstream.reset()
         self._start = {
             "wall": time.monotonic(),
             "server": self.server.cpu_seconds(),
-            "upstream": self._upstream_cpu(),
+            "upstream": self.upstream.cpu_seconds(),
             "client": time.process_time(),
             "wait": runqueue_wait_seconds(self.server.pid) or 0.0,
             "core": core_busy_seconds(self.server.cpu) or 0.0,
-            "client_core": core_busy_seconds(self._client_core()) or 0.0,
+            "client_core": core_busy_seconds(self.upstream.cpu) or 0.0,
         }
-
-    def _client_core(self) -> int | None:
-        return self.upstream.cpu if self.upstream is not None else None
-
-    def _upstream_cpu(self) -> float:
-        return self.upstream.cpu_seconds() if self.upstream is not None else 0.0
 
     async def stop(self) -> dict[str, Any]:
         # CPU first: the stats request below is the harness's, not the workload's.
         wall = time.monotonic() - self._start["wall"]
         server = self.server.cpu_seconds() - self._start["server"]
-        upstream = self._upstream_cpu() - self._start["upstream"]
+        upstream = self.upstream.cpu_seconds() - self._start["upstream"]
         client = time.process_time() - self._start["client"]
         wait = runqueue_wait_seconds(self.server.pid)
         core = core_busy_seconds(self.server.cpu)
         others = None if core is None or not wall else max(0.0, core - self._start["core"] - server) / wall
         # The same on the other core, where the load client and the upstream are ours.
-        busy = core_busy_seconds(self._client_core())
+        busy = core_busy_seconds(self.upstream.cpu)
         own = upstream + client
         others_client = (
             None if busy is None or not wall else max(0.0, busy - self._start["client_core"] - own) / wall
