@@ -49,22 +49,46 @@ def _errors(turns: Sequence[Turn]) -> dict[str, Any]:
     return {"count": len(failed), "first": failed[0].error if failed else None}
 
 
+def _outcomes(turns: Sequence[Turn]) -> dict[str, Any]:
+    return {
+        "turns": len(turns),
+        "statuses": dict(Counter(t.status or "none" for t in turns)),
+        "errors": _errors(turns),
+    }
+
+
+def _us_per(seconds: float, count: int) -> float | None:
+    """CPU seconds per unit (chunk, token) in microseconds."""
+    return round(seconds / count * 1e6, 1) if count else None
+
+
+def _net_cpu(window: dict[str, Any], idle_rate: float) -> float:
+    """The window's server CPU less what the server spends idle over as long."""
+    net: float = window["server_cpu_s"] - idle_rate * window["wall_s"]
+    return max(0.0, net)
+
+
+def _sent(joined: Sequence[tuple[Any, dict[str, Any] | None]]) -> int:
+    """Text chunks the upstream sent for these requests."""
+    return sum(int(u.get("sent", 0)) for _, u in joined if u is not None)
+
+
+def _user_agents(joined: Sequence[tuple[Any, dict[str, Any] | None]]) -> list[str]:
+    return sorted({str(u.get("user_agent", "")) for _, u in joined if u is not None})
+
+
 def streaming(
     turns: Sequence[Turn], upstream: dict[str, dict[str, Any]], window: dict[str, Any], idle_rate: float
 ) -> dict[str, Any]:
     """A sweep level: CPU per chunk, duration ratio, first-token times, and the window's server figures."""
     joined = [(t, upstream.get(t.tag)) for t in turns]
-    chunks = sum(int(u.get("sent", 0)) for _, u in joined if u is not None)
-    cpu = window["server_cpu_s"]
-    net = max(0.0, cpu - idle_rate * window["wall_s"])
+    chunks = _sent(joined)
     return {
-        "turns": len(turns),
-        "statuses": dict(Counter(t.status or "none" for t in turns)),
-        "errors": _errors(turns),
+        **_outcomes(turns),
         "chunks": chunks,
         "text_deltas": sum(t.text_deltas for t in turns),
-        "cpu_per_chunk_us": round(cpu / chunks * 1e6, 1) if chunks else None,
-        "cpu_per_chunk_net_us": round(net / chunks * 1e6, 1) if chunks else None,
+        "cpu_per_chunk_us": _us_per(window["server_cpu_s"], chunks),
+        "cpu_per_chunk_net_us": _us_per(_net_cpu(window, idle_rate), chunks),
         "idle_cpu_rate": round(idle_rate, 4),
         # Post written -> turn_done read, over the upstream's own duration for that turn's request.
         "duration_ratio": dist(_div(_delta(t.done, t.posted), _own(u)) for t, u in joined),
@@ -80,7 +104,7 @@ def streaming(
         "post_to_request_ms": dist((_delta(_at(u, "start"), t.posted) for t, u in joined), MS),
         # Upstream's last byte -> turn_done read (response end, persistence, delivery).
         "end_to_done_ms": dist((_delta(t.done, _at(u, "end")) for t, u in joined), MS),
-        "user_agents": sorted({str(u.get("user_agent", "")) for _, u in joined if u is not None}),
+        "user_agents": _user_agents(joined),
         "window": window,
     }
 
@@ -114,16 +138,12 @@ def demo(
 ) -> dict[str, Any]:
     """The in-process demo model: CPU per text_delta, and turn time over the paced model time."""
     deltas = sum(t.text_deltas for t in turns)
-    cpu = window["server_cpu_s"]
-    net = max(0.0, cpu - idle_rate * window["wall_s"])
     return {
-        "turns": len(turns),
-        "statuses": dict(Counter(t.status or "none" for t in turns)),
-        "errors": _errors(turns),
+        **_outcomes(turns),
         "text_deltas": deltas,
         "token_delay_s": token_delay,
-        "cpu_per_token_us": round(cpu / deltas * 1e6, 1) if deltas else None,
-        "cpu_per_token_net_us": round(net / deltas * 1e6, 1) if deltas else None,
+        "cpu_per_token_us": _us_per(window["server_cpu_s"], deltas),
+        "cpu_per_token_net_us": _us_per(_net_cpu(window, idle_rate), deltas),
         # Post written -> turn_done read, over (tokens x the demo's delay per token).
         "duration_ratio": dist(_div(_delta(t.done, t.posted), t.text_deltas * token_delay) for t in turns),
         "first_text_ms": dist((_delta(t.first_text, t.posted) for t in turns), MS),
@@ -135,17 +155,17 @@ def baseline_level(level: dict[str, Any], upstream: dict[str, dict[str, Any]]) -
     """One level of a raw-SDK baseline, in the same terms as `streaming`."""
     streams: list[dict[str, Any]] = level["streams"]
     joined = [(s, upstream.get(s["tag"])) for s in streams]
-    chunks = sum(int(u.get("sent", 0)) for _, u in joined if u is not None)
+    chunks = _sent(joined)
     wall = level["wall_seconds"]
     return {
         "turns": len(streams),
         "chunks": chunks,
         "chunks_read": level["chunks"],
-        "cpu_per_chunk_us": round(level["cpu_seconds"] / chunks * 1e6, 1) if chunks else None,
+        "cpu_per_chunk_us": _us_per(level["cpu_seconds"], chunks),
         "duration_ratio": dist(_div(_delta(s["end"], s["start"]), _own(u)) for s, u in joined),
         "first_text_ms": dist((_delta(s["first"], s["start"]) for s, _ in joined), MS),
         "first_text_added_ms": dist((_delta(s["first"], _at(u, "first")) for s, u in joined), MS),
-        "user_agents": sorted({str(u.get("user_agent", "")) for _, u in joined if u is not None}),
+        "user_agents": _user_agents(joined),
         "window": {
             "wall_s": round(wall, 3),
             "cpu_s": round(level["cpu_seconds"], 3),
