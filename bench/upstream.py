@@ -78,6 +78,14 @@ def _event(obj: dict[str, Any]) -> bytes:
     return _frame(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
 
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
 def _chunk(model: str, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     return {
         "id": "chatcmpl-bench",
@@ -100,12 +108,7 @@ class Encoded:
         self.done = _frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        total = prompt_tokens + completion_tokens
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": total,
-        }
+        usage = _usage(prompt_tokens, completion_tokens)
         return _event({**_chunk(self.model, {}), "choices": [], "usage": usage})
 
 
@@ -365,11 +368,7 @@ class Connection(asyncio.Protocol):
 def _whole(model: str, chunks: int, prompt_tokens: int) -> bytes:
     """A non-streamed completion of `chunks` words."""
     text = "".join(_WORDS[i % len(_WORDS)] for i in range(chunks))
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": chunks,
-        "total_tokens": prompt_tokens + chunks,
-    }
+    usage = _usage(prompt_tokens, chunks)
     choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
     reply = {"id": "chatcmpl-bench", "object": "chat.completion", "created": _CREATED, "model": model}
     return json.dumps({**reply, "choices": [choice], "usage": usage}).encode()
