@@ -38,11 +38,20 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, byt
     return status, headers
 
 
+def _chunked(headers: dict[bytes, bytes]) -> bool:
+    return headers.get(b"transfer-encoding", b"").lower() == b"chunked"
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size of a chunk of a chunked body, from its size line (0: the last chunk)."""
+    return int(line.split(b";")[0].strip() or b"0", 16)
+
+
 async def _read_body(reader: asyncio.StreamReader, headers: dict[bytes, bytes]) -> bytes:
-    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+    if _chunked(headers):
         body = bytearray()
         while True:
-            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            size = _chunk_size(await reader.readline())
             if size == 0:
                 await reader.readline()
                 return bytes(body)
@@ -164,11 +173,11 @@ class EventStream:
         status, headers = await _read_head(reader)
         if status != 200:
             raise HttpError(status, await _read_body(reader, headers), f"GET {path}")
-        chunked = headers.get(b"transfer-encoding", b"").lower() == b"chunked"
+        chunked = _chunked(headers)
         buffer = bytearray()
         while True:
             if chunked:
-                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+                size = _chunk_size(await reader.readline())
                 if size == 0:
                     return
                 data = await reader.readexactly(size + 2)
