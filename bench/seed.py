@@ -70,23 +70,38 @@ def _row(session_id: str, turn_id: str, type_: str, at: str, **fields: Any) -> C
     )
 
 
+def _user(session_id: str, turn_id: str, at: str, **fields: Any) -> ChatMessageRow:
+    return _row(session_id, turn_id, "text", at, role="user", content=USER_TEXT, sender="User", **fields)
+
+
+def _answer(
+    session_id: str, turn_id: str, at: str, content: str, duration_ms: int, response_id: str, **fields: Any
+) -> ChatMessageRow:
+    return _row(
+        session_id,
+        turn_id,
+        "text",
+        at,
+        role="assistant",
+        content=content,
+        model=MODEL,
+        duration_ms=duration_ms,
+        response_id=response_id,
+        **fields,
+    )
+
+
+def _done(session_id: str, turn_id: str, at: str, **fields: Any) -> ChatMessageRow:
+    return _row(session_id, turn_id, "turn_done", at, duration_seconds=4.2, status="completed", **fields)
+
+
 def history_turn(session_id: str, index: int, at: str) -> list[ChatMessageRow]:
     turn = new_turn_id()
     response = new_message_id()
     rows = [
         _row(session_id, turn, "turn_start", at),
-        _row(session_id, turn, "text", at, role="user", content=USER_TEXT, sender="User"),
-        _row(
-            session_id,
-            turn,
-            "text",
-            at,
-            role="assistant",
-            content=ANSWER,
-            model=MODEL,
-            duration_ms=4100,
-            response_id=response,
-        ),
+        _user(session_id, turn, at),
+        _answer(session_id, turn, at, ANSWER, 4100, response),
     ]
     if index % 3 == 2:
         call = "call_" + new_message_id()[2:]
@@ -106,20 +121,8 @@ def history_turn(session_id: str, index: int, at: str) -> list[ChatMessageRow]:
                 response_id=response,
             )
         )
-        rows.append(
-            _row(
-                session_id,
-                turn,
-                "text",
-                at,
-                role="assistant",
-                content=ANSWER,
-                model=MODEL,
-                duration_ms=4000,
-                response_id=new_message_id(),
-            )
-        )
-    rows.append(_row(session_id, turn, "turn_done", at, duration_seconds=4.2, status="completed"))
+        rows.append(_answer(session_id, turn, at, ANSWER, 4000, new_message_id()))
+    rows.append(_done(session_id, turn, at))
     return rows
 
 
@@ -159,20 +162,9 @@ def replay_turn(channel: Channel, deltas: int, at: str, total: int) -> list[Chat
     content = "".join(WORDS[i % len(WORDS)] for i in range(deltas))
     return [
         _row(session_id, turn, "turn_start", at, id=start),
-        _row(session_id, turn, "text", at, id=user, role="user", content=USER_TEXT, sender="User"),
-        _row(
-            session_id,
-            turn,
-            "text",
-            at,
-            id=text,
-            role="assistant",
-            content=content,
-            model=MODEL,
-            duration_ms=4100,
-            response_id=new_message_id(),
-        ),
-        _row(session_id, turn, "turn_done", at, id=done, duration_seconds=4.2, status="completed"),
+        _user(session_id, turn, at, id=user),
+        _answer(session_id, turn, at, content, 4100, new_message_id(), id=text),
+        _done(session_id, turn, at, id=done),
     ]
 
 
