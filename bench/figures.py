@@ -30,14 +30,19 @@ def _with_sdks(results: dict[str, Any], concurrency: int | None, *path: str) -> 
     return {f"raw {sdk}": get(_sdk(results, sdk, concurrency), *path) for sdk in ("litellm", "openai")}
 
 
-def _load_windows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    windows = []
+def load_runs(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every measurement under load through a server (sweep levels, stop runs, demo levels): each has its
+    `window` and its `errors`."""
+    runs = []
     for sweep in (results.get("sweep") or {}).values():
-        windows += [level["window"] for level in sweep.get("levels", [])]
-    for stop in (results.get("stop") or {}).values():
-        windows.append(stop["window"])
-    windows += [level["window"] for level in get(results, "demo", "levels") or []]
-    return windows
+        runs += sweep.get("levels", [])
+    runs += (results.get("stop") or {}).values()
+    runs += get(results, "demo", "levels") or []
+    return runs
+
+
+def _load_windows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    return [run["window"] for run in load_runs(results)]
 
 
 def build(results: dict[str, Any]) -> list[Figure]:

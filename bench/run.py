@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from bench import summary
 from bench.context import Context, say
-from bench.figures import build
+from bench.figures import build, load_runs
 from bench.plan import Config, config_from, parser
 from bench.procs import ROOT, Cores, UpstreamProcess, pin_self, raise_nofile
 from bench.report import machine, write
@@ -95,24 +95,14 @@ async def _stages(ctx: Context, results: dict[str, Any]) -> None:
 
 
 def _turn_errors(results: dict[str, Any]) -> int:
-    count: int = 0
-    for sweep_result in (results.get("sweep") or {}).values():
-        count += sum(level["errors"]["count"] for level in sweep_result["levels"])
-    for stop_result in (results.get("stop") or {}).values():
-        count += int(stop_result["errors"]["count"])
-    count += sum(level["errors"]["count"] for level in (results.get("demo") or {}).get("levels", []))
+    runs = load_runs(results)
     for baseline in (results.get("baselines") or {}).values():
-        count += sum(level["errors"]["count"] for level in baseline["levels"])
-    return count
+        runs += baseline["levels"]
+    return sum(int(run["errors"]["count"]) for run in runs)
 
 
 def _peak(ctx: Context, results: dict[str, Any]) -> float | None:
-    peaks: list[float] = list(ctx.server_peaks.values())
-    for sweep_result in (results.get("sweep") or {}).values():
-        peaks += [level["window"]["peak_rss_mb"] for level in sweep_result["levels"]]
-    for stop_result in (results.get("stop") or {}).values():
-        peaks.append(stop_result["window"]["peak_rss_mb"])
-    peaks += [level["window"]["peak_rss_mb"] for level in (results.get("demo") or {}).get("levels", [])]
+    peaks = [*ctx.server_peaks.values(), *(run["window"]["peak_rss_mb"] for run in load_runs(results))]
     return max(peaks) if peaks else None
 
 
