@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.plan import Config
-from bench.procs import Cores, ServerProcess, StartTimes, UpstreamProcess, copy_database, migrate
+from bench.procs import Cores, ServerProcess, UpstreamProcess, copy_database, migrate
 
 MODELS_FILE = "models.json"
 
@@ -97,12 +97,12 @@ class Context:
         db: Path | None = None,
         adapter: str | None = None,
         extra: dict[str, str] | None = None,
-    ) -> Iterator[tuple[ServerProcess, StartTimes]]:
+    ) -> Iterator[ServerProcess]:
         """A started server (ready: the model layer loaded) with debug stats; stopped on the way out."""
         server = self.spawn(label, db=db, adapter=adapter, extra=extra)
         try:
-            started = server.wait_started()
-            yield server, started
+            server.wait_started()
+            yield server
         finally:
             self.stop(label, server)
 

@@ -64,8 +64,8 @@ async def _baselines(ctx: Context) -> dict[str, Any]:
 
 async def _adapter(ctx: Context, results: dict[str, Any], adapter: str, first: bool) -> None:
     stages = ctx.config.stages
-    with ctx.server(f"sweep-{adapter}", adapter=adapter) as (server, _):
-        await warm_up(ctx, server)
+    with ctx.server(f"sweep-{adapter}", adapter=adapter) as server:
+        await warm_up(server)
         if "sweep" in stages:
             found = await guarded(results, f"sweep {adapter}", lambda: sweep(ctx, server, adapter))
             if found is not None:

@@ -131,7 +131,7 @@ async def storage(ctx: Context, *, with_idle_streams: bool) -> dict[str, Any]:
     # Retention above the seeded log, so that after=0 replays it rather than answering a resync.
     retention = str(max(10_000, 2 * seeded.replay_events))
     result: dict[str, Any] = {"seed": {"method": "direct (bench/seed.py)", "seconds": round(seeded_s, 2)}}
-    with ctx.server("storage", db=db, extra={"PARLEY_EVENT_RETENTION": retention}) as (server, _):
+    with ctx.server("storage", db=db, extra={"PARLEY_EVENT_RETENTION": retention}) as server:
         result["pages_ms"] = await pages(server, seeded, config.page_size, config.page_calls)
         say(f"  GET messages?limit={config.page_size} p99 {result['pages_ms']['all']['p99']} ms")
         result["replay"] = await replay(server, seeded, config.replays)

@@ -37,7 +37,7 @@ DEMO_LONG_TOKENS = 400  # the demo's "[long]" answer, for the timeout only
 TAIL_S = 0.3
 
 
-async def warm_up(ctx: Context, server: ServerProcess, *, demo: bool = False) -> None:
+async def warm_up(server: ServerProcess, *, demo: bool = False) -> None:
     """One short turn, so that first-call costs (lazy imports, client set-up) fall outside every window."""
     sessions = await open_sessions(server.port, 1, DEMO_MODEL if demo else BENCH_MODEL)
     try:
@@ -148,7 +148,7 @@ async def stop(ctx: Context, server: ServerProcess, adapter: str) -> dict[str, A
 async def demo(ctx: Context, server: ServerProcess) -> dict[str, Any]:
     """The in-process demo model, paced at PARLEY_DEMO_TOKEN_DELAY: CPU per token, time over model time."""
     config = ctx.config
-    await warm_up(ctx, server, demo=True)
+    await warm_up(server, demo=True)
     idle_rate = await idle_cpu_rate(server, config.idle_s)
     timeout = 30.0 + 5.0 * DEMO_LONG_TOKENS * config.demo_delay
     levels = []
