@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 STAGES = ("cold_start", "baselines", "sweep", "stop", "demo", "storage", "idle_streams")
@@ -60,14 +60,13 @@ class Config:
     def rounds(self, level: int) -> int:
         return max(self.min_rounds, min(self.max_rounds, math.ceil(self.samples / max(level, 1))))
 
-    @property
-    def turn_seconds(self) -> float:
-        return self.chunks * self.delay_ms / 1000.0
+    def stream_seconds(self, chunks: int | None = None, delay_ms: float | None = None) -> float:
+        """How long the upstream takes to send `chunks` (default `self.chunks`) at `delay_ms` apart."""
+        return (chunks or self.chunks) * (self.delay_ms if delay_ms is None else delay_ms) / 1000.0
 
     def turn_timeout(self, chunks: int | None = None, delay_ms: float | None = None) -> float:
         """Generous: a turn that takes this long has failed, and the run goes on without it."""
-        seconds = (chunks or self.chunks) * (self.delay_ms if delay_ms is None else delay_ms) / 1000.0
-        return 30.0 + 5.0 * seconds
+        return 30.0 + 5.0 * self.stream_seconds(chunks, delay_ms)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,25 +144,12 @@ def parser() -> argparse.ArgumentParser:
 
 def config_from(args: argparse.Namespace) -> Config:
     config = SMOKE if args.smoke else Config()
-    overrides: dict[str, Any] = {}
-    for name in (
-        "levels",
-        "chunks",
-        "delay_ms",
-        "samples",
-        "max_rounds",
-        "adapters",
-        "stop_sessions",
-        "demo_levels",
-        "cold_starts",
-        "messages",
-        "events",
-        "idle_streams",
-        "stall_ms",
-    ):
-        value = getattr(args, name)
-        if value is not None:
-            overrides[name] = value
+    # Every option whose destination is a Config field overrides it when given (--levels, --stalls, ...).
+    overrides: dict[str, Any] = {
+        f.name: getattr(args, f.name)
+        for f in fields(Config)
+        if f.name != "smoke" and getattr(args, f.name, None) is not None
+    }
     stages = args.only or STAGES
     if args.skip:
         stages = tuple(s for s in stages if s not in args.skip)

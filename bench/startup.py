@@ -48,16 +48,21 @@ def cold_start(ctx: Context) -> dict[str, Any]:
         finally:
             ctx.stop(label, server)
         say(f"cold start {index + 1}/{config.cold_starts}: {runs[-1]}")
+
+    def of(key: str, *, with_median: bool = False) -> dict[str, Any]:
+        """The distribution of one measurement over the runs; the headline ones with their median."""
+        values = [r[key] for r in runs]
+        return (dist(values) | {"median": median(values)}) if with_median else dist(values)
+
     return {
         "runs": runs,
-        "healthz_s": dist(r["healthz_s"] for r in runs) | {"median": median(r["healthz_s"] for r in runs)},
-        "readyz_s": dist(r["readyz_s"] for r in runs) | {"median": median(r["readyz_s"] for r in runs)},
-        "idle_rss_mb": dist(r["idle_rss_mb"] for r in runs)
-        | {"median": median(r["idle_rss_mb"] for r in runs)},
-        "rss_at_healthz_mb": dist(r["rss_at_healthz_mb"] for r in runs),
-        "runqueue_wait_s": dist(r["runqueue_wait_s"] for r in runs),
-        "cpu_at_healthz_s": dist(r["cpu_at_healthz_s"] for r in runs),
-        "cpu_at_readyz_s": dist(r["cpu_at_readyz_s"] for r in runs),
+        "healthz_s": of("healthz_s", with_median=True),
+        "readyz_s": of("readyz_s", with_median=True),
+        "idle_rss_mb": of("idle_rss_mb", with_median=True),
+        "rss_at_healthz_mb": of("rss_at_healthz_mb"),
+        "runqueue_wait_s": of("runqueue_wait_s"),
+        "cpu_at_healthz_s": of("cpu_at_healthz_s"),
+        "cpu_at_readyz_s": of("cpu_at_readyz_s"),
         # /readyz answered 503 at least once before 200: it does say when the model layer is loaded.
         "readyz_reports_loading": all(r["saw_loading"] for r in runs),
     }
@@ -81,7 +86,7 @@ def baselines(ctx: Context) -> dict[str, Any]:
             ramp_s=config.ramp_s,
             cpu=ctx.cores.server,
             log_path=ctx.work / f"baseline-{sdk}.log",
-            timeout=120.0 + turns * config.turn_seconds * 2,
+            timeout=120.0 + turns * config.stream_seconds() * 2,
         )
         found[sdk] = {"result": result, "upstream": ctx.upstream.by_tag()}
     return found

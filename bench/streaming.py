@@ -114,8 +114,7 @@ async def stop(ctx: Context, server: ServerProcess, adapter: str) -> dict[str, A
     """`stop_sessions` sessions stream back to back; the even ones are stopped mid-stream every round."""
     config = ctx.config
     chunks = config.stop_chunks
-    seconds = chunks * config.delay_ms / 1000.0
-    jitter = min(1.0, 0.25 * seconds)
+    jitter = min(1.0, 0.25 * config.stream_seconds(chunks))
     say(f"stop {adapter}: {config.stop_sessions} sessions x {config.stop_rounds} rounds, half stopped")
     sessions = await open_sessions(server.port, config.stop_sessions, BENCH_MODEL)
 
@@ -150,7 +149,7 @@ async def demo(ctx: Context, server: ServerProcess) -> dict[str, Any]:
     config = ctx.config
     await warm_up(server, demo=True)
     idle_rate = await idle_cpu_rate(server, config.idle_s)
-    timeout = 30.0 + 5.0 * DEMO_LONG_TOKENS * config.demo_delay
+    timeout = config.turn_timeout(DEMO_LONG_TOKENS, config.demo_delay * 1000.0)
     levels = []
     for level in config.demo_levels:
         say(f"demo: {level} sessions of '[long]' at {config.demo_delay * 1000:g} ms a token")
