@@ -30,6 +30,8 @@ def test_smoke_run_reports_every_figure(tmp_path: Path) -> None:
 
     document = json.loads((out / "latest.json").read_text(encoding="utf-8"))
     assert document["errors"] == []
+    # Every turn and baseline stream completed: a stage that runs but loses turns is broken too.
+    assert document["turn_errors"] == 0
     assert document["config"]["smoke"] is True
     figures = {figure["key"]: figure for figure in document["figures"]}
     assert set(FIGURE_KEYS) <= set(figures)

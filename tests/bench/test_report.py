@@ -1,0 +1,53 @@
+"""The report side of the harness, fast: figures, latest.json/md and the plot rebuilt from the committed
+full run (bench/results/latest.json, read only), so that a change to figures.py, report.py, plot.py or
+the run's totals that breaks on a real document fails here in a second, not only in the smoke run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from bench.context import Context
+from bench.figures import FIGURE_KEYS, build
+from bench.plot import plot
+from bench.report import write
+from bench.run import _peak, _turn_errors
+
+COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "latest.json"
+
+
+@pytest.fixture
+def results() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(COMMITTED.read_text(encoding="utf-8"))
+    document.pop("figures")
+    return document
+
+
+def test_every_figure_is_built_from_a_full_run(results: dict[str, Any]) -> None:
+    figures = build(results)
+    assert [figure.key for figure in figures] == list(FIGURE_KEYS)
+    # The committed run measured every stage: a None means a figure no longer finds its data.
+    assert [figure.key for figure in figures if figure.value is None] == []
+
+
+def test_run_totals_match_the_committed_run(results: dict[str, Any]) -> None:
+    ctx = cast(Context, SimpleNamespace(server_peaks=results["server_peaks_mb"]))
+    assert _turn_errors(results) == results["turn_errors"]
+    assert _peak(ctx, results) == results["peak_rss_mb"]
+
+
+def test_report_and_plot_render(results: dict[str, Any], tmp_path: Path) -> None:
+    figures = build(results)
+    write(tmp_path, results, figures)
+    plot(results, tmp_path / "latest.png")
+
+    document = json.loads((tmp_path / "latest.json").read_text(encoding="utf-8"))
+    assert [figure["key"] for figure in document["figures"]] == list(FIGURE_KEYS)
+    summary = (tmp_path / "latest.md").read_text(encoding="utf-8")
+    assert all(figure.name in summary for figure in figures)
+    assert "## Concurrency sweep" in summary
+    assert (tmp_path / "latest.png").read_bytes().startswith(b"\x89PNG")
