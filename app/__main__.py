@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from app.auth import ConfigError, load_key_ring, open_mode_refusal
+from app.chat.auth import ConfigError, load_key_ring, open_mode_refusal
 from app.settings import Settings
 
 EXIT_CONFIG = 2

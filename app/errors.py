@@ -11,9 +11,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.middleware import BodyTooLarge, error_body
+from app.observability.context import request_id_var
 
 log = logging.getLogger(__name__)
+
+
+def error_body(code: str, message: str, details: object = None) -> dict[str, object]:
+    return {
+        "error": {"code": code, "message": message, "details": details, "request_id": request_id_var.get()}
+    }
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
 
 
 class ApiError(Exception):

@@ -10,26 +10,27 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from app import errors, repository
-from app.access_log import install_access_log_redaction
-from app.api import events, health, messages, sessions, turns
+from app import errors
+from app.api import debug, events, health, messages, sessions, turns
 from app.api.deps import Services
-from app.auth import load_key_ring
-from app.broker import RING_SIZE, Broker, Frame
-from app.db import Database
-from app.limits import MessageRate, StreamSlots
+from app.api.middleware import RequestContextMiddleware
+from app.chat.auth import load_key_ring
+from app.chat.limits import MessageRate, StreamSlots
+from app.chat.service import ChatService
 from app.llm.layer import ModelLayer
-from app.middleware import RequestContextMiddleware, install_request_id_logging
-from app.monitor import DebugStats
-from app.monitor import router as debug_router
-from app.openapi import install_openapi
-from app.recovery import close_open_turns
-from app.runner import Runner
-from app.service import ChatService
+from app.observability.access_log import install_access_log_redaction
+from app.observability.context import install_request_id_logging
+from app.observability.monitor import DebugStats
+from app.protocol.openapi import install_openapi
 from app.settings import Settings
-from app.shutdown import Drain, drain_on_signals
+from app.storage import repository
+from app.storage.engine import Database
+from app.streaming.broker import RING_SIZE, Broker, Frame
+from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry, build_default_registry
-from app.writer import WriteBehind
+from app.turns.recovery import close_open_turns
+from app.turns.runner import Runner
+from app.turns.shutdown import Drain, drain_on_signals
 
 log = logging.getLogger("parley")
 install_request_id_logging()
@@ -126,7 +127,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(events.router)
     app.include_router(turns.router)
     if settings.debug_stats:
-        app.include_router(debug_router)
+        app.include_router(debug.router)
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,

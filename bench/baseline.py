@@ -5,7 +5,7 @@ runs, per level C, the load the server gets: C concurrent readers, each reading 
 back, their first starts spread over `--ramp-s`. Every request is `[bench tag=...]`-tagged so the
 orchestrator can join it with the upstream's own durations. It prints one JSON document: per level the
 process CPU (time.process_time, every thread) over the streams, the chunks read, the event-loop lag (the
-server's own ticker, app.monitor.LoopLag) and every stream's start, first text chunk and end
+server's own ticker, app.observability.monitor.LoopLag) and every stream's start, first text chunk and end
 (time.monotonic, comparable with the upstream's). `launch` runs it from the orchestrator.
 
 - litellm: `litellm.acompletion(model="openai/bench", api_base=..., stream=True)` with include_usage,
@@ -29,7 +29,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
-from app.monitor import LoopLag
+from app.observability.monitor import LoopLag
 from bench.procs import ROOT, core_busy_seconds, pin_self, runqueue_wait_seconds
 from bench.upstream import bench_content
 

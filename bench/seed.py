@@ -20,11 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app import repository
-from app.broker import Channel, Frame
-from app.clock import new_message_id, new_session_id, new_turn_id, now_iso
-from app.db import Database
-from app.events import (
+from app.protocol.clock import new_message_id, new_session_id, new_turn_id, now_iso
+from app.protocol.events import (
     AgentStatus,
     ResponseDone,
     ResponseInfo,
@@ -35,7 +32,10 @@ from app.events import (
     Usage,
     UserMessage,
 )
-from app.models import ChatMessageRow, ChatSessionRow
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatMessageRow, ChatSessionRow
+from app.streaming.broker import Channel, Frame
 
 MODEL = "openai/bench"
 USER_TEXT = "Tell me about the history of the city, its bridges and the river that runs through it."

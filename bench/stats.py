@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from app.monitor import percentile
+from app.observability.monitor import percentile
 
 
 def dist(values: Iterable[float | None], scale: float = 1.0, digits: int = 3) -> dict[str, Any]:

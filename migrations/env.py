@@ -8,9 +8,9 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 from sqlmodel import SQLModel
 
-import app.models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from app.db import ensure_sqlite_dir
+import app.storage.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 from app.settings import Settings
+from app.storage.engine import ensure_sqlite_dir
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

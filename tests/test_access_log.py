@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from app.access_log import RedactSecrets, install_access_log_redaction, redact_query
+from app.observability.access_log import RedactSecrets, install_access_log_redaction, redact_query
 
 KEY = "alice-key-0123456789abcdef"
 

@@ -1,4 +1,4 @@
-"""The agent loop (`app.agent.AgentRun`) against a scripted model and small in-test tool registries."""
+"""The agent loop (`app.turns.agent.AgentRun`) against a scripted model and small in-test tool registries."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from app.agent import (
+from app.llm.types import FinishPart, ProviderError, ResolvedModel, TextPart, ToolCallPart, UsagePart
+from app.tools.registry import ToolContext, ToolOutcome, ToolRegistry
+from app.turns.agent import (
     AgentError,
     AgentEvent,
     AgentRun,
@@ -24,8 +26,6 @@ from app.agent import (
     ToolFinished,
     ToolStarted,
 )
-from app.llm.types import FinishPart, ProviderError, ResolvedModel, TextPart, ToolCallPart, UsagePart
-from app.tools.registry import ToolContext, ToolOutcome, ToolRegistry
 from tests.support.scripted import Response, ScriptedModel, ScriptItem, Sleep, text, tool_call
 
 pytestmark = pytest.mark.anyio

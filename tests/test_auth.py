@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.auth import ConfigError, KeyRing, is_loopback, load_key_ring, open_mode_refusal
+from app.chat.auth import ConfigError, KeyRing, is_loopback, load_key_ring, open_mode_refusal
 from app.settings import Settings
 
 ALICE = "alice-key-0123456789abcdef"

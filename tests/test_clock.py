@@ -1,4 +1,4 @@
-"""Ids and timestamps made by app.clock: their shapes, their uniqueness, and the timestamp's precision."""
+"""Ids and timestamps (app.protocol.clock): their shapes, their uniqueness, and the timestamp's precision."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.clock import new_message_id, new_session_id, new_turn_id, now_iso
+from app.protocol.clock import new_message_id, new_session_id, new_turn_id, now_iso
 
 DRAWS = 10_000
 

@@ -1,4 +1,4 @@
-"""app.history.rebuild: chat_messages rows → the OpenAI-format history LiteLLM takes (seed 000 §2.2.2)."""
+"""app.turns.prompt.rebuild: chat_messages rows → the OpenAI-format history for LiteLLM (seed 000 §2.2.2)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.history import TOOL_INTERRUPTED, rebuild
-from app.models import ChatMessageRow
+from app.storage.tables import ChatMessageRow
+from app.turns.prompt import TOOL_INTERRUPTED, rebuild
 from tests.fakes.strict import validate_history
 
 Message = dict[str, Any]

@@ -123,7 +123,7 @@ def test_with_keys_it_serves_beyond_loopback_and_the_access_log_hides_the_access
         assert refused.status_code == 401
         time.sleep(0.2)  # the access log line of the closed stream
     logged = log.read_text()
-    # Redacted by app.access_log (litellm, once loaded, adds a filter of its own that may reword it).
+    # Redacted by app.observability.access_log (litellm, once loaded, adds a filter that may reword it).
     assert f"GET /v1/sessions/{sid}/events?after=0&" in logged, logged
     assert "GET /v1/sessions?" in logged, logged
     assert KEY not in logged

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from app.chat.limits import STREAM_RETRY_AFTER, MessageRate, StreamSlots
 from app.errors import TooManyRequests
-from app.limits import STREAM_RETRY_AFTER, MessageRate, StreamSlots
 
 
 class Clock:

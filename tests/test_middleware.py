@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from app.middleware import RequestContextMiddleware
+from app.api.middleware import RequestContextMiddleware
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""Alembic migrations against the tables in app.models, and the pragmas every app connection gets."""
+"""Alembic migrations against the tables in app.storage.tables, and the pragmas every app connection gets."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlmodel import SQLModel
 
-import app.models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from app.db import BUSY_TIMEOUT_MS, Database
+import app.storage.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+from app.storage.engine import BUSY_TIMEOUT_MS, Database
 
 pytestmark = pytest.mark.anyio
 

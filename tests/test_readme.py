@@ -13,8 +13,8 @@ import pytest
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from app.events import Event
 from app.main import create_app
+from app.protocol.events import Event
 from app.settings import Settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"

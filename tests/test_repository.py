@@ -1,4 +1,4 @@
-"""app.repository against a real, migrated SQLite file through app.db.Database (foreign keys on)."""
+"""app.storage.repository against a real, migrated SQLite file (foreign keys on)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
-from app import repository
-from app.db import Database
-from app.models import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,8 +117,8 @@ async def test_session_round_trip(database: Database) -> None:
 
 _FIRST_READ = """
 import asyncio, sys
-from app import repository
-from app.db import Database
+from app.storage import repository
+from app.storage.engine import Database
 
 async def main() -> None:
     database = Database(sys.argv[1])

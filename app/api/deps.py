@@ -8,14 +8,14 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
 
-from app.auth import OPEN_PRINCIPAL, KeyRing
-from app.broker import Broker
-from app.db import Database
+from app.chat.auth import OPEN_PRINCIPAL, KeyRing
+from app.chat.limits import MessageRate, StreamSlots
+from app.chat.service import ChatService
 from app.errors import Unauthorized
-from app.limits import MessageRate, StreamSlots
 from app.llm.layer import ModelLayer
-from app.service import ChatService
 from app.settings import Settings
+from app.storage.engine import Database
+from app.streaming.broker import Broker
 
 
 @dataclass(frozen=True)

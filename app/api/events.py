@@ -19,10 +19,10 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.api.deps import ServicesDep, StreamPrincipalDep
 from app.api.responses import v1_errors
-from app.broker import Frame, Subscription
+from app.chat.limits import StreamLease
 from app.errors import ApiError
-from app.limits import StreamLease
-from app.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
+from app.protocol.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
+from app.streaming.broker import Frame, Subscription
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pydantic import BaseModel
 
 from app.api.deps import ChatDep, PrincipalDep, ServicesDep
 from app.api.responses import v1_errors
-from app.schemas import ModelList
+from app.protocol.schemas import ModelList
 
 router = APIRouter(tags=["health"])
 

@@ -6,11 +6,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from app import turns
 from app.api.deps import ChatDep, DatabaseDep, IdempotencyKey, MessagePosterDep, PrincipalDep
 from app.api.responses import v1_errors
 from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
-from app.schemas import (
+from app.chat import turn_view as turns
+from app.chat.turn_view import Turn
+from app.protocol.schemas import (
     CancelRequest,
     CancelResult,
     MessageAccepted,
@@ -19,7 +20,6 @@ from app.schemas import (
     QueuedMessage,
     QueueList,
 )
-from app.turns import Turn
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["messages"])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.schemas import ErrorResponse
+from app.protocol.schemas import ErrorResponse
 
 _DESCRIPTIONS = {
     400: "Bad request",

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Response, status
 
 from app.api.deps import ChatDep, IdempotencyKey, PrincipalDep
 from app.api.responses import v1_errors
-from app.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
+from app.protocol.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 

@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from app import turns
 from app.api.deps import ChatDep, DatabaseDep, PrincipalDep
 from app.api.responses import v1_errors
 from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
-from app.turns import Turn, TurnPage
+from app.chat import turn_view as turns
+from app.chat.turn_view import Turn, TurnPage
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/turns", tags=["turns"])
 

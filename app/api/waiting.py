@@ -17,7 +17,7 @@ from fastapi import Depends, Query, Request
 from starlette.types import Receive
 
 from app.errors import ClientClosedRequest, InvalidRequest
-from app.schemas import ErrorResponse
+from app.protocol.schemas import ErrorResponse
 
 T = TypeVar("T")
 

@@ -8,10 +8,10 @@ import time
 import httpx
 import pytest
 
-from app.db import Database
-from app.idempotency import fingerprint
-from app.models import IdempotencyKeyRow
+from app.chat.idempotency import fingerprint
 from app.settings import Settings
+from app.storage.engine import Database
+from app.storage.tables import IdempotencyKeyRow
 from tests.support.server import LiveServer
 from tests.support.sse import EventReader
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.limits import STREAM_RETRY_AFTER
+from app.chat.limits import STREAM_RETRY_AFTER
 from app.settings import Settings
 from tests.support.server import LiveServer, live_server
 from tests.support.sse import EventReader

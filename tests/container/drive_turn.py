@@ -15,7 +15,7 @@ import time
 import httpx
 from pydantic import TypeAdapter
 
-from app.events import Event
+from app.protocol.events import Event
 from tests.support.sse import EventReader
 
 EVENTS: TypeAdapter[Event] = TypeAdapter(Event)

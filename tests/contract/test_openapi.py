@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from app.events import Event
+from app.protocol.events import Event
 from scripts.export_openapi import ROOT, SPEC, render_spec
 from tests.support.server import LiveServer
 from tests.support.sse import EventReader, Received

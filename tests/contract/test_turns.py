@@ -7,9 +7,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.models import ChatMessageRow
-from app.recorder import TOOL_INTERRUPTED_BY_USER
-from app.turns import LlmNode, ToolNode, build_turns
+from app.chat.turn_view import LlmNode, ToolNode, build_turns
+from app.storage.tables import ChatMessageRow
+from app.turns.recorder import TOOL_INTERRUPTED_BY_USER
 from tests.support.server import LiveServer
 from tests.support.sse import EventReader
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import repository
-from app.models import ChatMessageRow, QueuedMessageRow
+from app.storage import repository
+from app.storage.tables import ChatMessageRow, QueuedMessageRow
 from tests.fakes.upstream import FakeUpstream, Script
 from tests.interrupt.conftest import (
     INTERRUPTED_MARK,

@@ -8,8 +8,8 @@ import json
 import pytest
 from sse_starlette import ServerSentEvent
 
-from app.broker import Broker, Frame, Subscription
-from app.events import AgentStatus, TextDelta, clean_text
+from app.protocol.events import AgentStatus, TextDelta, clean_text
+from app.streaming.broker import Broker, Frame, Subscription
 
 pytestmark = pytest.mark.anyio
 

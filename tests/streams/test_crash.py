@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app import repository
-from app.db import Database
-from app.history import rebuild
-from app.recorder import TOOL_INTERRUPTED_BY_RESTART
+from app.storage import repository
+from app.storage.engine import Database
+from app.turns.prompt import rebuild
+from app.turns.recorder import TOOL_INTERRUPTED_BY_RESTART
 from tests.fakes.strict import validate_history
 from tests.streams.conftest import LONG, new_session, post
 from tests.support.process import ServerProcess

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from app import repository
-from app.broker import Broker, Frame
-from app.db import Database
-from app.history import rebuild
-from app.models import ChatMessageRow, ChatSessionRow
-from app.recorder import TOOL_INTERRUPTED_BY_RESTART
-from app.recovery import close_open_turns
-from app.writer import WriteBehind
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatMessageRow, ChatSessionRow
+from app.streaming.broker import Broker, Frame
+from app.streaming.writer import WriteBehind
+from app.turns.prompt import rebuild
+from app.turns.recorder import TOOL_INTERRUPTED_BY_RESTART
+from app.turns.recovery import close_open_turns
 from tests.fakes.strict import validate_history
 
 pytestmark = pytest.mark.anyio

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import repository
 from app.settings import Settings
+from app.storage import repository
 from tests.streams.conftest import LONG, new_session, post
 from tests.support.server import live_server
 from tests.support.stream import StreamClient, assert_contiguous

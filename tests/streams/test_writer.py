@@ -12,11 +12,11 @@ from sqlalchemy import event as sa_event
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import repository
-from app.broker import Frame
-from app.db import Database
-from app.models import ChatMessageRow, ChatSessionRow, EventRow
-from app.writer import TextBuffer, WriteBehind
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow
+from app.streaming.broker import Frame
+from app.streaming.writer import TextBuffer, WriteBehind
 
 pytestmark = pytest.mark.anyio
 

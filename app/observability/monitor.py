@@ -31,11 +31,8 @@ from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from fastapi import APIRouter, Request
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-from app.api.deps import PrincipalDep
 
 TICK_SECONDS = 0.01
 LAG_SAMPLES = 60_000  # ten minutes of 10 ms ticks
@@ -322,23 +319,3 @@ class DebugStats:
         self.gc.detach()
         if self.stalls is not None:
             self.stalls.stop()
-
-
-router = APIRouter(include_in_schema=False)
-
-
-def _stats(request: Request) -> DebugStats:
-    stats: DebugStats = request.state.debug_stats
-    return stats
-
-
-@router.get("/debug/stats")
-async def debug_stats(request: Request, _principal: PrincipalDep) -> dict[str, Any]:
-    return _stats(request).snapshot()
-
-
-@router.post("/debug/stats/reset")
-async def reset_debug_stats(request: Request, _principal: PrincipalDep) -> dict[str, Any]:
-    stats = _stats(request)
-    stats.reset()
-    return stats.snapshot()

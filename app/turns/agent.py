@@ -16,7 +16,6 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.history import arguments_text
 from app.llm.types import (
     FinishPart,
     ModelAdapter,
@@ -28,6 +27,7 @@ from app.llm.types import (
     UsagePart,
 )
 from app.tools.registry import ToolContext, ToolOutcome, ToolRegistry
+from app.turns.prompt import arguments_text
 
 
 @dataclass(frozen=True, slots=True)

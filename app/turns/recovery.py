@@ -21,13 +21,13 @@ from datetime import datetime
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import repository
-from app.broker import Broker
-from app.clock import new_message_id, now_iso
-from app.db import Database
-from app.events import AgentCancelled, AgentStatus, TurnDone
-from app.models import ChatMessageRow
-from app.recorder import TOOL_INTERRUPTED_BY_RESTART
+from app.protocol.clock import new_message_id, now_iso
+from app.protocol.events import AgentCancelled, AgentStatus, TurnDone
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatMessageRow
+from app.streaming.broker import Broker
+from app.turns.recorder import TOOL_INTERRUPTED_BY_RESTART
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 `install_openapi(app)` makes `app.openapi()` add, to what FastAPI derives from the routes:
 
-* every event model of `app.events.Event` as a named component, and `Event`, their union discriminated
+* every event model of `protocol.events.Event` as a named component, and `Event`, their union discriminated
   on `type`, both generated from the models the server serializes, so the spec follows the wire;
 * `EventFrame`, one SSE frame as the stream sends it: `id` (the seq), `event` (the type) and `data`, a
   string of `application/json` whose `contentSchema` is `Event`. It is the `text/event-stream` schema of
@@ -26,7 +26,7 @@ from pydantic import TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from app.events import Event
+from app.protocol.events import Event
 
 SCHEMAS = "#/components/schemas/"
 EVENT = "Event"

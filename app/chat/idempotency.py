@@ -18,10 +18,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from app import repository
-from app.db import Database
 from app.errors import ApiError
-from app.models import IdempotencyKeyRow
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import IdempotencyKeyRow
 
 MAX_KEY_LENGTH = 255
 _PRUNE_EVERY = 60.0

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.models import ChatMessageRow
+from app.storage.tables import ChatMessageRow
 
 
 async def turn_position(db: AsyncSession, session_id: str, turn_id: str) -> int | None:

@@ -17,12 +17,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from app import turn_queries
-from app.db import Database
+from app.chat.service import ChatService, InvalidCursor, to_chat_message
 from app.errors import NotFound
-from app.events import TurnStatus
-from app.models import ChatMessageRow
-from app.schemas import (
+from app.protocol.events import TurnStatus
+from app.protocol.schemas import (
     AssistantTextMessage,
     ChatMessage,
     ErrorMessage,
@@ -32,7 +30,9 @@ from app.schemas import (
     TurnStartMessage,
     UserTextMessage,
 )
-from app.service import ChatService, InvalidCursor, to_chat_message
+from app.storage import turn_queries
+from app.storage.engine import Database
+from app.storage.tables import ChatMessageRow
 
 
 class TurnInput(BaseModel):

@@ -12,7 +12,7 @@ from sqlalchemy.orm import configure_mappers
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.models import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
+from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
 
 # --- chat sessions ---------------------------------------------------------------------------------
 

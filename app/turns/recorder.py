@@ -17,23 +17,9 @@ from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import repository
-from app.agent import (
-    AgentError,
-    AgentEvent,
-    AgentRun,
-    BreakpointReached,
-    CallRequest,
-    ResponseFinished,
-    ResponseStarted,
-    TextChunk,
-    ToolFinished,
-    ToolStarted,
-)
-from app.broker import Channel
-from app.clock import new_message_id, now_iso
-from app.db import Database
-from app.events import (
+from app.llm.types import ProviderError
+from app.protocol.clock import new_message_id, now_iso
+from app.protocol.events import (
     AgentCancelled,
     AgentState,
     AgentStatus,
@@ -51,9 +37,23 @@ from app.events import (
     Usage,
     clean_text,
 )
-from app.llm.types import ProviderError
-from app.models import ChatMessageRow
-from app.writer import TextBuffer, WriteBehind
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatMessageRow
+from app.streaming.broker import Channel
+from app.streaming.writer import TextBuffer, WriteBehind
+from app.turns.agent import (
+    AgentError,
+    AgentEvent,
+    AgentRun,
+    BreakpointReached,
+    CallRequest,
+    ResponseFinished,
+    ResponseStarted,
+    TextChunk,
+    ToolFinished,
+    ToolStarted,
+)
 
 log = logging.getLogger(__name__)
 

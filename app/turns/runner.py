@@ -19,20 +19,20 @@ from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import repository
-from app.agent import AgentRun
-from app.broker import Broker, Channel
-from app.clock import new_message_id, new_turn_id, now_iso
-from app.db import Database
-from app.events import AgentStatus, QueuedItem, QueueUpdated, TurnStart, UserMessage
-from app.history import rebuild
 from app.llm.layer import ModelLayer
-from app.models import ChatMessageRow, ChatSessionRow, QueuedMessageRow
-from app.recorder import TOOL_INTERRUPTED_BY_RESTART, LiveStatus, TurnRecorder
-from app.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
+from app.protocol.clock import new_message_id, new_turn_id, now_iso
+from app.protocol.events import AgentStatus, QueuedItem, QueueUpdated, TurnStart, UserMessage
+from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.settings import Settings
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatMessageRow, ChatSessionRow, QueuedMessageRow
+from app.streaming.broker import Broker, Channel
+from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry
-from app.writer import WriteBehind
+from app.turns.agent import AgentRun
+from app.turns.prompt import rebuild
+from app.turns.recorder import TOOL_INTERRUPTED_BY_RESTART, LiveStatus, TurnRecorder
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,7 @@ from contextlib import asynccontextmanager
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import repository
-from app.broker import Broker
-from app.clock import new_message_id, new_session_id, now_iso
-from app.db import Database
+from app.chat.idempotency import Idempotency, check_key, fingerprint
 from app.errors import (
     ApiError,
     Conflict,
@@ -23,11 +20,9 @@ from app.errors import (
     Unavailable,
     WaitTimeout,
 )
-from app.idempotency import Idempotency, check_key, fingerprint
 from app.llm.layer import ModelLayer
-from app.models import ChatMessageRow, ChatSessionRow
-from app.runner import NotWaiting, Runner, SessionClosed, ShuttingDown, TurnRunning, accepted, queued_message
-from app.schemas import (
+from app.protocol.clock import new_message_id, new_session_id, now_iso
+from app.protocol.schemas import (
     AssistantTextMessage,
     CancelResult,
     ChatMessage,
@@ -49,8 +44,21 @@ from app.schemas import (
     UserTextMessage,
 )
 from app.settings import DEMO_MODEL, Settings
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatMessageRow, ChatSessionRow
+from app.streaming.broker import Broker
+from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry
-from app.writer import WriteBehind
+from app.turns.runner import (
+    NotWaiting,
+    Runner,
+    SessionClosed,
+    ShuttingDown,
+    TurnRunning,
+    accepted,
+    queued_message,
+)
 
 
 class UnknownModel(ApiError):

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from app.broker import Broker
-from app.runner import Runner
-from app.writer import WriteBehind
+from app.streaming.broker import Broker
+from app.streaming.writer import WriteBehind
+from app.turns.runner import Runner
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from contextlib import asynccontextmanager, suppress
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app import repository
-from app.broker import Frame
-from app.db import Database
-from app.models import ChatMessageRow
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatMessageRow
+from app.streaming.broker import Frame
 
 log = logging.getLogger(__name__)
 

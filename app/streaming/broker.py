@@ -26,7 +26,7 @@ from typing import Any, Literal
 from sse_starlette import ServerSentEvent
 
 from app.errors import Unavailable
-from app.events import Resync, _Event
+from app.protocol.events import Resync, _Event
 
 RING_SIZE = 1024
 

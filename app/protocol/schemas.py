@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.events import AgentState, TurnStatus
+from app.protocol.events import AgentState, TurnStatus
 
 
 class _Strict(BaseModel):

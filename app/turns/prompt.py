@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from app.models import ChatMessageRow
+from app.storage.tables import ChatMessageRow
 
 INTERRUPTED_MARK = "[interrupted]"
 TOOL_INTERRUPTED = "[Tool execution interrupted]"

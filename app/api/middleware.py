@@ -10,45 +10,18 @@ on a non-loopback address, and was not told PARLEY_ALLOW_OPEN, refuses everythin
 from __future__ import annotations
 
 import json
-import logging
 import re
 import secrets
-from contextvars import ContextVar
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.auth import OPEN_MODE_HELP, is_loopback
-
-request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
+from app.chat.auth import OPEN_MODE_HELP, is_loopback
+from app.errors import BodyTooLarge, error_body
+from app.observability.context import request_id_var
 
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 _PROBES = {"/healthz", "/readyz"}
-
-
-def install_request_id_logging() -> None:
-    """Every log record gets `request_id`, so any handler's format can show `%(request_id)s`.
-
-    A record factory rather than a filter: filters on a logger miss records propagated from its children.
-    """
-    previous = logging.getLogRecordFactory()
-    if getattr(previous, "parley_request_id", False):
-        return
-
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = previous(*args, **kwargs)
-        record.request_id = request_id_var.get()
-        return record
-
-    factory.parley_request_id = True  # type: ignore[attr-defined]
-    logging.setLogRecordFactory(factory)
-
-
-def error_body(code: str, message: str, details: object = None) -> dict[str, object]:
-    return {
-        "error": {"code": code, "message": message, "details": details, "request_id": request_id_var.get()}
-    }
 
 
 class RequestContextMiddleware:
@@ -130,12 +103,6 @@ class RequestContextMiddleware:
             return message
 
         return wrapped
-
-
-class BodyTooLarge(Exception):
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit)
-        self.limit = limit
 
 
 async def _send_json(send: Send, status: int, body: dict[str, object]) -> None:
