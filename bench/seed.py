@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.protocol.clock import new_message_id, new_session_id, new_turn_id, now_iso
+from app.protocol.clock import now_iso
 from app.protocol.events import (
     AgentStatus,
     ResponseDone,
@@ -32,6 +32,7 @@ from app.protocol.events import (
     Usage,
     UserMessage,
 )
+from app.protocol.ids import new_message_id, new_session_id, new_turn_id
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.protocol.clock import new_message_id, new_session_id, new_turn_id, now_iso
+from app.protocol.clock import now_iso
+from app.protocol.ids import new_message_id, new_session_id, new_turn_id
 
 DRAWS = 10_000
 
@@ -16,7 +17,7 @@ DRAWS = 10_000
 @pytest.mark.parametrize(
     ("make", "pattern"),
     [
-        (new_message_id, r"m_[0-9a-f]{10}"),
+        (new_message_id, r"m_[0-9a-f]{12}"),
         (new_turn_id, r"t_[0-9a-f]+"),
         (new_session_id, r"s_[0-9a-f]+"),
     ],
@@ -31,7 +32,7 @@ def test_id_shape_and_uniqueness(make: Callable[[], str], pattern: str) -> None:
 
 def test_message_ids_fit_their_column() -> None:
     # chat_messages.id and queued_messages.id are VARCHAR(20).
-    assert len(new_message_id()) == 12
+    assert len(new_message_id()) == 14
 
 
 def test_id_kinds_never_collide() -> None:

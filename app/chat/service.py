@@ -21,7 +21,8 @@ from app.errors import (
     WaitTimeout,
 )
 from app.llm.layer import ModelLayer
-from app.protocol.clock import new_message_id, new_session_id, now_iso
+from app.protocol.clock import now_iso
+from app.protocol.ids import new_message_id, new_session_id
 from app.protocol.schemas import (
     AssistantTextMessage,
     CancelResult,

@@ -1,8 +1,7 @@
-"""Identifiers and timestamps: made once by the server, stored as text, never regenerated on read."""
+"""Timestamps: made once by the server, stored as text, never regenerated on read (seed 003)."""
 
 from __future__ import annotations
 
-import secrets
 import time
 from datetime import UTC, datetime
 
@@ -14,15 +13,3 @@ def now_iso() -> str:
 
 def monotonic_ms() -> float:
     return time.monotonic() * 1000.0
-
-
-def new_message_id() -> str:
-    return "m_" + secrets.token_hex(5)
-
-
-def new_turn_id() -> str:
-    return "t_" + secrets.token_hex(6)
-
-
-def new_session_id() -> str:
-    return "s_" + secrets.token_hex(8)

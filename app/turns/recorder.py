@@ -18,7 +18,7 @@ from typing import Any
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.llm.types import ProviderError
-from app.protocol.clock import new_message_id, now_iso
+from app.protocol.clock import now_iso
 from app.protocol.events import (
     AgentCancelled,
     AgentState,
@@ -37,6 +37,7 @@ from app.protocol.events import (
     Usage,
     clean_text,
 )
+from app.protocol.ids import new_message_id
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow

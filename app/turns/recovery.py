@@ -21,8 +21,9 @@ from datetime import datetime
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.protocol.clock import new_message_id, now_iso
+from app.protocol.clock import now_iso
 from app.protocol.events import AgentCancelled, AgentStatus, TurnDone
+from app.protocol.ids import new_message_id
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow

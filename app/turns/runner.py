@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.llm.layer import ModelLayer
-from app.protocol.clock import new_message_id, new_turn_id, now_iso
+from app.protocol.clock import now_iso
 from app.protocol.events import AgentStatus, QueuedItem, QueueUpdated, TurnStart, UserMessage
+from app.protocol.ids import new_message_id, new_turn_id
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.settings import Settings
 from app.storage import repository

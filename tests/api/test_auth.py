@@ -228,4 +228,4 @@ async def test_racing_tenants_with_one_idempotency_key_each_get_their_own_messag
         )
         assert [r.status_code for r in answers] == [202, 202]
         assert answers[0].json()["id"] != answers[1].json()["id"]
-        assert re.fullmatch(r"m_[0-9a-f]{10}", answers[1].json()["id"])
+        assert re.fullmatch(r"m_[0-9a-f]{12}", answers[1].json()["id"])

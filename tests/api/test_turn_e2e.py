@@ -13,7 +13,7 @@ from tests.support.sse import EventReader
 pytestmark = pytest.mark.anyio
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00$")
-MESSAGE_ID = re.compile(r"^m_[0-9a-f]{10}$")
+MESSAGE_ID = re.compile(r"^m_[0-9a-f]{12}$")
 TURN_ID = re.compile(r"^t_[0-9a-f]+$")
 
 
