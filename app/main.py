@@ -25,9 +25,11 @@ from app.protocol.openapi import install_openapi
 from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
-from app.streaming.broker import RING_SIZE, Broker, Frame
+from app.streaming.broker import RING_SIZE, Broker
+from app.streaming.frames import Frame
 from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry, build_default_registry
+from app.turns.live import LocalLiveStatus
 from app.turns.recovery import close_open_turns
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
@@ -72,7 +74,6 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
 
         broker = Broker(
             last_seq,
-            writer.sink(),
             settings.subscriber_queue_size,
             load_frames=load_frames,
             ring_size=min(RING_SIZE, settings.event_retention),
@@ -80,11 +81,12 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         writer.deliver_to(broker.deliver)
         broker.start_heartbeat(settings.sse_ping_interval)
         registry = tools or build_default_registry()
-        runner = Runner(settings, database, broker, writer, models, registry)
+        live = LocalLiveStatus()
+        runner = Runner(settings, database, writer, models, registry, live)
         chat = ChatService(settings, database, runner, models, registry, broker, writer)
         drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
         writer.start()
-        await close_open_turns(database, broker)
+        await close_open_turns(database, writer, live)
         # The repair is in the log (and the turns it closed are announced) before any client can ask.
         await writer.flush()
         await runner.resume_waiting()

@@ -2,8 +2,8 @@
 
 Running 2,000 real turns to get a 10,000-message history would take longer than the rest of the run, so
 the storage stage writes the rows itself: `ChatMessageRow`s inserted with `repository.insert_messages`,
-events numbered and serialized by the broker's own `Channel.publish` (so the log holds byte for byte
-what a live turn would have logged) and written with `repository.insert_events`.
+events serialized by the app's own `Publisher` and numbered as the write-behind numbers them (so the
+log holds byte for byte what a live turn would have logged) and written with `repository.insert_events`.
 
 - a history session: complete turns of turn_start, user text, assistant text (~1 KB), turn_done, every
   third turn with a tool call (tool_group row) and a second text, until it holds `messages` rows;
@@ -36,7 +36,7 @@ from app.protocol.ids import new_message_id, new_session_id, new_turn_id
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
-from app.streaming.broker import Channel, Frame
+from app.streaming.frames import Draft, Frame, Publisher
 
 MODEL = "openai/bench"
 USER_TEXT = "Tell me about the history of the city, its bridges and the river that runs through it."
@@ -127,13 +127,13 @@ def history_turn(session_id: str, index: int, at: str) -> list[ChatMessageRow]:
     return rows
 
 
-def replay_turn(channel: Channel, deltas: int, at: str, total: int) -> list[ChatMessageRow]:
-    """One turn's events, published on `channel` (its sink collects the frames), and its chat rows."""
-    session_id = channel.session_id
+def replay_turn(events: Publisher, deltas: int, at: str, total: int) -> list[ChatMessageRow]:
+    """One turn's events, published on `events` (its outbox collects the drafts), and its chat rows."""
+    session_id = events.session_id
     turn = new_turn_id()
     start, user, text, done = (new_message_id() for _ in range(4))
-    channel.publish(TurnStart, id=start, turn_id=turn, timestamp=at)
-    channel.publish(
+    events.emit(TurnStart, id=start, turn_id=turn, timestamp=at)
+    events.emit(
         UserMessage,
         id=user,
         text=USER_TEXT,
@@ -143,14 +143,14 @@ def replay_turn(channel: Channel, deltas: int, at: str, total: int) -> list[Chat
         sender="User",
         queued=False,
     )
-    channel.publish(AgentStatus, status="thinking", turn_id=turn)
-    channel.publish(TextDelta, id=text, text=WORDS[0], timestamp=at, model=MODEL)
+    events.emit(AgentStatus, status="thinking", turn_id=turn)
+    events.emit(TextDelta, id=text, text=WORDS[0], timestamp=at, model=MODEL)
     for i in range(1, deltas):
-        channel.publish_text_delta(text, WORDS[i % len(WORDS)])
+        events.text_delta(text, WORDS[i % len(WORDS)])
     usage = Usage(prompt_tokens=300, completion_tokens=deltas, total_tokens=300 + deltas)
     info = ResponseInfo(model=MODEL, finish_reason="stop", usage=usage)
-    channel.publish(ResponseDone, id=text, duration_ms=4100, response=info)
-    channel.publish(
+    events.emit(ResponseDone, id=text, duration_ms=4100, response=info)
+    events.emit(
         TokenUsage,
         context_used=300,
         context_window=None,
@@ -158,8 +158,8 @@ def replay_turn(channel: Channel, deltas: int, at: str, total: int) -> list[Chat
         session_total_tokens=total,
         model=MODEL,
     )
-    channel.publish(AgentStatus, status="idle", turn_id=turn)
-    channel.publish(TurnDone, id=done, turn_id=turn, timestamp=at, duration_seconds=4.2, status="completed")
+    events.emit(AgentStatus, status="idle", turn_id=turn)
+    events.emit(TurnDone, id=done, turn_id=turn, timestamp=at, duration_seconds=4.2, status="completed")
     content = "".join(WORDS[i % len(WORDS)] for i in range(deltas))
     return [
         _row(session_id, turn, "turn_start", at, id=start),
@@ -203,13 +203,14 @@ async def seed(path: Path, *, messages: int, events: int, idle: int) -> Seeded:
             turns += 1
         await _insert(database, history)
 
-        frames: list[tuple[str, Frame]] = []
-        channel = Channel(replay_id, 0, lambda s, f: frames.append((s, f)), limit=16)
+        drafts: list[Draft] = []
+        publisher = Publisher(replay_id, drafts.append)
         replay_rows: list[ChatMessageRow] = []
-        while len(frames) < events:
+        while len(drafts) < events:
             # The last turn is shortened so the log ends near `events` (it holds at least that many).
-            deltas = max(1, min(DELTAS_PER_TURN, events - len(frames) - 7))
-            replay_rows.extend(replay_turn(channel, deltas, at, total=len(frames)))
+            deltas = max(1, min(DELTAS_PER_TURN, events - len(drafts) - 7))
+            replay_rows.extend(replay_turn(publisher, deltas, at, total=len(drafts)))
+        frames = [(replay_id, draft.number(seq)) for seq, draft in enumerate(drafts, start=1)]
         await _insert(database, replay_rows, frames)
     finally:
         await database.dispose()

@@ -411,20 +411,18 @@ async def test_events_insert_last_seq_and_replay(database: Database) -> None:
         assert [e.session_id for e in await repository.events_after(db, "s_b", 0, 10)] == ["s_b", "s_b"]
 
 
-async def test_a_retried_batch_keeps_the_first_events(database: Database) -> None:
+async def test_a_number_is_logged_once(database: Database) -> None:
+    """Numbers are taken in the transaction that logs them (streaming.sequencing): a duplicate is a bug,
+    and the log refuses it rather than ignoring it."""
     await add_sessions(database, "s_a")
     async with database.session() as db:
         await repository.insert_events(db, [event("s_a", 1, '"first"')])
         await db.commit()
     async with database.session() as db:
-        # The same seq again (a batch retried after a commit that did land) is ignored, not an error.
-        await repository.insert_events(db, [event("s_a", 1, '"again"'), event("s_a", 2, '"next"')])
-        await db.commit()
+        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+            await repository.insert_events(db, [event("s_a", 1, '"again"')])
     async with database.session() as db:
-        assert [(e.seq, e.data) for e in await repository.events_after(db, "s_a", 0, 10)] == [
-            (1, '"first"'),
-            (2, '"next"'),
-        ]
+        assert [(e.seq, e.data) for e in await repository.events_after(db, "s_a", 0, 10)] == [(1, '"first"')]
 
 
 async def test_a_batch_with_events_of_a_deleted_session_still_commits(database: Database) -> None:

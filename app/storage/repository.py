@@ -274,7 +274,7 @@ async def last_event_seq(db: AsyncSession, session_id: str) -> int:
     return int(found[0][0] or 0) if found else 0
 
 
-_INSERT_EVENTS = "INSERT OR IGNORE INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
+_INSERT_EVENTS = "INSERT INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
 
 
 async def insert_events(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
@@ -284,7 +284,8 @@ async def insert_events(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> Non
 async def log_events(db: AsyncSession, params: Sequence[tuple[str, int, str, str]]) -> None:
     """(session_id, seq, type, data) rows in one executemany: this runs for every event of every stream.
 
-    OR IGNORE: a batch retried after a failed commit must not fail on the events it already wrote."""
+    A plain insert: numbers are taken in the transaction that logs them (streaming.sequencing), so a
+    duplicate is a bug to surface, never a case to ignore."""
     if params:
         await (await _driver(db)).executemany(_INSERT_EVENTS, params)
 

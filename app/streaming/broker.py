@@ -1,9 +1,8 @@
-"""Per-session event channels: sequence numbers, fan-out to subscribers, replay and resync.
+"""Fan-out of committed events: per-session channels, subscribers, replay and resync.
 
-An event is numbered and serialized once, into a Frame, when it is published; it reaches subscribers only
-once the write-behind has committed it to the event log (`deliver`). So every frame a client ever saw is
-durable: a resume never depends on memory, and a crash can only lose frames nobody saw, whose numbers the
-next process then reuses without ambiguity.
+An event reaches subscribers only once the write-behind has numbered and committed it to the event log
+(`deliver`). So every frame a client ever saw is durable: a resume never depends on memory, and a crash
+can only lose events nobody saw, which were never numbered.
 
 Every subscriber has its own bounded buffer. One that falls too far behind is dropped (its stream ends and
 it resumes by Last-Event-ID) rather than ever slowing the agent or the other subscribers.
@@ -17,36 +16,16 @@ comes twice. A position the log no longer holds (or never held) starts the strea
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from sse_starlette import ServerSentEvent
+from typing import Literal, Protocol
 
 from app.errors import Unavailable
-from app.protocol.events import Resync, _Event
+from app.protocol.events import Resync
+from app.streaming.frames import Frame
 
 RING_SIZE = 1024
-
-# json.dumps(s, ensure_ascii=False) for a str, without the encoder object's Python layer.
-_json_string: Callable[[str], str] = json.encoder.encode_basestring
-
-
-@dataclass(slots=True)
-class Frame:
-    seq: int
-    type: str
-    data: str
-    _sse: bytes | None = field(default=None, compare=False, repr=False)
-
-    def sse(self) -> bytes:
-        """The frame as SSE bytes (sse-starlette's encoding), built once however many clients get it."""
-        encoded = self._sse
-        if encoded is None:
-            encoded = self._sse = ServerSentEvent(data=self.data, event=self.type, id=str(self.seq)).encode()
-        return encoded
 
 
 # Frames of one session with after < seq < before, in order, as the event log holds them.
@@ -109,56 +88,21 @@ class Subscriber:
 
 
 class Channel:
-    """One session's numbering, its recent delivered frames and its subscribers.
+    """One session's recent delivered frames and its subscribers.
 
-    `last_seq` is the last number handed out; `delivered_seq` the last frame committed and delivered.
-    Everything up to `delivered_seq` is in the log (or was pruned from it by retention).
+    `delivered_seq` is the last frame committed and delivered: everything up to it is in the log (or was
+    pruned from it by retention).
     """
 
-    def __init__(
-        self,
-        session_id: str,
-        last_seq: int,
-        sink: Callable[[str, Frame], None],
-        limit: int,
-        ring_size: int = RING_SIZE,
-    ) -> None:
+    def __init__(self, session_id: str, delivered_seq: int, limit: int, ring_size: int = RING_SIZE) -> None:
         self.session_id = session_id
-        self.last_seq = last_seq
-        self.delivered_seq = last_seq
-        self._sink = sink
+        self.delivered_seq = delivered_seq
         self._limit = limit
         # Recent frames as plain (seq, type, data) tuples: a tuple of strings and an int is not tracked by
         # the garbage collector, and a hundred busy sessions keep a hundred thousand of them; as Frame
         # objects each full collection walked them all (tens of milliseconds with the event loop stopped).
         self._ring: deque[tuple[int, str, str]] = deque(maxlen=ring_size)
         self.subscribers: set[Subscriber] = set()
-        # The part of a text_delta's JSON that repeats for every delta of one message.
-        self._delta_message: str | None = None
-        self._delta_middle: str | None = None
-
-    def publish(self, cls: type[_Event], **fields: Any) -> Frame:
-        """Numbers and serializes the event, and hands it to the log; subscribers get it once committed."""
-        self.last_seq += 1
-        event = cls(seq=self.last_seq, session_id=self.session_id, **fields)
-        frame = Frame(self.last_seq, event.type, event.model_dump_json())
-        self._sink(self.session_id, frame)
-        return frame
-
-    def publish_text_delta(self, message_id: str, text: str) -> Frame:
-        """`publish(TextDelta, id=message_id, text=text)` for every delta but a message's first, without
-        building a model: the hot path. tests/streams/test_broker.py holds it byte-equal to the model's
-        JSON; `text` must be valid Unicode (events.clean_text)."""
-        self.last_seq = seq = self.last_seq + 1
-        middle = self._delta_middle
-        if middle is None or self._delta_message != message_id:
-            middle = self._delta_middle = (
-                f',"session_id":{_json_string(self.session_id)},"id":{_json_string(message_id)},"text":'
-            )
-            self._delta_message = message_id
-        frame = Frame(seq, "text_delta", f'{{"type":"text_delta","seq":{seq}{middle}{_json_string(text)}}}')
-        self._sink(self.session_id, frame)
-        return frame
 
     def deliver(self, frames: Iterable[Frame]) -> None:
         """Committed frames, in order: into the ring and every subscriber's buffer."""
@@ -214,13 +158,33 @@ class Subscription:
         self.channel.unsubscribe(self.subscriber)
 
 
+class EventFanOut(Protocol):
+    """Committed events to every stream that watches their session, wherever it is served.
+
+    A multi-process implementation must guarantee what this one does across processes: a subscriber gets
+    every event committed after its position exactly once and in order, with nothing lost between the
+    replay from the log and the live events (subscribe, then read, then drop what the live side already
+    had), whichever process committed the event; `last_seq` never names an event a subscriber could miss;
+    a subscriber too slow for its buffer is ended, not slowed down to, and resumes from the log.
+    """
+
+    async def subscribe(self, session_id: str, after: int | None) -> Subscription: ...
+
+    async def last_seq(self, session_id: str) -> int: ...
+
+    def deliver(self, committed: Sequence[tuple[str, Frame]]) -> None: ...
+
+    def drop(self, session_id: str) -> None: ...
+
+    def close_all(self) -> None: ...
+
+
 class Broker:
-    """Channels by session id, created on first use with the sequence the event log ended at."""
+    """This process's fan-out: channels by session id, created on first use at the log's last event."""
 
     def __init__(
         self,
         load_last_seq: Callable[[str], Awaitable[int]],
-        sink: Callable[[str, Frame], None],
         subscriber_limit: int,
         *,
         load_frames: LoadFrames | None = None,
@@ -228,11 +192,13 @@ class Broker:
     ) -> None:
         self._load_last_seq = load_last_seq
         self._load_frames = load_frames
-        self._sink = sink
         self._limit = subscriber_limit
         self._ring_size = ring_size
         self._channels: dict[str, Channel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Frames delivered while their session's channel is being created: the log read that starts it may
+        # have missed them (they committed after it), so they are applied once it exists.
+        self._early: dict[str, list[Frame]] = {}
         self.closed = False
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -241,13 +207,18 @@ class Broker:
         if existing is not None:
             return existing
         lock = self._locks.setdefault(session_id, asyncio.Lock())
-        async with lock:
-            existing = self._channels.get(session_id)
-            if existing is None:
-                last = await self._load_last_seq(session_id)
-                existing = Channel(session_id, last, self._sink, self._limit, self._ring_size)
-                self._channels[session_id] = existing
-        self._locks.pop(session_id, None)
+        try:
+            async with lock:
+                existing = self._channels.get(session_id)
+                if existing is None:
+                    last = await self._load_last_seq(session_id)
+                    existing = Channel(session_id, last, self._limit, self._ring_size)
+                    existing.deliver(self._early.pop(session_id, ()))
+                    self._channels[session_id] = existing
+        finally:
+            if not lock.locked() and self._locks.get(session_id) is lock:
+                del self._locks[session_id]
+                self._early.pop(session_id, None)
         return existing
 
     async def last_seq(self, session_id: str) -> int:
@@ -255,7 +226,7 @@ class Broker:
         return (await self.channel(session_id)).delivered_seq
 
     def deliver(self, committed: Sequence[tuple[str, Frame]]) -> None:
-        """Called by the write-behind after each commit, with the frames in publication order."""
+        """Called by the write-behind after each commit, with the frames in order."""
         by_session: dict[str, list[Frame]] = {}
         for session_id, frame in committed:
             by_session.setdefault(session_id, []).append(frame)
@@ -263,6 +234,8 @@ class Broker:
             channel = self._channels.get(session_id)
             if channel is not None:
                 channel.deliver(frames)
+            elif session_id in self._locks:
+                self._early.setdefault(session_id, []).extend(frames)
 
     async def subscribe(self, session_id: str, after: int | None) -> Subscription:
         """Live frames from now on, preceded by every frame after `after` (None: live only)."""

@@ -32,7 +32,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
-from app.streaming.broker import Frame
+from app.streaming.frames import Draft, Frame, Publisher
+from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,10 @@ class WriteBehind:
         text_interval: float = 1.0,
         retention: int | None = None,
         deliver: Deliver | None = None,
+        sequencer: EventSequencer | None = None,
     ) -> None:
         self._db = db
+        self._sequencer = sequencer or LocalSequencer()
         self._interval = interval
         self._text_interval = text_interval
         self._retention = retention
@@ -87,7 +90,8 @@ class WriteBehind:
         self._prune_slack = max(1, retention // 10) if retention is not None else 0
         self._pruned_at: dict[str, int] = {}
         self._deliver = deliver
-        self._events: list[tuple[str, Frame]] = []
+        # Published events not committed yet, in publication order.
+        self._events: list[Draft] = []
         self._texts: dict[str, TextBuffer] = {}
         # Buffers the open transaction finished (untrack): they leave _texts only once it commits.
         self._finished: list[TextBuffer] | None = None
@@ -100,16 +104,14 @@ class WriteBehind:
         self.batch_commits = 0
         self.turn_commits = 0
 
-    def sink(self) -> Callable[[str, Frame], None]:
-        events = self._events
-        pending = self._pending
+    def add(self, draft: Draft) -> None:
+        """A published event: numbered and logged by the next commit, delivered after it."""
+        self._events.append(draft)
+        if not self._pending.is_set():
+            self._pending.set()
 
-        def add(session_id: str, frame: Frame) -> None:
-            events.append((session_id, frame))
-            if not pending.is_set():
-                pending.set()
-
-        return add
+    def publisher(self, session_id: str) -> Publisher:
+        return Publisher(session_id, self.add)
 
     def deliver_to(self, deliver: Deliver) -> None:
         """Where committed events go (the broker); set once, after both exist."""
@@ -130,6 +132,7 @@ class WriteBehind:
         """The session was deleted: its pending rows would only violate foreign keys."""
         self._forgotten.add(session_id)
         self._pruned_at.pop(session_id, None)
+        self._sequencer.forget(session_id)
         for key in [k for k, b in self._texts.items() if b.session_id == session_id]:
             del self._texts[key]
 
@@ -171,17 +174,20 @@ class WriteBehind:
                 return
             taken = len(self._events)
             forgotten = self._forgotten
-            events = [item for item in self._events[:taken] if item[0] not in forgotten]
+            drafts = [d for d in self._events[:taken] if d.session_id not in forgotten]
+            numbers = self._sequencer.begin()
             async with self._db.session() as db:
                 written = await self._write_texts(db, texts)
-                await self._log(db, events, exact=False)
-                await db.commit()
-            self.batch_commits += 1
-            self._last_commit = time.monotonic()
-            del self._events[:taken]
-            self._mark(written, now)
-            if events and self._deliver is not None:
-                self._deliver(events)
+                frames = await self._log(db, numbers, drafts, exact=False)
+                await _commit(db)
+                # No await from the commit to the delivery: a cancellation comes after both (_commit).
+                numbers.committed()
+                self.batch_commits += 1
+                self._last_commit = time.monotonic()
+                del self._events[:taken]
+                self._mark(written, now)
+                if frames and self._deliver is not None:
+                    self._deliver(frames)
 
     @asynccontextmanager
     async def transaction(self, session_id: str) -> AsyncIterator[AsyncSession]:
@@ -196,6 +202,8 @@ class WriteBehind:
         async with self._lock:
             now = time.monotonic()
             finished = self._finished = []
+            numbers = self._sequencer.begin()
+            frames: list[tuple[str, Frame]] = []
             try:
                 async with self._db.session() as db:
                     pending = [
@@ -203,21 +211,23 @@ class WriteBehind:
                     ]
                     written = await self._write_texts(db, pending)
                     yield db
-                    mine = [item for item in self._events if item[0] == session_id]
+                    mine = [d for d in self._events if d.session_id == session_id]
                     if session_id not in self._forgotten:
-                        await self._log(db, mine, exact=True)
-                    await db.commit()
+                        frames = await self._log(db, numbers, mine, exact=True)
+                    await _commit(db)
+                    # No await from the commit to the delivery: a cancellation comes after both (_commit).
+                    numbers.committed()
+                    self._mark(written, now)
+                    for buffer in finished:
+                        self._texts.pop(buffer.message_id, None)
+                    if mine:
+                        self.turn_commits += 1
+                        taken = {id(d) for d in mine}
+                        self._events[:] = [d for d in self._events if id(d) not in taken]
+                    if frames and self._deliver is not None:
+                        self._deliver(frames)
             finally:
                 self._finished = None
-            self._mark(written, now)
-            for buffer in finished:
-                self._texts.pop(buffer.message_id, None)
-            if mine:
-                self.turn_commits += 1
-                taken = {id(item) for item in mine}
-                self._events[:] = [item for item in self._events if id(item) not in taken]
-        if mine and self._deliver is not None and session_id not in self._forgotten:
-            self._deliver(mine)
 
     @staticmethod
     async def _write_texts(db: AsyncSession, buffers: list[TextBuffer]) -> list[tuple[TextBuffer, int]]:
@@ -245,12 +255,33 @@ class WriteBehind:
             buffer.flushed_len = count
             buffer.flushed_at = now
 
-    async def _log(self, db: AsyncSession, events: list[tuple[str, Frame]], *, exact: bool) -> None:
-        if not events:
-            return
+    @staticmethod
+    async def _number(
+        db: AsyncSession, numbers: SequenceBatch, drafts: list[Draft]
+    ) -> list[tuple[str, Frame]]:
+        """The drafts numbered in publication order, each session's from its own sequence."""
+        counts: dict[str, int] = {}
+        for d in drafts:
+            counts[d.session_id] = counts.get(d.session_id, 0) + 1
+        next_seq = {sid: await numbers.take(db, sid, count) for sid, count in counts.items()}
+        frames = []
+        for d in drafts:
+            seq = next_seq[d.session_id]
+            next_seq[d.session_id] = seq + 1
+            frames.append((d.session_id, d.number(seq)))
+        return frames
+
+    async def _log(
+        self, db: AsyncSession, numbers: SequenceBatch, drafts: list[Draft], *, exact: bool
+    ) -> list[tuple[str, Frame]]:
+        """Numbers the drafts and logs them in `db`'s transaction; returns the frames to deliver once it
+        commits."""
+        if not drafts:
+            return []
+        events = await self._number(db, numbers, drafts)
         await repository.log_events(db, [(sid, f.seq, f.type, f.data) for sid, f in events])
         if self._retention is None:
-            return
+            return events
         heads: dict[str, int] = {}
         for session_id, frame in events:
             heads[session_id] = frame.seq
@@ -266,9 +297,32 @@ class WriteBehind:
         # Noted before the commit: a failed batch only makes the next trim cover more.
         for sid, keep_after in cutoffs:
             pruned_at[sid] = keep_after
+        return events
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self.flush()
+
+
+async def _commit(db: AsyncSession) -> None:
+    """Commits, and knows whether it did even when the caller is cancelled meanwhile.
+
+    The driver's thread finishes a commit that has begun whatever happens to the task awaiting it, so a
+    cancellation here is held back until the commit's outcome is known: a failed commit raises as usual,
+    a successful one returns, so its numbers and events are accounted for as committed, and the
+    cancellation is delivered again at the caller's next await. Without this, a batch that did commit
+    could be logged a second time.
+    """
+    commit = asyncio.ensure_future(db.commit())
+    try:
+        await asyncio.shield(commit)
+    except asyncio.CancelledError:
+        await asyncio.wait({commit})
+        if commit.cancelled() or commit.exception() is not None:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+            task.cancel()

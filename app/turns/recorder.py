@@ -1,4 +1,9 @@
-"""Records one turn: agent events become chat_messages rows (seed 000 §2.4.1) and enriched wire events.
+"""Records one turn: the only writer of a turn's chat_messages rows (seed 000 §2.4.1) and its events.
+
+It opens the turn (turn_start and the user messages it takes), turns agent events into rows and enriched
+wire events, keeps the live status, and closes the turn every way a turn can end: completed, failed,
+stopped, or left open by a crash (recovery hands it the turn to close). Every row change is written in
+one transaction with the events that announce it, so a client never misses what the history holds.
 
 Text is accumulated in memory and persisted by the write-behind (at most every second), then written
 for good at response_done, at a stop and at the turn's end. Tool rows are written when the tool starts
@@ -10,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -24,6 +30,8 @@ from app.protocol.events import (
     AgentState,
     AgentStatus,
     ErrorEvent,
+    QueuedItem,
+    QueueUpdated,
     ResponseDone,
     ResponseInfo,
     TextDelta,
@@ -33,15 +41,17 @@ from app.protocol.events import (
     ToolExecStart,
     ToolResult,
     TurnDone,
+    TurnStart,
     TurnStatus,
     Usage,
+    UserMessage,
     clean_text,
 )
 from app.protocol.ids import new_message_id
+from app.protocol.schemas import QueuedMessage
 from app.storage import repository
-from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
-from app.streaming.broker import Channel
+from app.streaming.frames import Publisher
 from app.streaming.writer import TextBuffer, WriteBehind
 from app.turns.agent import (
     AgentError,
@@ -55,20 +65,13 @@ from app.turns.agent import (
     ToolFinished,
     ToolStarted,
 )
+from app.turns.live import LiveStatus, LiveStatusBoard
 
 log = logging.getLogger(__name__)
 
 TOOL_INTERRUPTED_BY_USER = "[Tool execution interrupted by user]"
 TOOL_INTERRUPTED_BY_ERROR = "[Tool execution interrupted by an error]"
 TOOL_INTERRUPTED_BY_RESTART = "[Tool execution interrupted by server restart]"
-
-
-@dataclass
-class LiveStatus:
-    """What GET /v1/sessions/{id} shows while a turn runs."""
-
-    agent_status: AgentState = "idle"
-    turn_id: str | None = None
 
 
 @dataclass
@@ -79,14 +82,13 @@ class _OpenTool:
 
 @dataclass
 class TurnRecorder:
-    db: Database
     writer: WriteBehind
-    channel: Channel
-    live: LiveStatus
+    events: Publisher
+    live: LiveStatusBoard
     session_id: str
     turn_id: str
     model: str
-    context_window: int | None
+    context_window: int | None = None
     taken_ids: frozenset[str] = frozenset()
     # How a stop is recorded: by a user (cancelled), or by the server shutting down (interrupted).
     stop_status: TurnStatus = "cancelled"
@@ -110,8 +112,12 @@ class TurnRecorder:
     _stop_requested: bool = False
     _finishing: bool = False
 
-    def request_stop(self) -> bool:
-        """Stops the turn as soon as no write is in progress. False when it is already ending by itself."""
+    def request_stop(self, *, by_server: bool = False) -> bool:
+        """Stops the turn as soon as no write is in progress. False when it is already ending by itself.
+        A stop `by_server` (shutdown) records the turn as interrupted rather than cancelled."""
+        if by_server:
+            self.stop_status = "interrupted"
+            self.stop_tool_result = TOOL_INTERRUPTED_BY_RESTART
         if self._finishing:
             return False
         if not self._stop_requested:
@@ -133,8 +139,48 @@ class TurnRecorder:
 
     # --- the turn ------------------------------------------------------------------------------------
 
+    async def open(
+        self, messages: Sequence[QueuedMessage], *, waiting: list[QueuedItem] | None = None
+    ) -> None:
+        """Starts the turn: its turn_start and the user messages it takes, with their events, in one
+        transaction. `waiting` is the waiting line once the messages left it, when they come from it."""
+        at = now_iso()
+        start = self._row("turn_start", at)
+        users = [
+            self._row(
+                "text",
+                m.timestamp,
+                id=m.id,
+                role="user",
+                content=m.content,
+                sender=m.sender,
+                client_message_id=m.client_message_id,
+            )
+            for m in messages
+        ]
+        async with self._transaction() as db:
+            if waiting is not None:
+                await repository.dequeue(db, [m.id for m in messages])
+            await repository.insert_messages(db, [start, *users])
+            if waiting is not None:
+                self.events.emit(QueueUpdated, queue=waiting)
+            self.events.emit(TurnStart, id=start.id, turn_id=self.turn_id, timestamp=at)
+            for m in messages:
+                self.events.emit(
+                    UserMessage,
+                    id=m.id,
+                    text=m.content,
+                    timestamp=m.timestamp,
+                    turn_id=self.turn_id,
+                    model=self.model,
+                    sender=m.sender,
+                    client_message_id=m.client_message_id,
+                )
+            self.set_status("thinking")
+
     async def record(self, agent: AgentRun) -> None:
         """Runs the agent to the end of the turn; every way out closes the turn exactly once."""
+        self.context_window = agent.model.context_window
         events = agent.run()
         try:
             async for event in events:
@@ -170,7 +216,7 @@ class TurnRecorder:
                 self._on_first_text(text)
             else:
                 buffer.parts.append(text)
-                self.channel.publish_text_delta(buffer.message_id, text)
+                self.events.text_delta(buffer.message_id, text)
             return
         with self._atomic():
             await self._dispatch(event)
@@ -217,11 +263,10 @@ class TurnRecorder:
         )
 
     def _emit(self, cls: Any, **fields: Any) -> None:
-        self.channel.publish(cls, **fields)
+        self.events.emit(cls, **fields)
 
     def set_status(self, status: AgentState, tool_name: str | None = None) -> None:
-        self.live.agent_status = status
-        self.live.turn_id = None if status == "idle" else self.turn_id
+        self.live.set(self.session_id, LiveStatus(status, None if status == "idle" else self.turn_id))
         self._emit(AgentStatus, status=status, tool_name=tool_name, turn_id=self.turn_id)
 
     # --- model text ----------------------------------------------------------------------------------
@@ -415,13 +460,58 @@ class TurnRecorder:
         row = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
         async with self._transaction() as db:
             await repository.insert_messages(db, [row])
-            if self.live.agent_status != "idle":
-                self.set_status("idle")
-            self._emit(
-                TurnDone,
-                id=row.id,
-                turn_id=self.turn_id,
-                timestamp=row.timestamp,
-                duration_seconds=duration,
-                status=status,
-            )
+            self._announce_end(row)
+
+    def _announce_end(self, done: ChatMessageRow) -> None:
+        if self.live.get(self.session_id).agent_status != "idle":
+            self.set_status("idle")
+        self._emit(
+            TurnDone,
+            id=done.id,
+            turn_id=self.turn_id,
+            timestamp=done.timestamp,
+            duration_seconds=done.duration_seconds or 0.0,
+            status=done.status or "completed",
+        )
+
+    # --- after a crash -------------------------------------------------------------------------------
+
+    async def close_after_restart(
+        self, started_at: str, rows: Sequence[ChatMessageRow], seen_text: Mapping[str, str]
+    ) -> None:
+        """Closes a turn a crash left open, as a stop by the server would have: its streamed text kept as
+        `seen_text` gives it and marked, its calls without a result given TOOL_INTERRUPTED_BY_RESTART, and
+        a turn_done interrupted. Its duration runs from its start to this close (downtime included: when
+        the process died is not recorded)."""
+        self._finishing = self.closed = True
+        at = now_iso()
+        done = self._row(
+            "turn_done", at, duration_seconds=_seconds_between(started_at, at), status="interrupted"
+        )
+        async with self._transaction() as db:
+            for row in rows:
+                if row.type == "tool_group" and row.result is None:
+                    values = {"result": TOOL_INTERRUPTED_BY_RESTART, "is_error": True, "interrupted": True}
+                    await repository.update_message(db, row.id, values)
+                    self.interrupted_message_ids.append(row.id)
+                    self.interrupted_tool_call_ids.append(row.tool_call_id or "")
+                elif row.type == "text" and row.role == "assistant" and row.duration_ms is None:
+                    content = seen_text.get(row.id, row.content or "")
+                    await repository.update_message(db, row.id, {"content": content, "interrupted": True})
+                    self.interrupted_message_ids.append(row.id)
+            await repository.insert_messages(db, [done])
+            self._announce_cancelled()
+            self._announce_end(done)
+
+    async def announce_lost_end(self, done: ChatMessageRow) -> None:
+        """Announces a turn_done row whose event was lost (a log written by a version that committed a
+        turn's end before its event)."""
+        self._finishing = self.closed = True
+        async with self._transaction():
+            self.set_status("idle")
+            self._announce_end(done)
+
+
+def _seconds_between(start: str, end: str) -> float:
+    elapsed = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    return round(max(elapsed, 0.0), 3)

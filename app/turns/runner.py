@@ -21,19 +21,20 @@ from typing import Any
 
 from app.llm.layer import ModelLayer
 from app.protocol.clock import now_iso
-from app.protocol.events import AgentStatus, QueuedItem, QueueUpdated, TurnStart, UserMessage
+from app.protocol.events import QueuedItem, QueueUpdated, UserMessage
 from app.protocol.ids import new_message_id, new_turn_id
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
-from app.storage.tables import ChatMessageRow, ChatSessionRow, QueuedMessageRow
-from app.streaming.broker import Broker, Channel
+from app.storage.tables import ChatSessionRow, QueuedMessageRow
+from app.streaming.frames import Publisher
 from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry
 from app.turns.agent import AgentRun
+from app.turns.live import IDLE, LiveStatus, LiveStatusBoard
 from app.turns.prompt import rebuild
-from app.turns.recorder import TOOL_INTERRUPTED_BY_RESTART, LiveStatus, TurnRecorder
+from app.turns.recorder import TurnRecorder
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,6 @@ class NotWaiting(LookupError):
 @dataclass
 class SessionState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    live: LiveStatus = field(default_factory=LiveStatus)
     task: asyncio.Task[None] | None = None
     recorder: TurnRecorder | None = None
     # Mirror of the session's waiting line (the queued_messages rows), in order.
@@ -83,15 +83,15 @@ class Runner:
         self,
         settings: Settings,
         db: Database,
-        broker: Broker,
         writer: WriteBehind,
         models: ModelLayer,
         tools: ToolRegistry,
+        live: LiveStatusBoard,
     ) -> None:
         self._settings = settings
         self._db = db
-        self._broker = broker
         self._writer = writer
+        self._live = live
         self._models = models
         self._tools = tools
         self._states: dict[str, SessionState] = {}
@@ -110,8 +110,7 @@ class Runner:
         return state
 
     def live(self, session_id: str) -> LiveStatus:
-        state = self._states.get(session_id)
-        return state.live if state is not None else LiveStatus()
+        return self._live.get(session_id)
 
     def is_closed(self, session_id: str) -> bool:
         """The session is being deleted (its turn was stopped for that, and nothing starts after it)."""
@@ -155,8 +154,8 @@ class Runner:
                 await repository.enqueue(db, row)
                 await db.commit()
             state.waiting[message.id] = message
-            channel = await self._broker.channel(session.id)
-            channel.publish(
+            events = self._writer.publisher(session.id)
+            events.emit(
                 UserMessage,
                 id=message.id,
                 text=content,
@@ -167,7 +166,7 @@ class Runner:
                 queued=True,
                 client_message_id=client_message_id,
             )
-            self._announce_queue(state, channel)
+            _announce_queue(state.waiting.values(), events)
         if delivery == "interrupt":
             await self.cancel(session.id)
             taker = state.recorder
@@ -197,80 +196,37 @@ class Runner:
         *,
         from_queue: bool,
     ) -> str:
-        start_id = new_message_id()
-        started_at = now_iso()
-        rows = [
-            ChatMessageRow(
-                id=start_id, session_id=session.id, turn_id=turn_id, type="turn_start", timestamp=started_at
-            )
-        ]
-        rows += [
-            ChatMessageRow(
-                id=m.id,
-                session_id=session.id,
-                turn_id=turn_id,
-                type="text",
-                role="user",
-                content=m.content,
-                sender=m.sender,
-                client_message_id=m.client_message_id,
-                timestamp=m.timestamp,
-            )
-            for m in messages
-        ]
-        async with self._db.session() as db:
-            if from_queue:
-                await repository.dequeue(db, [m.id for m in messages])
-            await repository.insert_messages(db, rows)
-            await db.commit()
-        channel = await self._broker.channel(session.id)
-        if from_queue:
-            for m in messages:
-                state.waiting.pop(m.id, None)
-            self._announce_queue(state, channel)
-        channel.publish(TurnStart, id=start_id, turn_id=turn_id, timestamp=started_at)
-        for m in messages:
-            channel.publish(
-                UserMessage,
-                id=m.id,
-                text=m.content,
-                timestamp=m.timestamp,
-                turn_id=turn_id,
-                model=session.model,
-                sender=m.sender,
-                client_message_id=m.client_message_id,
-            )
-        state.live.agent_status = "thinking"
-        state.live.turn_id = turn_id
-        channel.publish(AgentStatus, status="thinking", turn_id=turn_id)
         recorder = TurnRecorder(
-            db=self._db,
             writer=self._writer,
-            channel=channel,
-            live=state.live,
+            events=self._writer.publisher(session.id),
+            live=self._live,
             session_id=session.id,
             turn_id=turn_id,
             model=session.model,
-            context_window=None,
             taken_ids=frozenset(m.id for m in messages),
         )
+        taken = {m.id for m in messages}
+        waiting = [QueuedItem(**m.model_dump()) for m in state.waiting.values() if m.id not in taken]
+        try:
+            await recorder.open(messages, waiting=waiting if from_queue else None)
+        except BaseException:
+            self._live.set(session.id, IDLE)
+            raise
+        for message_id in taken:
+            state.waiting.pop(message_id, None)
         state.recorder = recorder
         state.task = recorder.task = asyncio.create_task(
             self._run(session, state, recorder), name=f"turn:{turn_id}"
         )
         # A task's callbacks run even when it is cancelled before it ever starts.
         state.task.add_done_callback(lambda _: self._turn_ended(turn_id))
-        state.resolve_takers([m.id for m in messages], turn_id)
+        state.resolve_takers(taken, turn_id)
         return turn_id
 
     def _turn_ended(self, turn_id: str) -> None:
         ended = self._turn_ends.pop(turn_id, None)
         if ended is not None and not ended.done():
             ended.set_result(None)
-
-    @staticmethod
-    def _announce_queue(state: SessionState, channel: Channel) -> None:
-        channel.publish(QueueUpdated, queue=[QueuedItem(**m.model_dump()) for m in state.waiting.values()])
 
     async def _run(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
         session_id = session.id
@@ -305,7 +261,6 @@ class Runner:
         async with self._db.session() as db:
             rows = await repository.list_messages(db, session_id)
         model = await self._models.resolve(session.model)
-        recorder.context_window = model.context_window
         adapter = await self._models.adapter(model)
         settings = self._settings
         agent = AgentRun(
@@ -392,7 +347,7 @@ class Runner:
             for m in chosen:
                 state.waiting.pop(m.id, None)
             state.resolve_takers([m.id for m in chosen], None)
-            self._announce_queue(state, await self._broker.channel(session_id))
+            _announce_queue(state.waiting.values(), self._writer.publisher(session_id))
         return chosen
 
     # --- stopping ------------------------------------------------------------------------------------
@@ -446,9 +401,12 @@ class Runner:
         for sid in running:
             recorder = self._states[sid].recorder
             if recorder is not None:
-                recorder.stop_status = "interrupted"
-                recorder.stop_tool_result = TOOL_INTERRUPTED_BY_RESTART
+                recorder.request_stop(by_server=True)
         await asyncio.gather(*(self.cancel(sid) for sid in running), return_exceptions=True)
+
+
+def _announce_queue(waiting: Iterable[QueuedMessage], events: Publisher) -> None:
+    events.emit(QueueUpdated, queue=[QueuedItem(**m.model_dump()) for m in waiting])
 
 
 def queued_message(row: QueuedMessageRow) -> QueuedMessage:

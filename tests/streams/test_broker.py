@@ -9,7 +9,8 @@ import pytest
 from sse_starlette import ServerSentEvent
 
 from app.protocol.events import AgentStatus, TextDelta, clean_text
-from app.streaming.broker import Broker, Frame, Subscription
+from app.streaming.broker import Broker, Subscription
+from app.streaming.frames import Draft, Frame, Publisher
 
 pytestmark = pytest.mark.anyio
 
@@ -17,19 +18,22 @@ SID = "s_1"
 
 
 class Log:
-    """A stand-in for the write-behind and the events table."""
+    """A stand-in for the write-behind and the events table: numbers drafts as it commits them."""
 
     def __init__(self) -> None:
-        self.pending: list[tuple[str, Frame]] = []
+        self.pending: list[Draft] = []
         self.rows: dict[int, Frame] = {}
+        self.last = 0
         self.broker: Broker | None = None
         self.during_load: list[int] = []
-
-    def sink(self, session_id: str, frame: Frame) -> None:
-        self.pending.append((session_id, frame))
+        self.events = Publisher(SID, self.pending.append)
 
     def commit(self) -> None:
-        batch, self.pending = self.pending, []
+        batch = []
+        for draft in self.pending:
+            self.last += 1
+            batch.append((draft.session_id, draft.number(self.last)))
+        self.pending.clear()
         for _, frame in batch:
             self.rows[frame.seq] = frame
         assert self.broker is not None
@@ -51,15 +55,13 @@ class Log:
         return snapshot
 
     async def publish(self, count: int) -> None:
-        assert self.broker is not None
-        channel = await self.broker.channel(SID)
         for _n in range(count):
-            channel.publish(AgentStatus, status="thinking")
+            self.events.emit(AgentStatus, status="thinking")
         self.commit()
 
 
 def make(log: Log, *, limit: int = 1000, ring: int = 8) -> Broker:
-    broker = Broker(log.last_seq, log.sink, limit, load_frames=log.load, ring_size=ring)
+    broker = Broker(log.last_seq, limit, load_frames=log.load, ring_size=ring)
     log.broker = broker
     return broker
 
@@ -78,8 +80,7 @@ async def test_subscribers_see_a_frame_only_once_it_is_committed() -> None:
     log = Log()
     broker = make(log)
     subscription = await broker.subscribe(SID, None)
-    channel = await broker.channel(SID)
-    channel.publish(AgentStatus, status="thinking")
+    log.events.emit(AgentStatus, status="thinking")
     assert subscription.subscriber.buffer == []
     assert await broker.last_seq(SID) == 0
     log.commit()
@@ -101,6 +102,7 @@ async def test_replay_from_the_log_then_the_ring_then_live_without_gap_or_duplic
 async def test_a_recent_position_is_served_from_the_ring_alone() -> None:
     log = Log()
     broker = make(log, ring=8)
+    await broker.channel(SID)  # a channel exists (a client watched): it keeps the recent frames
     await log.publish(20)
     log.rows.clear()  # the log is not read at all
     subscription = await broker.subscribe(SID, 15)
@@ -179,11 +181,9 @@ async def test_after_close_all_streams_end_and_new_ones_are_refused() -> None:
 async def test_the_text_delta_fast_path_is_byte_equal_to_the_event_model(text: str) -> None:
     """The hot path builds text_delta JSON by hand: it must be exactly what TextDelta serializes to."""
     log = Log()
-    broker = make(log)
-    log.broker = broker
-    channel = await broker.channel(SID)
-    fast = channel.publish_text_delta("msg_1", text)
-    slow = channel.publish(TextDelta, id="msg_1", text=text)
+    log.events.text_delta("msg_1", text)
+    log.events.emit(TextDelta, id="msg_1", text=text)
+    fast, slow = (draft.number(n) for n, draft in enumerate(log.pending, start=1))
     assert (fast.seq, slow.seq) == (1, 2)
     assert fast.data == slow.data.replace('"seq":2', '"seq":1')
     assert json.loads(fast.data) == {
@@ -193,6 +193,28 @@ async def test_the_text_delta_fast_path_is_byte_equal_to_the_event_model(text: s
         "id": "msg_1",
         "text": text,
     }
+
+
+async def test_frames_committed_while_a_channel_is_being_created_reach_it() -> None:
+    """A channel starts at the log's last number; a frame committed after that read but delivered before
+    the channel exists must still reach it (and its subscribers), not fall between the two."""
+    log = Log()
+    broker = make(log)
+    await log.publish(3)  # no channel yet: nothing to deliver to
+    reads = 0
+
+    async def slow_last_seq(_: str) -> int:
+        nonlocal reads
+        reads += 1
+        last = max(log.rows, default=0)
+        await log.publish(2)  # committed and delivered after the read, before the channel exists
+        return last
+
+    broker._load_last_seq = slow_last_seq
+    subscription = await broker.subscribe(SID, 3)
+    assert reads == 1
+    assert await broker.last_seq(SID) == 5
+    assert [f.seq for f in await take(subscription, 2)] == [4, 5]
 
 
 async def test_a_frames_sse_bytes_are_sse_starlettes_encoding_built_once() -> None:
@@ -213,10 +235,9 @@ def test_clean_text_replaces_lone_surrogates_only(raw: str, clean: str) -> None:
 
 async def test_the_fast_path_keeps_each_messages_own_id_when_messages_alternate() -> None:
     log = Log()
-    broker = make(log)
-    log.broker = broker
-    channel = await broker.channel(SID)
-    frames = [channel.publish_text_delta(mid, f"t{i}") for i, mid in enumerate(["m_a", "m_a", "m_b", "m_a"])]
+    for i, mid in enumerate(["m_a", "m_a", "m_b", "m_a"]):
+        log.events.text_delta(mid, f"t{i}")
+    frames = [draft.number(n) for n, draft in enumerate(log.pending, start=1)]
     assert [json.loads(f.data)["id"] for f in frames] == ["m_a", "m_a", "m_b", "m_a"]
     assert [json.loads(f.data)["seq"] for f in frames] == [1, 2, 3, 4]
     assert [json.loads(f.data)["text"] for f in frames] == ["t0", "t1", "t2", "t3"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -11,8 +12,9 @@ import pytest
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
-from app.streaming.broker import Broker, Frame
+from app.streaming.frames import Frame
 from app.streaming.writer import WriteBehind
+from app.turns.live import LocalLiveStatus
 from app.turns.prompt import rebuild
 from app.turns.recorder import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.recovery import close_open_turns
@@ -85,22 +87,27 @@ async def test_an_open_turn_is_closed_as_interrupted_with_what_clients_saw(datab
     database = Database(database_url)
     await seed(database)
     writer = WriteBehind(database)
-
-    async def last_seq(session_id: str) -> int:
-        async with database.session() as db:
-            return await repository.last_event_seq(db, session_id)
-
     delivered: list[Frame] = []
-    broker = Broker(last_seq, writer.sink(), 100)
-    writer.deliver_to(lambda batch: delivered.extend(frame for _, frame in batch))
+    logged_when_delivered: list[int] = []
+
+    async def log_size() -> int:
+        async with database.session() as db:
+            return len(await repository.events_after(db, SID, 0, 100))
+
+    def deliver(batch: Sequence[tuple[str, Frame]]) -> None:
+        delivered.extend(frame for _, frame in batch)
+        logged_when_delivered.append(len(delivered))
+
+    writer.deliver_to(deliver)
     try:
-        assert await close_open_turns(database, broker) == 1
-        assert delivered == []  # nothing reaches a client before it is in the log
-        await writer.flush()
+        assert await close_open_turns(database, writer, LocalLiveStatus()) == 1
+        # One transaction wrote the rows and the events, and delivered them only once committed.
+        assert logged_when_delivered == [3]
+        assert await log_size() == 8
         async with database.session() as db:
             rows = {r.id: r for r in await repository.list_messages(db, SID)}
             logged = await repository.events_after(db, SID, 0, 100)
-        assert await close_open_turns(database, broker) == 0  # idempotent: the turn is closed
+        assert await close_open_turns(database, writer, LocalLiveStatus()) == 0  # idempotent: it is closed
     finally:
         await database.dispose()
 
@@ -146,13 +153,8 @@ async def test_text_whose_first_deltas_were_pruned_keeps_the_flushed_text(databa
         await repository.prune_events(db, SID, keep_after=3)  # retention took the first delta
         await db.commit()
     writer = WriteBehind(database)
-
-    async def last_seq(session_id: str) -> int:
-        return 5
-
-    broker = Broker(last_seq, writer.sink(), 100)
     try:
-        await close_open_turns(database, broker)
+        await close_open_turns(database, writer, LocalLiveStatus())
         await writer.flush()
         async with database.session() as db:
             text = next(r for r in await repository.list_messages(db, SID) if r.id == "m_000000text")
@@ -164,16 +166,10 @@ async def test_text_whose_first_deltas_were_pruned_keeps_the_flushed_text(databa
 async def _recover(database: Database) -> list[dict[str, Any]]:
     """Runs the startup repair twice (it must be idempotent) and returns the events it logged."""
     writer = WriteBehind(database)
-
-    async def last_seq(session_id: str) -> int:
-        async with database.session() as db:
-            return await repository.last_event_seq(db, session_id)
-
-    broker = Broker(last_seq, writer.sink(), 100)
     async with database.session() as db:
         before = await repository.last_event_seq(db, SID)
     for _ in range(2):
-        await close_open_turns(database, broker)
+        await close_open_turns(database, writer, LocalLiveStatus())
         await writer.flush()
     async with database.session() as db:
         return [json.loads(e.data) for e in await repository.events_after(db, SID, before, 100)]

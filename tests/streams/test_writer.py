@@ -15,7 +15,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow
-from app.streaming.broker import Frame
+from app.streaming.frames import Draft, Frame
 from app.streaming.writer import TextBuffer, WriteBehind
 
 pytestmark = pytest.mark.anyio
@@ -46,8 +46,16 @@ class Delivered:
         return [item for batch in self.batches for item in batch]
 
 
-def frame(seq: int) -> Frame:
-    return Frame(seq, "agent_status", f'{{"seq": {seq}}}')
+def frame(expected_seq: int) -> Draft:
+    """An event to publish; `expected_seq` is the number the writer must give it (asserted by the tests)."""
+    return Draft("", "agent_status", f',"expected":{expected_seq}}}')
+
+
+def sink_of(writer: WriteBehind) -> Callable[[str, Draft], None]:
+    def add(session_id: str, draft: Draft) -> None:
+        writer.add(Draft(session_id, draft.type, draft.rest))
+
+    return add
 
 
 async def logged(database: Database) -> list[tuple[str, int]]:
@@ -77,7 +85,7 @@ async def test_the_first_event_after_a_quiet_spell_commits_without_waiting_for_a
     writer = WriteBehind(database, interval=5.0, deliver=delivered)
     writer.start()
     try:
-        sink = writer.sink()
+        sink = sink_of(writer)
         sink("s_a", frame(1))
         sink("s_a", frame(2))  # published together: one batch
         # interval=5 s: only the quiet-spell rule can deliver this quickly.
@@ -98,7 +106,7 @@ async def test_a_steady_stream_of_events_commits_at_most_once_per_interval(datab
     writer.start()
     began = loop.time()
     try:
-        sink = writer.sink()
+        sink = sink_of(writer)
         for seq in range(1, 301):
             sink("s_a" if seq % 2 else "s_b", frame((seq + 1) // 2))
             await asyncio.sleep(0.002)
@@ -123,7 +131,7 @@ async def test_a_turn_transaction_commits_and_delivers_its_sessions_pending_even
 ) -> None:
     delivered = Delivered()
     writer = WriteBehind(database, interval=60.0, deliver=delivered)  # no batch runs: no start()
-    sink = writer.sink()
+    sink = sink_of(writer)
     sink("s_a", frame(1))
     sink("s_b", frame(1))
     sink("s_a", frame(2))
@@ -147,7 +155,7 @@ async def test_a_turn_transaction_commits_and_delivers_its_sessions_pending_even
 async def test_a_failed_transaction_keeps_its_events_for_the_next_batch(database: Database) -> None:
     delivered = Delivered()
     writer = WriteBehind(database, interval=60.0, deliver=delivered)
-    sink = writer.sink()
+    sink = sink_of(writer)
     bad = ChatMessageRow(id="m_x", session_id="s_missing", turn_id="t", type="turn_done", timestamp=T0)
 
     async def turn_write() -> None:
@@ -168,7 +176,7 @@ async def test_a_failed_transaction_leaves_the_text_it_finished_to_the_next_batc
     inserted yet, and its text are still written by the next batch, with the first delta's event."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=60.0, deliver=delivered)
-    sink = writer.sink()
+    sink = sink_of(writer)
     row = ChatMessageRow(
         id="m_t", session_id="s_a", turn_id="t", type="text", role="assistant", content="Hel", timestamp=T0
     )
@@ -208,7 +216,7 @@ async def test_a_transaction_waits_for_a_batch_in_flight_so_frames_stay_in_order
     broker must get 1 before 2 (it drops a frame older than one it already delivered)."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=60.0, deliver=delivered)
-    sink = writer.sink()
+    sink = sink_of(writer)
     sink("s_a", frame(1))
     release = asyncio.Event()
     original = repository.log_events
@@ -231,3 +239,67 @@ async def test_a_transaction_waits_for_a_batch_in_flight_so_frames_stay_in_order
     release.set()
     await asyncio.gather(batch, turn)
     assert delivered.seqs == [("s_a", 1), ("s_a", 2)]
+
+
+async def test_numbers_are_taken_in_the_logging_transaction_and_continue_from_the_log(
+    database: Database,
+) -> None:
+    """Numbers come from the transaction that logs the events: a failed one leaves no gap, and a new
+    writer (a restarted process) goes on from the log's last number, so none is ever handed out twice."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=60.0, deliver=delivered)
+    sink = sink_of(writer)
+    sink("s_a", frame(1))
+    await writer.flush()
+    bad = ChatMessageRow(id="m_x", session_id="s_missing", turn_id="t", type="turn_done", timestamp=T0)
+
+    async def failing_write() -> None:
+        async with writer.transaction("s_a") as db:
+            sink("s_a", frame(2))
+            await repository.insert_messages(db, [bad])
+
+    with pytest.raises(Exception, match="FOREIGN KEY"):
+        await failing_write()
+    sink("s_a", frame(3))
+    await writer.flush()
+    assert delivered.seqs == [("s_a", 1), ("s_a", 2), ("s_a", 3)]
+    restarted = WriteBehind(database, interval=60.0, deliver=delivered)
+    sink_of(restarted)("s_a", frame(4))
+    await restarted.flush()
+    assert await logged(database) == [("s_a", 1), ("s_a", 2), ("s_a", 3), ("s_a", 4)]
+    async with database.session() as db:
+        rows = (await db.exec(select(EventRow).order_by(col(EventRow.seq)))).all()
+    # Each event's JSON carries the number it was given.
+    assert [(r.seq, r.data) for r in rows] == [
+        (n, f'{{"type":"agent_status","seq":{n},"expected":{n}}}') for n in range(1, 5)
+    ]
+
+
+async def test_a_batch_cancelled_while_it_commits_is_accounted_for_once(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver finishes a commit whatever happens to the awaiting task: a flush cancelled meanwhile
+    must still count its events as logged, or the next batch would log them again (a duplicate number)."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=60.0, deliver=delivered)
+    sink = sink_of(writer)
+    original = AsyncSession.commit
+    committing = asyncio.Event()
+
+    async def slow_commit(self: AsyncSession) -> None:
+        committing.set()
+        await asyncio.sleep(0.2)
+        await original(self)
+
+    monkeypatch.setattr(AsyncSession, "commit", slow_commit)
+    sink("s_a", frame(1))
+    flush = asyncio.create_task(writer.flush())
+    await committing.wait()
+    flush.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flush
+    monkeypatch.setattr(AsyncSession, "commit", original)
+    sink("s_a", frame(2))
+    await writer.flush()
+    assert delivered.seqs == [("s_a", 1), ("s_a", 2)]
+    assert await logged(database) == [("s_a", 1), ("s_a", 2)]

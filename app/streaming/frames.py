@@ -1,0 +1,87 @@
+"""Events on their way to clients: a Draft is published (serialized once, not yet numbered), and becomes a
+Frame (numbered, committed to the log, ready for every subscriber) in the transaction that logs it.
+
+The number is the only part of an event's JSON not known when it is published: every event's JSON starts
+with `{"type":"<type>","seq":<seq>` (the field order of protocol.events._Event), so a Draft keeps the rest
+and numbering it is one string concatenation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sse_starlette import ServerSentEvent
+
+from app.protocol.events import _Event
+
+# json.dumps(s, ensure_ascii=False) for a str, without the encoder object's Python layer.
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
+@dataclass(slots=True)
+class Frame:
+    """A committed event: its number (the SSE id), its type (the SSE event) and its JSON (the SSE data)."""
+
+    seq: int
+    type: str
+    data: str
+    _sse: bytes | None = field(default=None, compare=False, repr=False)
+
+    def sse(self) -> bytes:
+        """The frame as SSE bytes (sse-starlette's encoding), built once however many clients get it."""
+        encoded = self._sse
+        if encoded is None:
+            encoded = self._sse = ServerSentEvent(data=self.data, event=self.type, id=str(self.seq)).encode()
+        return encoded
+
+
+@dataclass(slots=True)
+class Draft:
+    """A published event waiting for its number: its JSON after `"seq":<n>`."""
+
+    session_id: str
+    type: str
+    rest: str
+
+    def number(self, seq: int) -> Frame:
+        return Frame(seq, self.type, f'{{"type":"{self.type}","seq":{seq}{self.rest}')
+
+
+def draft(session_id: str, cls: type[_Event], **fields: Any) -> Draft:
+    """The event `cls(**fields)` of the session, serialized once by its model."""
+    event = cls(seq=0, session_id=session_id, **fields)
+    data = event.model_dump_json()
+    head = f'{{"type":"{event.type}","seq":0'
+    if not data.startswith(head):  # a model whose fields do not start with type and seq
+        raise ValueError(f"{cls.__name__} does not serialize type and seq first")
+    return Draft(session_id, event.type, data[len(head) :])
+
+
+class Publisher:
+    """One session's events, handed to the event log's outbox (`add`) to be numbered when committed."""
+
+    __slots__ = ("_add", "_delta_message", "_delta_middle", "session_id")
+
+    def __init__(self, session_id: str, add: Callable[[Draft], None]) -> None:
+        self.session_id = session_id
+        self._add = add
+        # The part of a text_delta's JSON that repeats for every delta of one message.
+        self._delta_message: str | None = None
+        self._delta_middle = ""
+
+    def emit(self, cls: type[_Event], **fields: Any) -> None:
+        self._add(draft(self.session_id, cls, **fields))
+
+    def text_delta(self, message_id: str, text: str) -> None:
+        """`emit(TextDelta, id=message_id, text=text)` for every delta but a message's first, without
+        building a model: the hot path. tests/streaming/test_frames.py holds it byte-equal to the model's
+        JSON; `text` must be valid Unicode (protocol.events.clean_text)."""
+        if self._delta_message != message_id:
+            self._delta_middle = (
+                f',"session_id":{_json_string(self.session_id)},"id":{_json_string(message_id)},"text":'
+            )
+            self._delta_message = message_id
+        self._add(Draft(self.session_id, "text_delta", f"{self._delta_middle}{_json_string(text)}}}"))

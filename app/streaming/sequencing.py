@@ -1,0 +1,75 @@
+"""Event sequencing: each session's events are numbered 1, 2, 3, ... in the transaction that logs them.
+
+A number is taken inside that transaction and becomes final only when it commits, so the log has no gap
+and no number is ever handed out twice: the event log's primary key (session_id, seq) is a plain insert,
+and a collision would be a bug, never a case to ignore.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.storage import repository
+
+
+class SequenceBatch(Protocol):
+    async def take(self, db: AsyncSession, session_id: str, count: int) -> int:
+        """The first of `count` consecutive numbers after the session's last, inside `db`'s transaction."""
+        ...
+
+    def committed(self) -> None:
+        """`db` committed: the numbers taken are used for good. Without this call they are not."""
+        ...
+
+
+class EventSequencer(Protocol):
+    """Numbers the events of every session.
+
+    A multi-process implementation must guarantee what this one does across processes: the numbers of a
+    session are taken under a lock held by the logging transaction (a counter row updated in it, e.g.
+    `UPDATE ... SET last_seq = last_seq + n RETURNING last_seq`, whose row lock serializes writers and
+    whose rollback returns the numbers), so two processes never take the same number and a transaction
+    that fails leaves no gap.
+    """
+
+    def begin(self) -> SequenceBatch: ...
+
+    def forget(self, session_id: str) -> None:
+        """The session was deleted."""
+        ...
+
+
+class LocalSequencer:
+    """Counters in this process's memory, started from the log's last number. Correct while one process
+    writes the log: every logging transaction runs under the write-behind's lock, one at a time."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+
+    def begin(self) -> _LocalBatch:
+        return _LocalBatch(self._last)
+
+    def forget(self, session_id: str) -> None:
+        self._last.pop(session_id, None)
+
+
+class _LocalBatch:
+    __slots__ = ("_last", "_taken")
+
+    def __init__(self, last: dict[str, int]) -> None:
+        self._last = last
+        self._taken: dict[str, int] = {}
+
+    async def take(self, db: AsyncSession, session_id: str, count: int) -> int:
+        last = self._taken.get(session_id)
+        if last is None:
+            last = self._last.get(session_id)
+            if last is None:
+                last = await repository.last_event_seq(db, session_id)
+        self._taken[session_id] = last + count
+        return last + 1
+
+    def committed(self) -> None:
+        self._last.update(self._taken)
