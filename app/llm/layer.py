@@ -1,78 +1,35 @@
 """The model layer: the only owner of the litellm module, loaded off the event loop at startup.
 
 `import litellm` costs seconds and ~170 MB; health, history and streams must not wait for it, so it is
-imported in a worker thread and everything that needs a model awaits `ready()`. Here litellm resolves
-models (routing, context windows, `is_known`); it streams nothing. The layer also picks the stream adapter
-of each model: the in-process demo, the lean OpenAI-compatible reader (one pooled aiohttp session), or
-LiteLLM's own stream, which runs in a child process started with the first such stream (`adapter()`,
-litellm_process.py).
+imported (litellm_import.py) in a worker thread and everything that needs a model awaits `ready()`. Here
+litellm resolves models (routing, context windows, `is_known`); it streams nothing. The layer also picks
+the stream adapter of each model: the in-process demo, the lean OpenAI-compatible reader (one pooled
+aiohttp session), or LiteLLM's own stream, which runs in a child process started with the first such
+stream (`adapter()`, litellm_process.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import importlib
 import logging
-import os
-import sys
-from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from app.llm import lazy_encoding
 from app.llm.catalog import Catalog
-from app.llm.demo import DemoAdapter
+from app.llm.demo import DEMO_MODEL, DemoAdapter
 from app.llm.litellm_adapter import LiteLLMAdapter
+from app.llm.litellm_import import frozen_afterwards, import_litellm
 from app.llm.litellm_process import LiteLLMProcess
 from app.llm.routing import resolve_endpoint
 from app.llm.types import ModelAdapter, ResolvedModel
-from app.settings import DEMO_MODEL, Settings
+from app.settings import Settings
 
 if TYPE_CHECKING:
     import aiohttp
 
 log = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def frozen_afterwards(when: bool = True) -> Iterator[None]:
-    """No collection while the block builds long-lived objects; afterwards they go to the permanent
-    generation, out of every later full collection. Does nothing unless `when` and the collector is on."""
-    pausing = when and gc.isenabled()
-    if pausing:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if pausing:
-            gc.freeze()
-            gc.enable()
-
-
-def import_litellm() -> ModuleType:
-    # Without these, import fetches the cost map over the network and offline tokenizer loads stall for
-    # tens of seconds (../shared/notes/litellm.md §0, §5). They must be set before the import.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
-    first_import = "litellm" not in sys.modules
-    # tiktoken's default encoding (~40 MB) is built on first use instead of at import.
-    lazy_encoding.install()
-    # The import creates ~350k long-lived objects. While it runs, the collector's full passes over them
-    # held the GIL for 85-590 ms each (measured): the event loop, answering health meanwhile, stalled.
-    # So no collection during the import (it leaves ~2,000 garbage objects, measured), and afterwards the
-    # lot goes to the permanent generation: later full collections walk only what the service allocates
-    # (a full pass then took 0.1 ms instead of 560).
-    with frozen_afterwards(first_import):
-        import litellm
-
-    litellm.suppress_debug_info = True
-    litellm.disable_hf_tokenizer_download = True
-    logging.getLogger("LiteLLM").setLevel(logging.ERROR)
-    module: ModuleType = litellm
-    return module
 
 
 def _import_model_modules() -> ModuleType:

@@ -32,6 +32,7 @@ from typing import Any
 
 from app.llm.demo import DEMO_MODEL
 from app.llm.litellm_adapter import PLACEHOLDER_KEY, map_error
+from app.llm.litellm_import import frozen_afterwards, import_litellm
 from app.llm.litellm_wire import VERSION, Outbox, Peer, encode_error, encode_part
 from app.llm.provider_errors import call_failed
 from app.llm.types import FinishPart, ProviderError, StreamPart, TextPart, ToolCallPart, UsagePart
@@ -53,10 +54,8 @@ def prepare() -> ModuleType:
     """Imports litellm (as the service does: import_litellm), registers the demo model, warms LiteLLM's
     OpenAI call path up and freezes everything that built. Once per process; leaves no thread behind, so
     the zygote can fork safely afterwards."""
-    from app.llm.layer import frozen_afterwards, import_litellm
-
     litellm = import_litellm()
-    from app.llm.demo_litellm import register_demo
+    from app.llm.demo_litellm import register_demo  # imports litellm: only after import_litellm
 
     with frozen_afterwards():
         register_demo(0.0)  # for the warm-up; each child registers it with the service's pace

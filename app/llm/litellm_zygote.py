@@ -147,6 +147,7 @@ def main() -> int:
     os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the children (see litellm_child.py)
 
+    # Here, not with this module: the service imports it for `Zygote` and never runs a child's code.
     from app.llm.litellm_child import prepare
 
     prepare()
