@@ -31,11 +31,18 @@ from types import ModuleType
 from typing import Any
 
 from app.llm.demo import DEMO_MODEL
-from app.llm.litellm_adapter import PLACEHOLDER_KEY, map_error
 from app.llm.litellm_import import frozen_afterwards, import_litellm
 from app.llm.litellm_wire import VERSION, Outbox, Peer, encode_error, encode_part
-from app.llm.provider_errors import call_failed
-from app.llm.types import FinishPart, ProviderError, StreamPart, TextPart, ToolCallPart, UsagePart
+from app.llm.provider_errors import call_failed, map_error
+from app.llm.types import (
+    PLACEHOLDER_KEY,
+    FinishPart,
+    ProviderError,
+    StreamPart,
+    TextPart,
+    ToolCallPart,
+    UsagePart,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,21 @@
 """The provider failures a turn can report: one code each, with a safe message and whether to retry.
 
 Both stream adapters build their `ProviderError`s here, so a failure reads the same whichever adapter met
-it. `from_status` classifies an HTTP error answer the way LiteLLM's OpenAI exception mapping does
-(`litellm_core_utils/exception_mapping_utils.py`, `_map_openai_exception`: body text first, then the
-status); the upstream's own text goes to the log, never into the message.
+it. `map_error` turns an exception LiteLLM raised (in the LiteLLM child, or in routing.py's request
+mapping) into one; `from_status` classifies an HTTP error answer the way LiteLLM's OpenAI exception
+mapping does (`litellm_core_utils/exception_mapping_utils.py`, `_map_openai_exception`: body text first,
+then the status). The upstream's own text goes to the log, never into the message.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from types import ModuleType
 
 from app.llm.types import ProviderError
+
+log = logging.getLogger(__name__)
 
 _KNOWN: dict[str, tuple[str, bool]] = {
     "context_window_exceeded": ("The conversation no longer fits the model's context window.", False),
@@ -94,3 +99,38 @@ def from_status(status: int, body: str) -> ProviderError:
     if code is not None:
         return provider_error(code, status=status)
     return server_failed(status) if status >= 500 else call_failed(status)
+
+
+# ContextWindowExceededError subclasses BadRequestError: it comes first.
+_BY_CLASS = (
+    ("ContextWindowExceededError", "context_window_exceeded"),
+    ("AuthenticationError", "provider_auth_failed"),
+    ("RateLimitError", "provider_rate_limited"),
+    ("NotFoundError", "provider_model_not_found"),
+    ("BadRequestError", "provider_bad_request"),
+    ("Timeout", "provider_timeout"),
+    ("ServiceUnavailableError", "provider_unavailable"),
+)
+
+
+def map_error(litellm: ModuleType, exc: Exception, *, streamed: bool) -> ProviderError:
+    """Turns LiteLLM's exception zoo (notes §6) into one error with a safe message and a stable code."""
+    log.warning("provider call failed: %s: %s", type(exc).__name__, exc)
+    status = getattr(exc, "status_code", None)
+    mid_stream = getattr(getattr(litellm, "exceptions", None), "MidStreamFallbackError", None)
+    if streamed or (mid_stream is not None and isinstance(exc, mid_stream)):
+        return provider_error("provider_stream_interrupted", status=status, retryable=not streamed)
+    for class_name, code in _BY_CLASS:
+        cls = getattr(litellm, class_name, None)
+        if cls is not None and isinstance(exc, cls):
+            return provider_error(code, status=status)
+    text = str(exc)
+    if "Missing credentials" in text or "api_key client option must be set" in text:
+        return provider_error("provider_auth_missing", status=status)
+    if "Connection error" in text or "Connect" in type(exc).__name__:
+        return provider_error("provider_unreachable", status=status)
+    if isinstance(status, int) and status >= 500:
+        return server_failed(status)
+    if isinstance(status, int) and status == 403:
+        return provider_error("provider_forbidden", status=status)
+    return call_failed(status)

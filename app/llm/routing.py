@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from app.llm.litellm_adapter import PLACEHOLDER_KEY, map_error
+from app.llm.provider_errors import map_error
 from app.llm.types import ResolvedModel
 
 log = logging.getLogger(__name__)
@@ -106,12 +106,10 @@ def _bridged_to_responses(litellm: ModuleType, bare: str, api_base: str | None) 
 def _api_key(
     litellm: ModuleType, model: ResolvedModel, provider: str | None, dynamic: str | None
 ) -> str | None:
-    """The models file's key; a configured base URL without one sends a placeholder (as LiteLLMAdapter does);
+    """The models file's key, or the placeholder for a base URL without one (as LiteLLMAdapter sends);
     otherwise LiteLLM's own lookup (OPENAI_API_KEY, HOSTED_VLLM_API_KEY, litellm.api_key)."""
-    if model.api_base:
-        return model.api_key or PLACEHOLDER_KEY
-    if model.api_key:
-        return model.api_key
+    if configured := model.configured_key:
+        return configured
     if provider == "openai":
         key = litellm.OpenAIGPTConfig.get_api_key()
         return str(key) if key else None

@@ -37,6 +37,11 @@ class FinishPart:
 StreamPart = TextPart | ToolCallPart | UsagePart | FinishPart
 
 
+# Sent as the key to a base URL configured without one: local servers (vLLM, Ollama) take no key, but the
+# openai client refuses to send none.
+PLACEHOLDER_KEY = "no-key"
+
+
 @dataclass(frozen=True, slots=True)
 class ResolvedModel:
     """A model name with everything needed to call it and to report its context use."""
@@ -46,6 +51,14 @@ class ResolvedModel:
     api_base: str | None = None
     api_key: str | None = field(default=None, repr=False)
     provider: str | None = None
+
+    @property
+    def configured_key(self) -> str | None:
+        """The key to send as configured: the models file's, or PLACEHOLDER_KEY with a base URL but no key;
+        None leaves the key to the provider's own lookup (its environment variable)."""
+        if self.api_base:
+            return self.api_key or PLACEHOLDER_KEY
+        return self.api_key
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,7 +259,7 @@ async def test_errors_are_mapped_in_the_child_and_the_upstreams_words_reach_only
     assert "secret" not in failed.value.message
     # The child's log record, logged here through this process's logging.
     [record] = [r for r in caplog.records if "secret words" in r.getMessage()]
-    assert record.name == "app.llm.litellm_adapter"
+    assert record.name == "app.llm.provider_errors"
     assert record.levelno == logging.WARNING
 
 
