@@ -1,9 +1,9 @@
 """Built-in tools that are safe to offer any session: the current time and an arithmetic calculator.
 
-This module owns those two tools and `register_builtins`, which adds them to a `ToolRegistry`. Neither
-tool touches the network, the filesystem (beyond the time zone database) or `eval`; the calculator
-works on a whitelisted `ast` and bounds the size of every number it produces, because its input is
-written by the model and, through it, by users.
+This module owns those two tools, listed in `BUILTINS`: plain `async def` functions, which the registry
+(registry.py `build_default_registry`) turns into tools. Neither tool touches the network, the filesystem
+(beyond the time zone database) or `eval`; the calculator works on a whitelisted `ast` and bounds the size
+of every number it produces, because its input is written by the model and, through it, by users.
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ from typing import Annotated
 
 from pydantic import Field
 
-from app.tools.registry import ToolRegistry
-
 __all__ = [
+    "BUILTINS",
     "MAX_EXPRESSION_LENGTH",
     "calculate",
     "current_time",
     "evaluate",
     "format_number",
-    "register_builtins",
 ]
 
 MAX_EXPRESSION_LENGTH = 500
@@ -253,7 +251,4 @@ async def current_time(
     return {"time": now.isoformat(timespec="seconds"), "timezone": name, "weekday": weekday}
 
 
-def register_builtins(registry: ToolRegistry) -> None:
-    """Add the built-in tools to `registry`."""
-    registry.register(current_time)
-    registry.register(calculate)
+BUILTINS = (current_time, calculate)

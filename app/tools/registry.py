@@ -7,7 +7,9 @@ This module owns the tool contract shared by the agent loop and the API layer:
 * the OpenAI "tools" schema sent to the model (`Tool.schema`, `ToolRegistry.schemas`);
 * executing a model-issued tool call (`ToolRegistry.execute`), where every failure the model caused or
   can react to (unknown tool, bad arguments, a raising or slow tool) becomes an error `ToolOutcome` the
-  model reads, instead of an exception that would abort the turn.
+  model reads, instead of an exception that would abort the turn;
+* the default registry (`build_default_registry`): the built-in tools of builtins.py, plain functions
+  that know nothing of the registry.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from app.tools.builtins import BUILTINS
 
 __all__ = ["Tool", "ToolContext", "ToolOutcome", "ToolRegistry", "UnknownToolError", "build_default_registry"]
 
@@ -324,9 +328,7 @@ class ToolRegistry:
 
 def build_default_registry() -> ToolRegistry:
     """A new registry holding the built-in tools."""
-    # Imported here because builtins imports this module to register into a ToolRegistry.
-    from app.tools.builtins import register_builtins
-
     registry = ToolRegistry()
-    register_builtins(registry)
+    for func in BUILTINS:
+        registry.register(func)
     return registry
