@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import socket
@@ -30,7 +29,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from app.llm.demo import DEMO_MODEL
+import pydantic
+
+from app.llm.demo import DEMO_MODEL, PROVIDER
 from app.llm.litellm_import import frozen_afterwards, import_litellm
 from app.llm.litellm_wire import VERSION, Outbox, Peer, encode_error, encode_part
 from app.llm.provider_errors import call_failed, map_error
@@ -70,93 +71,86 @@ def prepare() -> ModuleType:
         with contextlib.suppress(Exception):
             litellm.get_model_info(DEMO_MODEL)
         asyncio.run(_warm_up(litellm))
+        _build_chunk_models()
     return litellm
 
 
+# A turn offers tools; LiteLLM loads its tool handling (~7 modules) on the first call that has some.
+_WARM_UP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "warm_up",
+        "description": "Warms LiteLLM up.",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+    },
+}
+
+
 async def _warm_up(litellm: ModuleType) -> None:
-    """Streams through LiteLLM's paths once, so that what they build lazily on the first real call is
-    built in the zygote and shared by every child (~450 modules, ~45k lasting objects; without it each
-    child's first stream took ~0.3 s more, measured): a refused call (the error path), a stream with text,
-    a tool call and usage from a local stand-in of an OpenAI-compatible server, and the demo provider.
-    The SDK clients cached for this loop are closed and dropped: the cache keys them by `id(loop)`, and a
-    child's loop could get the same id."""
-    server = await asyncio.start_server(_answer_warm_up, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    """Calls LiteLLM twice, so that what its paths build lazily on the first real call is built in the
+    zygote and shared by every child (~450 modules, ~45k lasting objects; without it each child's first
+    stream took ~0.7 s more, measured). Both calls offer a tool, as turns do:
+
+    - an OpenAI-compatible model at a port where nothing listens: parameter mapping, the openai client, its
+      transport up to the refused connection, and the error path;
+    - the demo provider, asked for a tool call, under a name LiteLLM has no price for (as most self-hosted
+      models): the stream wrapper, text and tool-call chunks, usage, the end-of-stream rebuild and the
+      failed cost lookup.
+
+    No stand-in upstream is needed: what only an upstream's bytes would build, the openai SDK's chunk
+    models, `_build_chunk_models` builds. The SDK clients cached for this loop are closed and dropped: the
+    cache keys them by `id(loop)`, and a child's loop could get the same id."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         refused = probe.getsockname()[1]
     common = {
-        "messages": [{"role": "user", "content": "."}],
         "stream": True,
         "stream_options": {"include_usage": True},
         "max_retries": 0,
         "timeout": _WARM_UP_SECONDS,
+        "tools": [_WARM_UP_TOOL],
+        "api_key": PLACEHOLDER_KEY,
     }
     calls = [
-        {**common, "model": "openai/parley-warm-up", "api_base": f"http://127.0.0.1:{refused}/v1"},
-        {**common, "model": "openai/parley-warm-up", "api_base": f"http://127.0.0.1:{port}/v1"},
-        {**common, "model": DEMO_MODEL},
+        {
+            **common,
+            "model": "openai/parley-warm-up",
+            "api_base": f"http://127.0.0.1:{refused}/v1",
+            "messages": [{"role": "user", "content": "."}],
+        },
+        {
+            **common,
+            "model": f"{PROVIDER}/warm-up",
+            "messages": [{"role": "user", "content": "[call:warm_up {}]"}],
+        },
     ]
     logging.disable(logging.WARNING)  # the refused call is logged as a failed provider call
     try:
         for kwargs in calls:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_WARM_UP_SECONDS * 2):
-                    error = await read_stream(litellm, {"api_key": PLACEHOLDER_KEY, **kwargs}, lambda _: None)
+                    error = await read_stream(litellm, kwargs, lambda _: None)
                     log.debug("LiteLLM warm-up call to %s ended: %s", kwargs["model"], error and error.code)
     finally:
         logging.disable(logging.NOTSET)
-        server.close()
-        await server.wait_closed()
         await forget_loop_clients(litellm)
 
 
-_WARM_UP_CHUNKS = (
-    {"role": "assistant", "content": ""},
-    {"content": "warm"},
-    {
-        "tool_calls": [
-            {"index": 0, "id": "call_w", "type": "function", "function": {"name": "f", "arguments": ""}}
-        ]
-    },
-    {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
-)
+def _build_chunk_models() -> None:
+    """Builds the validators of the openai SDK's chat-completion chunk models, which it defers to their
+    first use (pydantic's `defer_build`): the first chunk of every child's first OpenAI stream would build
+    them (~10 ms of CPU, measured)."""
+    from openai.types import completion_usage
+    from openai.types.chat import chat_completion_chunk
 
-
-async def _answer_warm_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """A one-answer OpenAI-compatible chat-completions stream (text, a tool call, finish, usage)."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            (
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            ),
-            0,
-        )
-        await reader.readexactly(length)
-        base = {"id": "w", "object": "chat.completion.chunk", "created": 0, "model": "parley-warm-up"}
-        events = [
-            {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-            for delta in _WARM_UP_CHUNKS
-        ]
-        events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
-        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-        events.append({**base, "choices": [], "usage": usage})
-        body = (
-            b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events)
-            + b"data: [DONE]\n\n"
-        )
-        writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
-        )
-        await writer.drain()
-    except (OSError, asyncio.IncompleteReadError, ValueError):
-        pass
-    finally:
-        writer.close()
+    for module in (chat_completion_chunk, completion_usage):
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, pydantic.BaseModel)
+                and value.__module__ == module.__name__
+            ):
+                value.model_rebuild()
 
 
 def run(sock: socket.socket) -> int:
