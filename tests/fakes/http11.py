@@ -1,20 +1,16 @@
-"""Minimal HTTP/1.1 server-side connection for the fake upstream, built on asyncio streams.
+"""HTTP/1.1 framing for the fake upstream, without I/O: requests parsed off a connection's buffer, and the
+bytes of responses (heads, whole bodies, chunks of a chunked body).
 
-Owns request parsing (Content-Length and chunked bodies, keep-alive friendly) and response writing, plus
-the part a framework would hide: a pump task that reads the socket continuously, so the moment the
-peer closes (FIN or RST) is timestamped even while the handler sleeps between chunks. Clients used here
-never half-close after sending a request, so EOF on the socket means the client is gone.
+Requests may come with a Content-Length or a chunked body, several on one keep-alive connection.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import http
-import time
 from dataclasses import dataclass
 
 _MAX_HEAD = 64 * 1024
+LAST_CHUNK = b"0\r\n\r\n"  # ends a chunked body; a cut stream is one without it
 
 
 class BadRequest(Exception):
@@ -29,126 +25,100 @@ class Request:
     headers: dict[str, str]
     body: bytes
 
+    @property
+    def wants_close(self) -> bool:
+        return self.headers.get("connection", "").lower() == "close" or self.version == "HTTP/1.0"
 
-class Connection:
-    """One client connection: a pump task moves bytes into `buf` and notices the peer leaving."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.buf = bytearray()
-        self.eof = False
-        self.gone = asyncio.Event()
-        self.gone_at: float | None = None
-        self._changed = asyncio.Event()
-        self._pump_task = asyncio.create_task(self._pump())
-
-    async def _pump(self) -> None:
-        # Always reading is what makes a disconnect visible while the handler sleeps between chunks.
-        with contextlib.suppress(ConnectionError, OSError):
-            while data := await self.reader.read(65536):
-                self.buf += data
-                self._changed.set()
-        self.eof = True
-        self.mark_gone()
-        self._changed.set()
-
-    def mark_gone(self) -> None:
-        if self.gone_at is None:
-            self.gone_at = time.monotonic()
-            self.gone.set()
-
-    async def _more(self) -> bool:
-        if self.eof:
-            return False
-        self._changed.clear()
-        await self._changed.wait()
-        return True
-
-    async def _read_until(self, sep: bytes) -> bytes:
-        while (pos := self.buf.find(sep)) < 0:
-            if len(self.buf) > _MAX_HEAD or not await self._more():
-                raise BadRequest("incomplete request")
-        data = bytes(self.buf[:pos])
-        del self.buf[: pos + len(sep)]
-        return data
-
-    async def _read_exact(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            if not await self._more():
-                raise BadRequest("incomplete body")
-        data = bytes(self.buf[:n])
-        del self.buf[:n]
-        return data
-
-    async def read_request(self) -> Request | None:
-        while self.buf[:2] == b"\r\n":  # RFC 9112: ignore empty lines before a request line
-            del self.buf[:2]
-        while not self.buf:
-            if not await self._more():
-                return None
-        lines = (await self._read_until(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+def _chunked_body(buf: bytearray, start: int) -> tuple[bytes, int] | None:
+    """The chunked body that starts at `buf[start]` and where it ends; None while incomplete."""
+    parts: list[bytes] = []
+    pos = start
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None
         try:
-            method, target, version = lines[0].split(" ", 2)
+            size = int(bytes(buf[pos:eol]).split(b";")[0], 16)
         except ValueError:
-            raise BadRequest(f"bad request line {lines[0]!r}") from None
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if headers.get("expect", "").lower() == "100-continue":
-            await self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            parts = []
-            while size := int((await self._read_until(b"\r\n")).split(b";")[0], 16):
-                parts.append(await self._read_exact(size))
-                await self._read_exact(2)
-            while await self._read_until(b"\r\n"):  # trailers up to the blank line
-                pass
-            body = b"".join(parts)
-        else:
-            body = await self._read_exact(int(headers.get("content-length", "0")))
-        return Request(method, target.split("?", 1)[0], version, headers, body)
+            raise BadRequest("bad chunk size") from None
+        if size == 0:
+            end = buf.find(b"\r\n\r\n", eol)  # no trailers are expected: up to the blank line
+            return None if end < 0 else (b"".join(parts), end + 4)
+        if len(buf) < eol + 2 + size + 2:
+            return None
+        parts.append(bytes(buf[eol + 2 : eol + 2 + size]))
+        pos = eol + 2 + size + 2
 
-    async def send(self, data: bytes) -> bool:
-        """Write and drain; False (and the peer marked gone) if the client has left."""
-        if self.gone.is_set():
-            return False
+
+def parse_request(buf: bytearray) -> Request | None:
+    """Take the first complete request off `buf`; None (and `buf` as it was) until all of it is there."""
+    while buf[:2] == b"\r\n":  # RFC 9112: ignore empty lines before a request line
+        del buf[:2]
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buf) > _MAX_HEAD:
+            raise BadRequest("request head too large")
+        return None
+    lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    try:
+        method, target, version = lines[0].split(" ", 2)
+    except ValueError:
+        raise BadRequest(f"bad request line {lines[0]!r}") from None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        found = _chunked_body(buf, end + 4)
+        if found is None:
+            return None
+        body, stop = found
+    else:
         try:
-            self.writer.write(data)
-            await self.writer.drain()
-        except (ConnectionError, OSError, RuntimeError):
-            self.mark_gone()
-            return False
-        return True
-
-    async def sleep(self, seconds: float) -> bool:
-        """Sleep, waking early if the client leaves. True if it left."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.gone.wait(), seconds)
-        return self.gone.is_set()
-
-    async def send_head(self, status: int, headers: dict[str, str]) -> bool:
-        try:
-            phrase = http.HTTPStatus(status).phrase
+            length = int(headers.get("content-length") or 0)
         except ValueError:
-            phrase = "Unknown"
-        lines = [f"HTTP/1.1 {status} {phrase}"] + [f"{k}: {v}" for k, v in headers.items()]
-        return await self.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            raise BadRequest("bad content-length") from None
+        stop = end + 4 + length
+        if len(buf) < stop:
+            return None
+        body = bytes(buf[end + 4 : stop])
+    del buf[:stop]
+    return Request(method, target.split("?", 1)[0], version, headers, body)
 
-    async def send_full(
-        self,
-        status: int,
-        body: bytes,
-        headers: dict[str, str] | None = None,
-        content_type: str = "application/json",
-    ) -> bool:
-        hdrs = {"content-type": content_type, "content-length": str(len(body)), **(headers or {})}
-        return await self.send_head(status, hdrs) and await self.send(body)
 
-    async def close(self) -> None:
-        self._pump_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._pump_task
-        self.writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self.writer.wait_closed()
+def head(status: int, headers: dict[str, str]) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Unknown"
+    lines = [f"HTTP/1.1 {status} {phrase}", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def whole(
+    status: int,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+    content_type: str = "application/json",
+) -> bytes:
+    """A complete response with a Content-Length."""
+    return (
+        head(status, {"content-type": content_type, "content-length": str(len(body)), **(headers or {})})
+        + body
+    )
+
+
+STREAM_HEAD = head(
+    200,
+    {
+        "content-type": "text/event-stream; charset=utf-8",
+        "cache-control": "no-cache",
+        "transfer-encoding": "chunked",
+    },
+)
+
+
+def chunk(data: bytes) -> bytes:
+    """One chunk of a chunked body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)

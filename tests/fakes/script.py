@@ -1,8 +1,9 @@
 """What the fake upstream answers: the `Script` dataclass and the OpenAI wire shapes built from it.
 
-Owns the scripting model (text pieces, fragmented tool calls, pacing, usage, HTTP errors, cuts, hangs),
-its JSON form (used by the `/_control/scripts` endpoint), and the exact chunk / completion / error
-bodies OpenAI's chat-completions API sends. Nothing here does I/O; `upstream.py` puts it on the wire.
+Owns the scripting model (text pieces, fragmented tool calls, pacing, usage, HTTP errors, cuts, hangs,
+byte-level framing), its JSON form (used by the `/_control/scripts` endpoint), and the exact chunk /
+completion / error bodies OpenAI's chat-completions API sends. Nothing here does I/O: `answer.py` turns
+a script into the bytes to write and when, `connection.py` writes them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from typing import Any
 
 DEFAULT_REPLY = "Hello from fake upstream."
 DONE_EVENT = b"[DONE]"
+# Sixteen words, one a chunk in `Script.words`: a realistic token size (a few bytes of text per event).
+_SENTENCE = "The quick brown fox jumps over the lazy dog, and then it naps in the sun."
+WORDS = tuple(word + " " for word in _SENTENCE.split())
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps builds a new encoder per call for these
+_MARK = "\x00"  # a delta key no real delta has: where a chunk's template is cut in two
 
 # Per-status defaults modelled on OpenAI's real error bodies, so LiteLLM's exception mapping sees the
 # same `type`/`code` it would in production.
@@ -108,9 +114,15 @@ class Script:
     optional usage chunk (only if the request asked for `stream_options.include_usage`), `[DONE]`.
     `cut_after` counts SSE events sent before the TCP connection is closed without the terminating
     zero-length chunk, the role chunk included (0 = headers only; len(events) = after `[DONE]`).
-    `delay` is slept before every event but the first; `hang_before_headers` before anything is sent.
+    `delay` paces the content: the role chunk goes with the headers, content chunk i (text or tool-call
+    fragment) `i * delay` after them on a fixed schedule (a late tick does not push the others), and what
+    follows the last one (finish, usage, `[DONE]`) right after it, as OpenAI sends them.
+    `hang_before_headers` is waited before anything is sent.
     `error_after` replaces everything after that many events with one OpenAI-style `{"error": ...}` event
     (what OpenAI sends when generation fails mid-stream); the body then ends normally, without `[DONE]`.
+    `sse_body` replaces the events with this exact SSE text (comments, other fields, CRLF: what a reader
+    must also accept). `trickle` writes the body in HTTP chunks of that many bytes, each chunk in two TCP
+    writes, `delay` apart: a reader must join events across chunks and chunks across reads.
     `strict`/`forbid_tool_then_user` override the server's history validation for this request.
     """
 
@@ -125,6 +137,8 @@ class Script:
     cut_after: int | None = None
     error_after: int | None = None
     hang_before_headers: float = 0.0
+    sse_body: str | None = None
+    trickle: int | None = None
     strict: bool | None = None
     forbid_tool_then_user: bool | None = None
 
@@ -141,6 +155,11 @@ class Script:
         **extra: Any,
     ) -> Script:
         return cls(text_pieces=split_evenly(text, chunks), delay=delay, usage=usage, **extra)
+
+    @classmethod
+    def words(cls, chunks: int, *, delay: float = 0.0, **extra: Any) -> Script:
+        """`chunks` chunks of one word each (the same sixteen words over and over): the benchmark's answer."""
+        return cls(text_pieces=[WORDS[n % len(WORDS)] for n in range(chunks)], delay=delay, **extra)
 
     @classmethod
     def tool_calls(
@@ -263,44 +282,55 @@ class Script:
         return [f for round_ in rounds for f in round_ if f is not None]
 
     def stream_events(self, *, model: str, include_usage: bool, completion_id: str) -> list[bytes]:
-        """The SSE `data:` payloads, in order, ending with `[DONE]`."""
-        created = int(time.time())
+        """The SSE `data:` payloads, in order, ending with `[DONE]`.
+
+        The chunks that carry a delta are one template around it, so a text chunk costs one string to
+        encode: the benchmark measures a server against this fake, which must stay cheap per chunk.
+        """
+        base: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": "fp_fake",
+        }
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-            out: dict[str, Any] = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "system_fingerprint": "fp_fake",
+            out = {
+                **base,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
             }
             if include_usage:
                 out["usage"] = None  # OpenAI sends an explicit null on every chunk but the last
             return out
 
-        chunks = [chunk({"role": "assistant", "content": "", "refusal": None})]
-        chunks += [chunk({"content": piece}) for piece in self.text_pieces]
-        chunks += [chunk({"tool_calls": [frag]}) for frag in self.tool_call_fragments()]
-        chunks.append(chunk({}, self.effective_finish_reason))
+        before, after = _COMPACT.encode(chunk({_MARK: 0})).split(_COMPACT.encode({_MARK: 0}))
+
+        def event(delta: str) -> bytes:
+            return (before + delta + after).encode()
+
+        events = [event(_COMPACT.encode({"role": "assistant", "content": "", "refusal": None}))]
+        texts: dict[str, bytes] = {}  # a piece said again is the same bytes object (see answer.stream)
+        for piece in self.text_pieces:
+            text = texts.get(piece)
+            if text is None:
+                text = texts[piece] = event('{"content":' + json.dumps(piece) + "}")
+            events.append(text)
+        events += [event('{"tool_calls":[' + _COMPACT.encode(f) + "]}") for f in self.tool_call_fragments()]
+        events.append(_COMPACT.encode(chunk({}, self.effective_finish_reason)).encode())
         usage = self.usage_json()
         if include_usage and usage is not None:
-            chunks.append(
-                {
-                    "id": completion_id,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": model,
-                    "system_fingerprint": "fp_fake",
-                    "choices": [],
-                    "usage": usage,
-                }
-            )
-        events = [json.dumps(c, separators=(",", ":")).encode() for c in chunks] + [DONE_EVENT]
+            events.append(_COMPACT.encode({**base, "choices": [], "usage": usage}).encode())
+        events.append(DONE_EVENT)
         if self.error_after is not None:
             failure = error_body(500, "The server had an error while processing your request.")
-            return [*events[: self.error_after], json.dumps(failure, separators=(",", ":")).encode()]
+            return [*events[: self.error_after], _COMPACT.encode(failure).encode()]
         return events
+
+    @property
+    def content_events(self) -> int:
+        """How many streamed events carry content (text pieces, tool-call fragments): the paced ones."""
+        return len(self.text_pieces) + len(self.tool_call_fragments())
 
     def completion_body(self, *, model: str, completion_id: str) -> dict[str, Any]:
         """A complete non-streaming `chat.completion` object."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,8 @@ import httpx
 import pytest
 
 from tests.fakes import FakeUpstream, RecordedRequest, Script, ToolCall, validate_history
+from tests.fakes.directive import bench_content
+from tests.fakes.script import WORDS
 
 # Must precede `import litellm`: otherwise import fetches the cost map over the network (see
 # /work/shared/notes/litellm.md §0) and token counting may try the HF hub.
@@ -297,7 +300,9 @@ def test_wire_format_matches_openai(upstream: FakeUpstream) -> None:
     assert events[-1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     rec = upstream.requests[0]
     assert rec.finished_at is not None
-    assert rec.finished_at - rec.received_at >= 0.02 * (len(events) - 1)  # paced
+    # Paced: one content chunk (here a fragment) per tick; finish, usage and [DONE] with the last one.
+    assert rec.finished_at - rec.received_at >= 0.02 * len(frags)
+    assert (rec.chunks_sent, rec.content_sent) == (len(events) + 1, len(frags))
 
 
 def test_wire_cut_is_an_incomplete_chunked_body(upstream: FakeUpstream) -> None:
@@ -320,6 +325,52 @@ def test_wire_error_event_mid_stream(upstream: FakeUpstream) -> None:
     assert [e["choices"][0]["delta"].get("content") for e in events[:2]] == ["", "one t"]
     assert events[2]["error"]["type"] == "server_error"
     assert len(events) == 3
+
+
+def test_a_directive_names_the_answer_and_tags_the_request(upstream: FakeUpstream) -> None:
+    def ask(tag: str) -> list[Any]:
+        messages = [*USER, {"role": "assistant", "content": "Sure."}]
+        messages.append({"role": "user", "content": bench_content(tag, 6, 10)})
+        body = {"model": "m", "messages": messages, "stream": True}
+        return _events(client.post("/chat/completions", json=body).text)
+
+    with httpx.Client(base_url=upstream.base_url) as client:
+        paced = ask("t1")
+        upstream.enqueue(Script.text("queued", chunks=1))  # a queued script comes first
+        queued = ask("t2")
+        with httpx.Client(base_url=upstream.base_url) as other:
+            other.get("/models")
+    assert [e["choices"][0]["delta"].get("content") for e in paced[1:-1]] == list(WORDS[:6])
+    assert [e["choices"][0]["delta"].get("content") for e in queued[1:-1]] == ["queued"]
+    first, second, third = upstream.requests
+    assert (first.tag, second.tag, third.tag) == ("t1", "t2", None)
+    assert (first.content_sent, first.chunks_sent) == (6, len(paced) + 1)
+    assert first.finished_at is not None and first.first_content_at is not None
+    assert first.first_content_at - first.received_at >= 0.01  # content chunk n at n x 10 ms
+    assert first.finished_at - first.received_at >= 0.06
+    assert first.connection == second.connection != third.connection  # keep-alive, then a new client
+
+
+def test_trickle_writes_the_given_body_in_small_chunks(upstream: FakeUpstream) -> None:
+    sse = ": comment\r\n\r\nevent: x\ndata: {}\n\ndata: [DONE]\n\n"
+    upstream.enqueue(Script(sse_body=sse, trickle=5, delay=0.001))
+    request = json.dumps({"model": "m", "messages": USER, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", upstream.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(request), request)
+        )
+        data = b""
+        while not data.endswith(b"\r\n0\r\n\r\n"):
+            data += sock.recv(65536)
+    chunked = data.partition(b"\r\n\r\n")[2]
+    pieces = []
+    while (size := int(chunked[: chunked.index(b"\r\n")], 16)) > 0:
+        start = chunked.index(b"\r\n") + 2
+        pieces.append(chunked[start : start + size])
+        chunked = chunked[start + size + 2 :]
+    assert b"".join(pieces) == sse.encode()
+    assert max(len(piece) for piece in pieces) == 5
 
 
 # ----- strict mode -------------------------------------------------------------------------------------

@@ -1,14 +1,15 @@
-"""A fake OpenAI-compatible chat-completions upstream speaking the real wire protocol over real HTTP.
+"""A fake OpenAI-compatible chat-completions upstream speaking the real wire protocol over real HTTP: the
+one fake of the test suite and of the benchmark.
 
-Owns the HTTP/1.1 server (raw `asyncio.start_server`, keep-alive, chunked transfer encoding), request
-recording, `FakeUpstream` (background-thread runner, context manager), the `/_control/*` endpoints and
-the CLI `python -m tests.fakes.upstream --port N [--strict]`. What to answer lives in `script.py`;
-history validation in `strict.py`.
+Owns `FakeUpstream` (served from a background thread or the current loop; a context manager), what each
+route answers (`/v1/chat/completions`, `/v1/models`, the `/_control/*` routes that script it from another
+process) and the command line:
 
-The HTTP side is hand-written instead of uvicorn+starlette because the tests need full control of the
-socket: close it mid-body without the terminating zero-length chunk, hang before the status line, and
-timestamp the moment the client goes away (a per-connection reader task sees the peer's FIN/RST at
-once, even while the handler is sleeping between chunks).
+    python -m tests.fakes.upstream [--port N] [--strict] [--api-key K] [--chunks N --delay-ms D] [--cpu K]
+
+which prints `fake upstream listening on http://HOST:PORT/v1` once it listens, and stops on SIGTERM.
+What to answer lives in `script.py` (and `directive.py` for requests that name their own answer); how
+an answer goes on the wire in `answer.py` and `connection.py`; history validation in `strict.py`.
 """
 
 from __future__ import annotations
@@ -16,19 +17,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import json
+import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from tests.fakes.http11 import BadRequest, Connection, Request
+from tests.fakes import answer, http11
+from tests.fakes.connection import Connection
+from tests.fakes.directive import directive
+from tests.fakes.record import RecordedRequest
 from tests.fakes.script import HttpError, Script, ToolCall, error_body, scripts_from_json
 from tests.fakes.strict import validate_history
 
@@ -45,35 +49,11 @@ __all__ = [
 ]
 
 
-@dataclass
-class RecordedRequest:
-    """One request as the server saw it. Times are `time.monotonic()` (comparable across threads and,
-    on Linux, across processes). Fields after `received_at` are filled in by the server thread."""
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: Any  # parsed JSON, or None when the body was empty or not JSON
-    received_at: float
-    status: int | None = None
-    finished_at: float | None = None  # response fully sent, cut by the script, or client gone
-    disconnected: bool = False  # the client went away before the response was complete
-    disconnected_at: float | None = None
-    cut: bool = False  # the script dropped the connection on purpose
-    chunks_sent: int = 0  # SSE events written (role chunk and [DONE] included)
-    problems: list[str] = field(default_factory=list)  # strict-mode findings that produced a 400
-
-    @property
-    def done(self) -> bool:
-        return self.finished_at is not None
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 class FakeUpstream:
     """Scriptable fake upstream. `start()` serves from a background thread; `serve()` from the current loop.
 
+    Each chat request takes the next queued `Script`; with none queued, a request whose last user message
+    holds a `[bench chunks=N delay_ms=D]` directive gets N words D ms apart, any other gets `default`.
     `strict` validates every chat request's `messages` with `validate_history` and answers 400 on
     problems (a Script's `strict` overrides it). `api_key`, if set, makes a wrong bearer token a 401.
     """
@@ -98,10 +78,11 @@ class FakeUpstream:
         self._queue: deque[Script] = deque()
         self._requests: list[RecordedRequest] = []
         self._ids = itertools.count(1)
+        self._connection_ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._conn_tasks: set[asyncio.Task[None]] = set()
+        self._connections: set[Connection] = set()
 
     # ----- public API --------------------------------------------------------------------------------
 
@@ -204,7 +185,7 @@ class FakeUpstream:
     async def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         """Listen and serve on the current loop until `stop()` (or `request_stop()`)."""
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        server = await asyncio.start_server(self._on_connection, self.host, self.port)
+        server = await self._loop.create_server(self._connection, self.host, self.port, backlog=4096)
         self.port = server.sockets[0].getsockname()[1]
         if on_ready is not None:
             on_ready()
@@ -212,10 +193,10 @@ class FakeUpstream:
             await self._stop.wait()
         finally:
             server.close()
-            for task in list(self._conn_tasks):
-                task.cancel()
-            await asyncio.gather(*self._conn_tasks, return_exceptions=True)
+            for conn in list(self._connections):
+                conn.close(abort=True)
             await server.wait_closed()
+            await asyncio.sleep(0)  # let the aborted connections' connection_lost run
             self._loop = None
 
     def request_stop(self) -> None:
@@ -223,106 +204,53 @@ class FakeUpstream:
         if self._stop is not None:
             self._stop.set()
 
-    # ----- connection handling -----------------------------------------------------------------------
+    # ----- answering (on the server's loop) ----------------------------------------------------------
+
+    def _connection(self) -> Connection:
+        conn = Connection(self, next(self._connection_ids), self._notify, self._connections.discard)
+        self._connections.add(conn)
+        return conn
 
     def _notify(self) -> None:
         with self._cond:
             self._cond.notify_all()
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._conn_tasks.add(task)
-        conn = Connection(reader, writer)
-        try:
-            while True:
-                try:
-                    req = await conn.read_request()
-                except (BadRequest, ValueError) as exc:
-                    await conn.send_full(
-                        400, json.dumps(error_body(400, str(exc))).encode(), {"connection": "close"}
-                    )
-                    break
-                if req is None:
-                    break
-                keep_alive = await self._dispatch(conn, req)
-                wants_close = (
-                    req.headers.get("connection", "").lower() == "close" or req.version == "HTTP/1.0"
-                )
-                if not keep_alive or wants_close or conn.gone.is_set():
-                    break
-        except asyncio.CancelledError:
-            # Only serve()'s shutdown cancels us. Returning normally matters: asyncio's stream callback
-            # calls task.exception(), which would log a traceback for a cancelled task.
-            pass
-        finally:
-            self._conn_tasks.discard(task)
-            await conn.close()
-
-    async def _dispatch(self, conn: Connection, req: Request) -> bool:
-        """Answer one request; returns whether the connection may be reused."""
+    def respond(self, conn: Connection, req: http11.Request) -> None:
         if req.path.startswith("/_control/"):
-            return await self._control(conn, req)
+            conn.reply(self._control(req))
+            return
         try:
             body = json.loads(req.body) if req.body else None
         except ValueError:
             body = None
-        rec = RecordedRequest(req.method, req.path, req.headers, body, time.monotonic())
+        rec = RecordedRequest(req.method, req.path, req.headers, body, time.monotonic(), conn.number)
         with self._cond:
             self._requests.append(rec)
             self._cond.notify_all()
         try:
             if req.method == "POST" and req.path == "/v1/chat/completions":
-                return await self._chat(conn, rec)
-            if req.method == "GET" and req.path == "/v1/models":
-                models = {
-                    "object": "list",
-                    "data": [
-                        {"id": self.model, "object": "model", "created": 0, "owned_by": "fake-upstream"}
-                    ],
-                }
-                return await self._answer(conn, rec, 200, json.dumps(models).encode())
-            return await self._answer(
-                conn,
-                rec,
-                404,
-                json.dumps(
-                    error_body(404, f"Unknown route {req.method} {req.path}", code="unknown_url")
-                ).encode(),
-            )
+                reply = self._chat(rec)
+            elif req.method == "GET" and req.path == "/v1/models":
+                models = [{"id": self.model, "object": "model", "created": 0, "owned_by": "fake-upstream"}]
+                reply = answer.whole(200, json.dumps({"object": "list", "data": models}).encode())
+            else:
+                missing = error_body(404, f"Unknown route {req.method} {req.path}", code="unknown_url")
+                reply = answer.whole(404, json.dumps(missing).encode())
         except Exception as exc:  # a bug in the fake or a bad script: answer loudly, keep serving
             rec.problems.append(f"fake upstream error: {exc!r}")
-            if rec.status is None:
-                await self._answer(conn, rec, 500, json.dumps(error_body(500, rec.problems[-1])).encode())
-            return False
-        finally:
-            if rec.finished_at is None:  # cancelled by stop()
-                rec.finished_at = time.monotonic()
-            self._notify()
+            reply = answer.whole(500, json.dumps(error_body(500, rec.problems[-1])).encode())
+            reply.keep_alive = False
+        conn.send(reply, rec)
 
-    def _finish(self, conn: Connection, rec: RecordedRequest, ok: bool) -> None:
-        if not ok:
-            rec.disconnected = True
-            rec.disconnected_at = conn.gone_at or time.monotonic()
-        rec.finished_at = time.monotonic()
-        self._notify()
-
-    async def _answer(
-        self,
-        conn: Connection,
-        rec: RecordedRequest,
-        status: int,
-        body: bytes,
-        headers: dict[str, str] | None = None,
-    ) -> bool:
-        rec.status = status
-        ok = await conn.send_full(status, body, headers)
-        self._finish(conn, rec, ok)
-        return ok
-
-    def _next_script(self) -> Script:
+    def _next_script(self, found: dict[str, str]) -> Script:
         with self._lock:
-            return self._queue.popleft() if self._queue else self.default
+            if self._queue:
+                return self._queue.popleft()
+        if "chunks" in found or "delay_ms" in found:
+            chunks = int(found.get("chunks", len(self.default.text_pieces)))
+            delay = float(found["delay_ms"]) / 1000 if "delay_ms" in found else self.default.delay
+            return Script.words(max(0, chunks), delay=max(0.0, delay))
+        return self.default
 
     def _rejection(self, rec: RecordedRequest, script: Script) -> HttpError | None:
         """The 401/400 a real provider would send before generating anything, if any."""
@@ -345,72 +273,22 @@ class FakeUpstream:
                 )
         return None
 
-    async def _chat(self, conn: Connection, rec: RecordedRequest) -> bool:
-        script = self._next_script()
-        if script.hang_before_headers and await conn.sleep(script.hang_before_headers):
-            self._finish(conn, rec, False)
-            return False
+    def _chat(self, rec: RecordedRequest) -> answer.Answer:
+        body: dict[str, Any] = rec.body if isinstance(rec.body, dict) else {}
+        found = directive(body.get("messages"))
+        rec.tag = found.get("tag")
+        script = self._next_script(found)
         error = self._rejection(rec, script) or script.http_error
         if error is not None:
-            return await self._answer(conn, rec, error.status, error.payload(), error.headers)
-        body: dict[str, Any] = rec.body
+            return answer.whole(error.status, error.payload(), error.headers, wait=script.hang_before_headers)
         model = str(body.get("model") or self.model)
         completion_id = f"chatcmpl-fake{next(self._ids):06d}"
         if not body.get("stream"):
-            payload = json.dumps(script.completion_body(model=model, completion_id=completion_id)).encode()
-            if script.cut_after is None:
-                return await self._answer(conn, rec, 200, payload)
-            # Non-streaming cut: announce the full length, send half, hang up.
-            rec.status, rec.cut = 200, True
-            ok = await conn.send_head(
-                200, {"content-type": "application/json", "content-length": str(len(payload))}
-            )
-            ok = ok and await conn.send(payload[: len(payload) // 2])
-            self._finish(conn, rec, ok)
-            return False
+            return answer.completion(script, model=model, completion_id=completion_id)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        events = script.stream_events(model=model, include_usage=include_usage, completion_id=completion_id)
-        return await self._stream(conn, rec, script, events)
+        return answer.stream(script, model=model, include_usage=include_usage, completion_id=completion_id)
 
-    async def _stream(
-        self, conn: Connection, rec: RecordedRequest, script: Script, events: list[bytes]
-    ) -> bool:
-        rec.status = 200
-        ok = await conn.send_head(
-            200,
-            {
-                "content-type": "text/event-stream; charset=utf-8",
-                "cache-control": "no-cache",
-                "transfer-encoding": "chunked",
-            },
-        )
-        limit = len(events) + 1 if script.cut_after is None else script.cut_after
-        for n, event in enumerate(events[:limit]):
-            if not ok:
-                break
-            if n and script.delay and await conn.sleep(script.delay):
-                ok = False
-                break
-            if not script.delay:
-                # drain() does not yield below the high-water mark; without this one long unpaced
-                # stream would starve every other connection (matters for the benchmark).
-                await asyncio.sleep(0)
-            data = b"data: " + event + b"\n\n"
-            # One HTTP chunk per SSE event, as OpenAI's servers do.
-            ok = await conn.send(b"%x\r\n%s\r\n" % (len(data), data))
-            rec.chunks_sent += ok
-        if ok and script.cut_after is None:
-            ok = await conn.send(b"0\r\n\r\n")  # the terminating zero-length chunk
-            self._finish(conn, rec, ok)
-            return ok
-        # Cut (or the client left): returning False closes the socket with the chunked body unterminated.
-        rec.cut = ok
-        self._finish(conn, rec, ok)
-        return False
-
-    # ----- control endpoints -------------------------------------------------------------------------
-
-    async def _control(self, conn: Connection, req: Request) -> bool:
+    def _control(self, req: http11.Request) -> bytes:
         status, result = 200, dict[str, Any](ok=True)
         try:
             if req.method == "POST" and req.path == "/_control/scripts":
@@ -425,7 +303,15 @@ class FakeUpstream:
                 status, result = 404, error_body(404, f"Unknown control route {req.method} {req.path}")
         except (ValueError, TypeError, KeyError) as exc:
             status, result = 400, error_body(400, f"bad control request: {exc}")
-        return await conn.send_full(status, json.dumps(result).encode())
+        return http11.whole(status, json.dumps(result).encode())
+
+
+def _pin(cpu: int | None) -> None:
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except OSError as exc:
+            print(f"fake upstream: cannot pin to cpu {cpu}: {exc}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -437,13 +323,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strict", action="store_true", help="validate histories like Anthropic")
     parser.add_argument("--forbid-tool-then-user", action="store_true")
     parser.add_argument("--api-key", default=None, help="answer 401 unless this bearer token is sent")
+    parser.add_argument("--chunks", type=int, default=None, help="default answer: this many one-word chunks")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="default answer: ms between chunks")
+    parser.add_argument("--cpu", type=int, default=None, help="pin the process to this core")
     args = parser.parse_args(argv)
+    _pin(args.cpu)
+    delay = args.delay_ms / 1000
     upstream = FakeUpstream(
         host=args.host,
         port=args.port,
         strict=args.strict,
         forbid_tool_then_user=args.forbid_tool_then_user,
         api_key=args.api_key,
+        default=Script.text(delay=delay) if args.chunks is None else Script.words(args.chunks, delay=delay),
     )
 
     def on_ready() -> None:
@@ -453,7 +345,12 @@ def main(argv: list[str] | None = None) -> None:
         # Parsed by whoever spawned us when --port 0 was used.
         print(f"fake upstream listening on {upstream.base_url}", flush=True)
 
-    asyncio.run(upstream.serve(on_ready))
+    try:
+        import uvloop  # the benchmark's upstream shares a core with its load client: the cheaper loop
+    except ImportError:
+        asyncio.run(upstream.serve(on_ready))
+    else:
+        uvloop.run(upstream.serve(on_ready))
 
 
 if __name__ == "__main__":
