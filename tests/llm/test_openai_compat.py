@@ -2,17 +2,16 @@
 `[DONE]`, error events), cut streams, closing the connection at once on close or cancel, and reusing it
 only after a complete response.
 
-The adapter comes from the real model layer (LiteLLM resolves the model) and talks real HTTP: to the
-fake upstream (tests/fakes) or, where the bytes on the wire matter, to a raw socket server defined here.
+The adapter comes from the real model layer (LiteLLM resolves the model) and talks real HTTP to the
+fake upstream (tests/fakes), which can also write a given SSE body in small TCP pieces.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -188,89 +187,33 @@ def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeUpstream]:
         yield running
 
 
-class RawUpstream:
-    """An HTTP/1.1 server that writes its answers in small TCP pieces and counts connections."""
-
-    def __init__(self, answer: Callable[[asyncio.StreamWriter], Awaitable[None]]) -> None:
-        self.answer = answer
-        self.connections = 0
-        self.bodies: list[dict[str, Any]] = []
-        self.port = 0
-        self._handlers: set[asyncio.Task[Any]] = set()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            while True:
-                head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
-                length = int(head.split("content-length:")[1].split("\r\n")[0])
-                self.bodies.append(json.loads(await reader.readexactly(length)))
-                await self.answer(writer)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[str]:
-        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        try:
-            yield f"http://127.0.0.1:{self.port}/v1"
-        finally:
-            server.close()
-            for task in self._handlers:
-                task.cancel()
-            await asyncio.gather(*self._handlers, return_exceptions=True)
-
-
-def _trickle(body: bytes, size: int = 9) -> Callable[[asyncio.StreamWriter], Awaitable[None]]:
-    async def answer(writer: asyncio.StreamWriter) -> None:
-        writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-        )
-        for piece in _split(body, size):
-            chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
-            half = len(chunk) // 2  # one HTTP chunk in two TCP writes
-            for part in (chunk[:half], chunk[half:]):
-                writer.write(part)
-                await writer.drain()
-                await asyncio.sleep(0.001)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-
-    return answer
-
-
-async def test_a_stream_written_in_small_tcp_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PARLEY_TEST_EDGE_KEY", "sk-edge")
+async def test_a_stream_written_in_small_tcp_pieces(tmp_path: Path, upstream: FakeUpstream) -> None:
     wire = _wire(Script.tool_calls(CALLS, fragments=3, text_before="Checking.", usage=(12, 9)))
-    raw = RawUpstream(_trickle(_decorated(wire)))
-    async with raw.running() as base, lean_adapter(tmp_path, base) as adapter:
+    # Every 9 bytes an HTTP chunk, each chunk in two TCP writes a millisecond apart.
+    trickled = Script(sse_body=_decorated(wire).decode(), trickle=9, delay=0.001)
+    upstream.enqueue(trickled, trickled)
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
         parts = [part async for part in adapter.stream(_request())]
         again = [part async for part in adapter.stream(_request())]
     assert parts == again
     assert _summary(parts) == _summary(_read(wire, iter([wire])))
-    assert raw.bodies[0]["stream"] is True
-    assert raw.bodies[0]["stream_options"] == {"include_usage": True}
-    assert raw.bodies[0]["model"] == "edge-model"
-    assert raw.connections == 1  # complete responses leave the connection reusable
+    first, second = upstream.requests
+    assert first.body["stream"] is True
+    assert first.body["stream_options"] == {"include_usage": True}
+    assert first.body["model"] == "edge-model"
+    assert first.connection == second.connection  # a complete response leaves the connection reusable
 
 
-async def test_a_closed_stream_is_not_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PARLEY_TEST_EDGE_KEY", "sk-edge")
-    wire = _wire(Script.text(" ".join(f"w{n}" for n in range(50)), chunks=50))
-    raw = RawUpstream(_trickle(wire, size=40))
-    async with raw.running() as base, lean_adapter(tmp_path, base) as adapter:
+async def test_a_closed_stream_is_not_reused(tmp_path: Path, upstream: FakeUpstream) -> None:
+    upstream.enqueue(Script.text(" ".join(f"w{n}" for n in range(50)), chunks=50, delay=0.005))
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
         stream = adapter.stream(_request())
         assert isinstance(await anext(stream), TextPart)
         await stream.aclose()
         assert _summary([part async for part in adapter.stream(_request())])[2] == "stop"
-    assert raw.connections == 2
+    first, second = upstream.requests
+    assert first.disconnected
+    assert first.connection != second.connection
 
 
 async def test_closing_the_stream_disconnects_the_upstream(tmp_path: Path, upstream: FakeUpstream) -> None:
