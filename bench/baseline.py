@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from app.observability.monitor import LoopLag
 from bench.procs import ROOT, core_busy_seconds, pin_self, runqueue_wait_seconds
-from bench.upstream import bench_content
+from tests.fakes.directive import bench_content
 
 Reader = Callable[[str], Awaitable[dict[str, Any]]]
 

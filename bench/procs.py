@@ -187,7 +187,7 @@ def reset_peak(pid: int) -> bool:
 
 def http(port: int, method: str, path: str, timeout: float) -> tuple[int, bytes]:
     """A blocking one-shot request without a body on 127.0.0.1 (polling a starting process, the
-    upstream's /stats and /reset): the status and the body."""
+    upstream's /_control routes): the status and the body."""
     length = "" if method == "GET" else "Content-Length: 0\r\n"
     request = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{length}Connection: close\r\n\r\n"
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
@@ -210,8 +210,27 @@ def _stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
             process.wait(timeout=10)
 
 
+def _joinable(record: dict[str, Any]) -> dict[str, Any]:
+    """A request the fake upstream recorded, as bench/summary.py joins it with a turn: `start` (received),
+    `first` (first text chunk written), `end` (last byte written; None unless the answer completed),
+    `disconnected` (when the client left), `sent` (text chunks written) and the client's `user_agent`."""
+    complete = record["finished_at"] is not None and not record["disconnected"] and not record["cut"]
+    return {
+        "tag": record["tag"],
+        "start": record["received_at"],
+        "first": record["first_content_at"],
+        "end": record["finished_at"] if complete else None,
+        "disconnected": record["disconnected_at"],
+        "sent": record["content_sent"],
+        "user_agent": record["headers"].get("user-agent", ""),
+    }
+
+
 class UpstreamProcess:
-    """`python -m bench.upstream` on a free port, pinned to `cpu`."""
+    """The test suite's fake upstream (`python -m tests.fakes.upstream`) on a free port, pinned to `cpu`.
+
+    Its default answer is `chunks` words `delay_ms` apart; a request's `[bench ...]` directive overrides
+    both and tags the request, and /_control/requests lists what it recorded."""
 
     def __init__(self, cpu: int | None, chunks: int, delay_ms: float, log_path: Path) -> None:
         self.cpu = cpu
@@ -222,7 +241,7 @@ class UpstreamProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> None:
-        args = [sys.executable, "-m", "bench.upstream", "--chunks", str(self.chunks)]
+        args = [sys.executable, "-m", "tests.fakes.upstream", "--chunks", str(self.chunks)]
         args += ["--delay-ms", str(self.delay_ms)]
         if self.cpu is not None:
             args += ["--cpu", str(self.cpu)]
@@ -233,9 +252,10 @@ class UpstreamProcess:
         deadline = time.monotonic() + timeout
         line = b""
         while time.monotonic() < deadline:
+            # "fake upstream listening on http://127.0.0.1:PORT/v1"
             line = self.process.stdout.readline()
-            if line.startswith(b"PORT "):
-                self.port = int(line.split()[1])
+            if line.startswith(b"fake upstream listening on "):
+                self.port = int(line.split()[-1].rsplit(b":", 1)[1].split(b"/")[0])
                 return
             if not line and self.process.poll() is not None:
                 break
@@ -253,16 +273,14 @@ class UpstreamProcess:
     def api_base(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def stats(self) -> list[dict[str, Any]]:
-        _, body = http(self.port, "GET", "/stats", timeout=10)
-        requests: list[dict[str, Any]] = json.loads(body)["requests"]
-        return requests
-
     def by_tag(self) -> dict[str, dict[str, Any]]:
-        return {r["tag"]: r for r in self.stats() if r.get("tag")}
+        """The tagged requests since the last reset, by tag."""
+        _, body = http(self.port, "GET", "/_control/requests", timeout=10)
+        requests: list[dict[str, Any]] = json.loads(body)["requests"]
+        return {r["tag"]: _joinable(r) for r in requests if r.get("tag")}
 
     def reset(self) -> None:
-        http(self.port, "POST", "/reset", timeout=5)
+        http(self.port, "POST", "/_control/reset", timeout=5)
 
     def stop(self) -> None:
         if self.process is not None:

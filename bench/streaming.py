@@ -27,7 +27,7 @@ from bench.load import (
     open_sessions,
 )
 from bench.procs import ServerProcess
-from bench.upstream import bench_content
+from tests.fakes.directive import bench_content
 
 DEMO_MODEL = "parley/demo"
 DEMO_LONG = "[long] Tell me a story."
