@@ -139,9 +139,13 @@ async def _warm_up(litellm: ModuleType) -> None:
 def _build_chunk_models() -> None:
     """Builds the validators of the openai SDK's chat-completion chunk models, which it defers to their
     first use (pydantic's `defer_build`): the first chunk of every child's first OpenAI stream would build
-    them (~10 ms of CPU, measured)."""
-    from openai.types import completion_usage
-    from openai.types.chat import chat_completion_chunk
+    them (~10 ms of CPU, measured). A warm-up must never stop the zygote: if the SDK moves these modules,
+    the first stream builds the models as before."""
+    try:
+        from openai.types import completion_usage
+        from openai.types.chat import chat_completion_chunk
+    except ImportError:
+        return
 
     for module in (chat_completion_chunk, completion_usage):
         for value in vars(module).values():
