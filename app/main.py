@@ -15,8 +15,11 @@ from app.api import debug, events, health, messages, sessions, turns
 from app.api.deps import Services
 from app.api.middleware import RequestContextMiddleware
 from app.chat.auth import load_key_ring
+from app.chat.idempotency import Idempotency
 from app.chat.limits import MessageRate, StreamSlots
-from app.chat.service import ChatService
+from app.chat.messages import Messages
+from app.chat.sessions import Sessions
+from app.chat.turn_view import Turns
 from app.llm.layer import ModelLayer
 from app.observability.access_log import install_access_log_redaction
 from app.observability.context import install_request_id_logging
@@ -82,8 +85,10 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         broker.start_heartbeat(settings.sse_ping_interval)
         registry = tools or build_default_registry()
         live = LocalLiveStatus()
-        runner = Runner(settings, database, writer, models, registry, live)
-        chat = ChatService(settings, database, runner, models, registry, broker, writer)
+        runner = Runner(settings, database, writer, models, registry, live, broker)
+        idempotency = Idempotency(database, ttl_seconds=settings.idempotency_ttl_hours * 3600)
+        sessions = Sessions(settings, database, runner, models, registry, idempotency)
+        messages = Messages(settings, database, sessions, runner, broker, idempotency)
         drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
         writer.start()
         await close_open_turns(database, writer, live)
@@ -98,14 +103,15 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
                 yield {
                     "services": Services(
                         settings=settings,
-                        chat=chat,
+                        sessions=sessions,
+                        messages=messages,
+                        turns=Turns(settings, database, sessions, messages, runner),
                         broker=broker,
                         models=models,
                         keys=keys,
                         message_rate=MessageRate(settings.messages_per_minute),
                         streams=StreamSlots(settings.max_streams_per_principal),
                     ),
-                    "database": database,
                     "debug_stats": debug_stats,
                 }
         finally:

@@ -10,19 +10,22 @@ from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBear
 
 from app.chat.auth import OPEN_PRINCIPAL, KeyRing
 from app.chat.limits import MessageRate, StreamSlots
-from app.chat.service import ChatService
+from app.chat.messages import Messages
+from app.chat.sessions import Sessions
+from app.chat.turn_view import Turns
 from app.errors import Unauthorized
 from app.llm.layer import ModelLayer
 from app.settings import Settings
-from app.storage.engine import Database
-from app.streaming.broker import Broker
+from app.streaming.broker import EventFanOut
 
 
 @dataclass(frozen=True)
 class Services:
     settings: Settings
-    chat: ChatService
-    broker: Broker
+    sessions: Sessions
+    messages: Messages
+    turns: Turns
+    broker: EventFanOut
     models: ModelLayer
     keys: KeyRing
     message_rate: MessageRate
@@ -35,18 +38,22 @@ async def get_services(request: Request) -> Services:
     return services
 
 
-async def get_chat(request: Request) -> ChatService:
-    return (await get_services(request)).chat
+async def get_sessions(request: Request) -> Sessions:
+    return (await get_services(request)).sessions
 
 
-async def get_database(request: Request) -> Database:
-    database: Database = request.state.database
-    return database
+async def get_messages(request: Request) -> Messages:
+    return (await get_services(request)).messages
+
+
+async def get_turns(request: Request) -> Turns:
+    return (await get_services(request)).turns
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
-ChatDep = Annotated[ChatService, Depends(get_chat)]
-DatabaseDep = Annotated[Database, Depends(get_database)]
+SessionsDep = Annotated[Sessions, Depends(get_sessions)]
+MessagesDep = Annotated[Messages, Depends(get_messages)]
+TurnsDep = Annotated[Turns, Depends(get_turns)]
 
 _bearer = HTTPBearer(
     auto_error=False,

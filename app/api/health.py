@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 from pydantic import BaseModel
 
-from app.api.deps import ChatDep, PrincipalDep, ServicesDep
+from app.api.deps import PrincipalDep, ServicesDep
 from app.api.responses import v1_errors
+from app.chat.catalog import list_models as models_of
 from app.protocol.schemas import ModelList
 
 router = APIRouter(tags=["health"])
@@ -33,6 +34,6 @@ async def readyz(services: ServicesDep, response: Response) -> Health:
 
 
 @router.get("/v1/models", tags=["models"], responses=v1_errors())
-async def list_models(chat: ChatDep, _principal: PrincipalDep) -> ModelList:
+async def list_models(services: ServicesDep, _principal: PrincipalDep) -> ModelList:
     """The demo model and the models file's models, with their resolved context windows."""
-    return await chat.list_models()
+    return await models_of(services.settings, services.models)

@@ -6,11 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from app.api.deps import ChatDep, DatabaseDep, IdempotencyKey, MessagePosterDep, PrincipalDep
+from app.api.deps import IdempotencyKey, MessagePosterDep, MessagesDep, PrincipalDep, TurnsDep
 from app.api.responses import v1_errors
 from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
-from app.chat import turn_view as turns
-from app.chat.turn_view import Turn
 from app.protocol.schemas import (
     CancelRequest,
     CancelResult,
@@ -20,6 +18,7 @@ from app.protocol.schemas import (
     QueuedMessage,
     QueueList,
 )
+from app.protocol.turns import Turn
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["messages"])
 
@@ -51,9 +50,9 @@ stops its wait, never the turn. 409 `withdrawn` if the message is withdrawn befo
 async def post_message(
     session_id: str,
     body: MessageCreate,
-    chat: ChatDep,
+    messages: MessagesDep,
+    turns: TurnsDep,
     principal: MessagePosterDep,
-    database: DatabaseDep,
     request: Request,
     response: Response,
     wait: WaitDep,
@@ -61,12 +60,10 @@ async def post_message(
 ) -> MessageAccepted | Turn:
     answer: MessageAccepted | Turn
     if wait is None:
-        answer, replayed = await chat.post_message(
-            principal, session_id, body, idempotency_key=idempotency_key
-        )
+        answer, replayed = await messages.post(principal, session_id, body, idempotency_key=idempotency_key)
     else:
         waiting = turns.post_and_wait(
-            database, chat, principal, session_id, body, idempotency_key=idempotency_key, timeout=wait.timeout
+            principal, session_id, body, idempotency_key=idempotency_key, timeout=wait.timeout
         )
         answer, replayed = await unless_disconnected(request, waiting)
         response.status_code = status.HTTP_200_OK
@@ -78,7 +75,7 @@ async def post_message(
 @router.get("/messages", responses=v1_errors(400, 404, 422))
 async def list_messages(
     session_id: str,
-    chat: ChatDep,
+    messages: MessagesDep,
     principal: PrincipalDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     after: Annotated[str | None, Query(description="Return messages after this message id.")] = None,
@@ -87,7 +84,7 @@ async def list_messages(
     ] = None,
 ) -> MessagePage:
     """The session's chat_messages in order (seed 000 §2.2.1), a page at a time."""
-    return await chat.history(principal, session_id, limit=limit, after=after, before=before)
+    return await messages.history(principal, session_id, limit=limit, after=after, before=before)
 
 
 @router.post(
@@ -100,25 +97,27 @@ async def list_messages(
 )
 async def cancel(
     session_id: str,
-    chat: ChatDep,
+    messages: MessagesDep,
     principal: PrincipalDep,
     response: Response,
     body: CancelRequest | None = None,
 ) -> CancelResult:
     """Stop the running turn now, keeping its partial output; 200 with cancelled=false when idle."""
-    result = await chat.cancel(principal, session_id, clear_queue=body.clear_queue if body else False)
+    result = await messages.cancel(principal, session_id, clear_queue=body.clear_queue if body else False)
     if not result.cancelled:
         response.status_code = status.HTTP_200_OK
     return result
 
 
 @router.get("/queue", responses=v1_errors(404))
-async def list_queue(session_id: str, chat: ChatDep, principal: PrincipalDep) -> QueueList:
+async def list_queue(session_id: str, messages: MessagesDep, principal: PrincipalDep) -> QueueList:
     """Messages acknowledged while a turn runs and not taken by a turn yet, in order."""
-    return await chat.queue(principal, session_id)
+    return await messages.queue(principal, session_id)
 
 
 @router.delete("/queue/{message_id}", responses=v1_errors(404, 409))
-async def withdraw(session_id: str, message_id: str, chat: ChatDep, principal: PrincipalDep) -> QueuedMessage:
+async def withdraw(
+    session_id: str, message_id: str, messages: MessagesDep, principal: PrincipalDep
+) -> QueuedMessage:
     """Withdraw a waiting message; 409 once a turn has taken it."""
-    return await chat.withdraw(principal, session_id, message_id)
+    return await messages.withdraw(principal, session_id, message_id)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from app.api.deps import ChatDep, IdempotencyKey, PrincipalDep
+from app.api.deps import IdempotencyKey, PrincipalDep, SessionsDep
 from app.api.responses import v1_errors
 from app.protocol.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
 
@@ -16,13 +16,13 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 @router.post("", status_code=status.HTTP_201_CREATED, responses=v1_errors(400, 413, 415, 422))
 async def create_session(
     body: SessionCreate,
-    chat: ChatDep,
+    sessions: SessionsDep,
     principal: PrincipalDep,
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> SessionOut:
     """Create a chat session with a model, an optional system prompt and the tools it may use."""
-    session, replayed = await chat.create_session(principal, body, idempotency_key=idempotency_key)
+    session, replayed = await sessions.create(principal, body, idempotency_key=idempotency_key)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return session
@@ -30,31 +30,31 @@ async def create_session(
 
 @router.get("", responses=v1_errors(400, 422))
 async def list_sessions(
-    chat: ChatDep,
+    sessions: SessionsDep,
     principal: PrincipalDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
 ) -> SessionPage:
     """List the caller's sessions, newest first."""
-    return await chat.list_sessions(principal, limit, cursor)
+    return await sessions.page(principal, limit, cursor)
 
 
 @router.get("/{session_id}", responses=v1_errors(404))
-async def get_session(session_id: str, chat: ChatDep, principal: PrincipalDep) -> SessionOut:
+async def get_session(session_id: str, sessions: SessionsDep, principal: PrincipalDep) -> SessionOut:
     """Read a session, including its live agent_status and running turn."""
-    return await chat.get_session(principal, session_id)
+    return await sessions.get(principal, session_id)
 
 
 @router.patch("/{session_id}", responses=v1_errors(400, 404, 413, 415, 422))
 async def update_session(
-    session_id: str, body: SessionUpdate, chat: ChatDep, principal: PrincipalDep
+    session_id: str, body: SessionUpdate, sessions: SessionsDep, principal: PrincipalDep
 ) -> SessionOut:
     """Change the title, system prompt or model; a new model applies from the next model call."""
-    return await chat.update_session(principal, session_id, body)
+    return await sessions.update(principal, session_id, body)
 
 
 @router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT, responses=v1_errors(404))
-async def delete_session(session_id: str, chat: ChatDep, principal: PrincipalDep) -> Response:
+async def delete_session(session_id: str, sessions: SessionsDep, principal: PrincipalDep) -> Response:
     """Stop the session's turn if one runs, then delete the session with its history."""
-    await chat.delete_session(principal, session_id)
+    await sessions.delete(principal, session_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

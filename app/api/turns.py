@@ -6,11 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from app.api.deps import ChatDep, DatabaseDep, PrincipalDep
+from app.api.deps import PrincipalDep, TurnsDep
 from app.api.responses import v1_errors
 from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
-from app.chat import turn_view as turns
-from app.chat.turn_view import Turn, TurnPage
+from app.protocol.turns import Turn, TurnPage
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/turns", tags=["turns"])
 
@@ -18,30 +17,28 @@ router = APIRouter(prefix="/v1/sessions/{session_id}/turns", tags=["turns"])
 @router.get("", responses=v1_errors(400, 404, 422))
 async def list_turns(
     session_id: str,
-    chat: ChatDep,
+    turns: TurnsDep,
     principal: PrincipalDep,
-    database: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     before: Annotated[
         str | None, Query(description="A turn id: return the turns just before it (next_cursor).")
     ] = None,
 ) -> TurnPage:
     """The session's newest turns, oldest first; page back with `before`."""
-    return await turns.list_turns(database, chat, principal, session_id, limit=limit, before=before)
+    return await turns.page(principal, session_id, limit=limit, before=before)
 
 
 @router.get("/{turn_id}", responses={**v1_errors(404, 422), **WAIT_TIMEOUT_RESPONSE})
 async def get_turn(
     session_id: str,
     turn_id: str,
-    chat: ChatDep,
+    turns: TurnsDep,
     principal: PrincipalDep,
-    database: DatabaseDep,
     request: Request,
     wait: WaitDep,
 ) -> Turn:
     """One turn with its user input, nodes, status, times and final answer; with `wait=true`, once ended."""
     if wait is None:
-        return await turns.get_turn(database, chat, principal, session_id, turn_id)
-    waiting = turns.wait_turn(database, chat, principal, session_id, turn_id, timeout=wait.timeout)
+        return await turns.get(principal, session_id, turn_id)
+    waiting = turns.wait(principal, session_id, turn_id, timeout=wait.timeout)
     return await unless_disconnected(request, waiting)

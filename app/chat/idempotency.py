@@ -13,10 +13,12 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from app.errors import ApiError
 from app.storage import repository
@@ -24,6 +26,7 @@ from app.storage.engine import Database
 from app.storage.tables import IdempotencyKeyRow
 
 MAX_KEY_LENGTH = 255
+T = TypeVar("T", bound=BaseModel)
 _PRUNE_EVERY = 60.0
 
 
@@ -113,6 +116,31 @@ class Idempotency:
             )
         replay = json.loads(row.response) if row.response is not None else None
         return Reservation(principal, key, row.resource_id, replay=replay, resumed=replay is None)
+
+    async def once(
+        self,
+        principal: str,
+        key: str,
+        request_fingerprint: str,
+        new_id: Callable[[], str],
+        *,
+        find: Callable[[str], Awaitable[T | None]],
+        create: Callable[[str], Awaitable[T]],
+        load: Callable[[dict[str, Any]], T],
+        status_code: int,
+    ) -> tuple[T, bool]:
+        """Does the request's work at most once per key: the answer, and whether it is a replay.
+
+        A retry gets the stored answer (`load`); one that finds only the reservation (the first attempt
+        died before answering) first looks for what that attempt may have created with the reserved id
+        (`find`), and creates it (`create`) only if it is not there."""
+        async with self.reserve(principal, check_key(key), request_fingerprint, new_id) as res:
+            if res.replay is not None:
+                return load(res.replay), True
+            existing = await find(res.resource_id) if res.resumed else None
+            answer = existing if existing is not None else await create(res.resource_id)
+            await self.complete(res, status_code, answer.model_dump_json())
+            return answer, existing is not None
 
     async def complete(self, reservation: Reservation, status_code: int, body: str) -> None:
         async with self._db.session() as db:

@@ -27,7 +27,11 @@ from app.llm.types import (
     UsagePart,
 )
 from app.tools.registry import ToolContext, ToolOutcome, ToolRegistry
-from app.turns.prompt import arguments_text
+
+
+def arguments_text(arguments: Any) -> str:
+    """Tool call arguments as the chat format carries them: a JSON object's text, or the raw text."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,18 +7,14 @@ per result (seed 001); turn markers and errors are skipped: they never reach the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
 from app.storage.tables import ChatMessageRow
+from app.turns.agent import arguments_text
 
 INTERRUPTED_MARK = "[interrupted]"
 TOOL_INTERRUPTED = "[Tool execution interrupted]"
-
-
-def arguments_text(arguments: Any) -> str:
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
 def rebuild(rows: Iterable[ChatMessageRow], system_prompt: str | None) -> list[dict[str, Any]]:

@@ -28,33 +28,24 @@ from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow, QueuedMessageRow
+from app.streaming.broker import EventFanOut
 from app.streaming.frames import Publisher
 from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry
 from app.turns.agent import AgentRun
+from app.turns.control import (
+    NotWaiting,
+    SessionClosed,
+    ShuttingDown,
+    TurnRunning,
+    accepted,
+    queued_message,
+)
 from app.turns.live import IDLE, LiveStatus, LiveStatusBoard
 from app.turns.prompt import rebuild
 from app.turns.recorder import TurnRecorder
 
 log = logging.getLogger(__name__)
-
-
-class SessionClosed(LookupError):
-    """The session is being deleted."""
-
-
-class ShuttingDown(RuntimeError):
-    """The server is stopping and takes no new messages."""
-
-
-class TurnRunning(RuntimeError):
-    def __init__(self, turn_id: str) -> None:
-        super().__init__(turn_id)
-        self.turn_id = turn_id
-
-
-class NotWaiting(LookupError):
-    """The message is not (or no longer) in the waiting line."""
 
 
 @dataclass
@@ -87,11 +78,13 @@ class Runner:
         models: ModelLayer,
         tools: ToolRegistry,
         live: LiveStatusBoard,
+        fanout: EventFanOut,
     ) -> None:
         self._settings = settings
         self._db = db
         self._writer = writer
         self._live = live
+        self._fanout = fanout
         self._models = models
         self._tools = tools
         self._states: dict[str, SessionState] = {}
@@ -381,15 +374,20 @@ class Runner:
                 if state.task is None:
                     await self._take_waiting(session_id, state)
 
-    async def close_session(self, session_id: str) -> None:
-        """Before a delete: stop the turn and start nothing after it."""
+    async def delete_session(self, session_id: str) -> None:
+        """Stops the turn, starts nothing after it, and deletes the session, its history, its log and its
+        streams. From the stop on, requests find the session gone (is_closed)."""
         self.state(session_id).closed = True
         await self.cancel(session_id)
-
-    def forget(self, session_id: str) -> None:
+        self._writer.forget_session(session_id)
+        async with self._db.session() as db:
+            await repository.delete_session(db, session_id)
+            await db.commit()
         state = self._states.pop(session_id, None)
         if state is not None:
             state.resolve_takers(list(state.takers), None)
+        self._live.forget(session_id)
+        self._fanout.drop(session_id)
 
     async def shutdown(self) -> None:
         """The server stops the turns, not a user: they end as interrupted, their partial state kept."""
@@ -407,21 +405,3 @@ class Runner:
 
 def _announce_queue(waiting: Iterable[QueuedMessage], events: Publisher) -> None:
     events.emit(QueueUpdated, queue=[QueuedItem(**m.model_dump()) for m in waiting])
-
-
-def queued_message(row: QueuedMessageRow) -> QueuedMessage:
-    return QueuedMessage.model_validate(row, from_attributes=True)
-
-
-def accepted(session_id: str, message: QueuedMessage, turn_id: str | None) -> MessageAccepted:
-    return MessageAccepted(
-        id=message.id,
-        session_id=session_id,
-        content=message.content,
-        sender=message.sender,
-        client_message_id=message.client_message_id,
-        timestamp=message.timestamp,
-        turn_id=turn_id,
-        queued=turn_id is None,
-        delivery=message.delivery,
-    )

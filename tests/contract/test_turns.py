@@ -7,7 +7,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.chat.turn_view import LlmNode, ToolNode, build_turns
+from app.chat.views import build_turns
+from app.protocol.turns import LlmNode, ToolNode
 from app.storage.tables import ChatMessageRow
 from app.turns.recorder import TOOL_INTERRUPTED_BY_USER
 from tests.support.server import LiveServer

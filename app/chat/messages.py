@@ -1,0 +1,189 @@
+"""Messages: post (idempotently), page the history, stop the running turn, and the waiting line."""
+
+from __future__ import annotations
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.chat.errors import InvalidCursor
+from app.chat.idempotency import Idempotency, fingerprint
+from app.chat.sessions import Sessions
+from app.chat.views import to_chat_message
+from app.errors import Conflict, NotFound, PayloadTooLarge, Unavailable
+from app.protocol.ids import new_message_id
+from app.protocol.schemas import (
+    CancelResult,
+    MessageAccepted,
+    MessageCreate,
+    MessagePage,
+    QueuedMessage,
+    QueueList,
+)
+from app.settings import Settings
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatSessionRow
+from app.streaming.broker import EventFanOut
+from app.turns.control import (
+    NotWaiting,
+    SessionClosed,
+    ShuttingDown,
+    TurnControl,
+    TurnRunning,
+    accepted,
+    queued_message,
+)
+
+
+class Messages:
+    def __init__(
+        self,
+        settings: Settings,
+        database: Database,
+        sessions: Sessions,
+        turns: TurnControl,
+        fanout: EventFanOut,
+        idempotency: Idempotency,
+    ) -> None:
+        self._settings = settings
+        self._database = database
+        self._sessions = sessions
+        self._turns = turns
+        self._fanout = fanout
+        self._idempotency = idempotency
+
+    async def post(
+        self, principal: str, session_id: str, body: MessageCreate, *, idempotency_key: str | None = None
+    ) -> tuple[MessageAccepted, bool]:
+        """The stored message, and whether it is the replayed answer of an earlier request with the key."""
+        session = await self._sessions.owned(principal, session_id)
+        if len(body.content) > self._settings.max_message_chars:
+            limit = self._settings.max_message_chars
+            raise PayloadTooLarge(
+                f"The message has {len(body.content)} characters; the limit is {limit}.",
+                details={"field": "content", "limit": limit},
+            )
+        if idempotency_key is None:
+            return await self._post(session, body, new_message_id()), False
+        # An absent client_message_id is left out, so keys stored before the field existed still match.
+        absent = {"client_message_id"} if body.client_message_id is None else None
+        request_body = body.model_dump(mode="json", exclude=absent)
+        request = fingerprint("POST", f"/v1/sessions/{session_id}/messages", request_body)
+
+        async def find(message_id: str) -> MessageAccepted | None:
+            return await self._find(session_id, message_id)
+
+        async def create(message_id: str) -> MessageAccepted:
+            return await self._post(session, body, message_id)
+
+        return await self._idempotency.once(
+            principal,
+            idempotency_key,
+            request,
+            new_message_id,
+            find=find,
+            create=create,
+            load=MessageAccepted.model_validate,
+            status_code=202,
+        )
+
+    async def _find(self, session_id: str, message_id: str) -> MessageAccepted | None:
+        """A message an earlier attempt stored before it could answer (it crashed in between)."""
+        async with self._database.session() as db:
+            stored = await repository.get_message(db, message_id)
+            waiting = await repository.get_queued(db, message_id) if stored is None else None
+        if stored is not None and stored.session_id == session_id:
+            taken = QueuedMessage(
+                id=stored.id,
+                content=stored.content or "",
+                sender=stored.sender or "User",
+                client_message_id=stored.client_message_id,
+                timestamp=stored.timestamp,
+                delivery="steer",
+            )
+            return accepted(session_id, taken, stored.turn_id)
+        if waiting is not None and waiting.session_id == session_id:
+            return accepted(session_id, queued_message(waiting), None)
+        return None
+
+    async def _post(self, session: ChatSessionRow, body: MessageCreate, message_id: str) -> MessageAccepted:
+        session_id = session.id
+        try:
+            return await self._turns.post(
+                session,
+                body.content,
+                body.sender,
+                body.delivery,
+                message_id=message_id,
+                client_message_id=body.client_message_id,
+            )
+        except SessionClosed as exc:
+            raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id}) from exc
+        except TurnRunning as exc:
+            raise Conflict(
+                f"A turn is running ({exc.turn_id}); the message was not stored.",
+                code="turn_running",
+                details={"turn_id": exc.turn_id},
+            ) from exc
+        except ShuttingDown as exc:
+            raise Unavailable("The server is shutting down; retry on another instance.") from exc
+
+    # --- stop and the waiting line -------------------------------------------------------------------
+
+    async def cancel(self, principal: str, session_id: str, clear_queue: bool) -> CancelResult:
+        await self._sessions.owned(principal, session_id)
+        return await self._turns.cancel(session_id, clear_queue=clear_queue)
+
+    async def queue(self, principal: str, session_id: str) -> QueueList:
+        await self._sessions.owned(principal, session_id)
+        return QueueList(queue=await self._turns.queue(session_id))
+
+    async def withdraw(self, principal: str, session_id: str, message_id: str) -> QueuedMessage:
+        await self._sessions.owned(principal, session_id)
+        try:
+            [withdrawn] = await self._turns.withdraw(session_id, [message_id])
+        except NotWaiting as exc:
+            async with self._database.session() as db:
+                taken = await repository.message_position(db, session_id, message_id)
+            if taken is not None:
+                raise Conflict(
+                    f"Message {message_id!r} was already taken by a turn.",
+                    code="already_taken",
+                    details={"message_id": message_id},
+                ) from exc
+            raise NotFound(f"No waiting message {message_id!r}.", details={"message_id": message_id}) from exc
+        return withdrawn
+
+    # --- history -------------------------------------------------------------------------------------
+
+    async def history(
+        self, principal: str, session_id: str, *, limit: int, after: str | None, before: str | None
+    ) -> MessagePage:
+        await self._sessions.owned(principal, session_id)
+        # Read before the rows: events published meanwhile come after it, so a client that subscribes
+        # with after=last_event_id gets them; nothing falls in between.
+        last_event_id = await self._fanout.last_seq(session_id)
+        async with self._database.session() as db:
+            after_pos = await _position(db, session_id, after) if after else None
+            before_pos = await _position(db, session_id, before) if before else None
+            rows = await repository.list_messages(
+                db, session_id, limit=limit + 1, after_position=after_pos, before_position=before_pos
+            )
+        more = len(rows) > limit
+        if before_pos is not None:
+            rows = rows[-limit:] if more else rows
+            next_cursor = rows[0].id if more and rows else None
+        else:
+            rows = rows[:limit]
+            next_cursor = rows[-1].id if more and rows else None
+        return MessagePage(
+            chat_messages=[to_chat_message(r) for r in rows],
+            next_cursor=next_cursor,
+            last_event_id=last_event_id,
+        )
+
+
+async def _position(db: AsyncSession, session_id: str, message_id: str) -> int:
+    position = await repository.message_position(db, session_id, message_id)
+    if position is None:
+        raise InvalidCursor(f"No message {message_id!r} in this session.", details={"cursor": message_id})
+    return position

@@ -1,0 +1,172 @@
+"""Chat sessions: create (idempotently), read, page, update and delete, each for the principal owning it."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from app.chat.errors import InvalidCursor, UnknownModel, UnknownTool
+from app.chat.idempotency import Idempotency, fingerprint
+from app.errors import InvalidRequest, NotFound
+from app.llm.layer import ModelLayer
+from app.protocol.clock import now_iso
+from app.protocol.ids import new_session_id
+from app.protocol.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
+from app.settings import Settings
+from app.storage import repository
+from app.storage.engine import Database
+from app.storage.tables import ChatSessionRow
+from app.tools.registry import ToolRegistry
+from app.turns.control import TurnControl
+
+
+class Sessions:
+    def __init__(
+        self,
+        settings: Settings,
+        database: Database,
+        turns: TurnControl,
+        models: ModelLayer,
+        tools: ToolRegistry,
+        idempotency: Idempotency,
+    ) -> None:
+        self._settings = settings
+        self._database = database
+        self._turns = turns
+        self._models = models
+        self._tools = tools
+        self._idempotency = idempotency
+
+    async def create(
+        self, principal: str, body: SessionCreate, *, idempotency_key: str | None = None
+    ) -> tuple[SessionOut, bool]:
+        """The session, and whether it is the replayed answer of an earlier request with the same key."""
+        if idempotency_key is None:
+            return await self._create(principal, body, new_session_id()), False
+        request = fingerprint("POST", "/v1/sessions", body.model_dump(mode="json"))
+
+        async def find(session_id: str) -> SessionOut | None:
+            async with self._database.session() as db:
+                row = await repository.owned_session(db, principal, session_id)
+            return self._out(row) if row is not None else None
+
+        async def create(session_id: str) -> SessionOut:
+            return await self._create(principal, body, session_id)
+
+        return await self._idempotency.once(
+            principal,
+            idempotency_key,
+            request,
+            new_session_id,
+            find=find,
+            create=create,
+            load=SessionOut.model_validate,
+            status_code=201,
+        )
+
+    async def _create(self, principal: str, body: SessionCreate, session_id: str) -> SessionOut:
+        model = body.model or self._settings.default_model
+        window = await self._check_model(model)
+        tools = list(dict.fromkeys(body.tools)) if body.tools is not None else self._tools.names()
+        self._check_tools(tools)
+        at = now_iso()
+        row = ChatSessionRow(
+            id=session_id,
+            principal=principal,
+            title=body.title,
+            model=model,
+            system_prompt=body.system_prompt,
+            tools=tools,
+            created_at=at,
+            updated_at=at,
+            context_window=window,
+        )
+        async with self._database.session() as db:
+            db.add(row)
+            await db.commit()
+        return self._out(row)
+
+    async def _check_model(self, model: str) -> int | None:
+        if not await self._models.is_known(model):
+            raise UnknownModel(
+                f"Unknown model {model!r}. GET /v1/models lists the configured models.",
+                details={"model": model},
+            )
+        return await self._models.context_window(model)
+
+    def _check_tools(self, names: list[str]) -> None:
+        unknown = [n for n in names if self._tools.get(n) is None]
+        if unknown:
+            raise UnknownTool(
+                f"Unknown tool(s): {', '.join(unknown)}. Available: {', '.join(self._tools.names())}.",
+                details={"unknown": unknown, "available": self._tools.names()},
+            )
+
+    async def owned(self, principal: str, session_id: str) -> ChatSessionRow:
+        """The session, if `principal` owns it; 404 otherwise, so another principal's sessions stay unseen.
+        A session being deleted is already gone."""
+        async with self._database.session() as db:
+            row = await repository.owned_session(db, principal, session_id)
+        if row is None or self._turns.is_closed(session_id):
+            raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id})
+        return row
+
+    async def get(self, principal: str, session_id: str) -> SessionOut:
+        return self._out(await self.owned(principal, session_id))
+
+    async def page(self, principal: str, limit: int, cursor: str | None) -> SessionPage:
+        before = _decode_cursor(cursor) if cursor else None
+        async with self._database.session() as db:
+            rows = await repository.list_sessions(db, principal, limit=limit + 1, before=before)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_cursor = _encode_cursor(rows[-1].created_at, rows[-1].id) if more and rows else None
+        return SessionPage(sessions=[self._out(r) for r in rows], next_cursor=next_cursor)
+
+    async def update(self, principal: str, session_id: str, body: SessionUpdate) -> SessionOut:
+        await self.owned(principal, session_id)
+        values = body.model_dump(exclude_unset=True)
+        if "model" in values:
+            if values["model"] is None:
+                raise InvalidRequest("body.model", "model cannot be null", "not_null")
+            values["context_window"] = await self._check_model(values["model"])
+        if values:
+            values["updated_at"] = now_iso()
+            async with self._database.session() as db:
+                await repository.update_session(db, session_id, values)
+                await db.commit()
+        return await self.get(principal, session_id)
+
+    async def delete(self, principal: str, session_id: str) -> None:
+        await self.owned(principal, session_id)
+        await self._turns.delete_session(session_id)
+
+    def _out(self, row: ChatSessionRow) -> SessionOut:
+        live = self._turns.live(row.id)
+        return SessionOut(
+            id=row.id,
+            title=row.title,
+            model=row.model,
+            system_prompt=row.system_prompt,
+            tools=list(row.tools),
+            status=row.status,
+            agent_status=live.agent_status,
+            running_turn_id=live.turn_id,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            total_tokens=row.total_tokens,
+            context_used=row.context_used,
+            context_window=row.context_window,
+        )
+
+
+def _encode_cursor(created_at: str, session_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{created_at}|{session_id}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        created_at, session_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidCursor("The cursor is not valid.", details={"cursor": cursor}) from exc
+    return created_at, session_id

@@ -1,0 +1,153 @@
+"""Stored rows as clients read them: chat_messages (seed 000 §2.2.1) and turns grouped from them.
+
+A turn has its user input, its ordered nodes (each model text and each tool call, with its final
+content, model or tool name, timing and metadata), its status and times, and its final answer: the
+turn's last assistant text. Only final content exists to group: streamed text is stored as one message
+per model response, never once per delta (seed 002's chunk rule), so a node is never a chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from app.protocol.schemas import (
+    AssistantTextMessage,
+    ChatMessage,
+    ErrorMessage,
+    ToolGroupMessage,
+    TurnDoneMessage,
+    TurnStartMessage,
+    UserTextMessage,
+)
+from app.protocol.turns import LlmNode, ToolNode, Turn, TurnError, TurnInput
+from app.storage.tables import ChatMessageRow
+
+
+def to_chat_message(row: ChatMessageRow) -> ChatMessage:
+    if row.type == "turn_start":
+        return TurnStartMessage(id=row.id, turn_id=row.turn_id, timestamp=row.timestamp)
+    if row.type == "turn_done":
+        return TurnDoneMessage(
+            id=row.id,
+            turn_id=row.turn_id,
+            timestamp=row.timestamp,
+            duration_seconds=row.duration_seconds or 0.0,
+            status=row.status or "completed",
+        )
+    if row.type == "tool_group":
+        return ToolGroupMessage(
+            id=row.id,
+            tool_call_id=row.tool_call_id or "",
+            tool_name=row.tool_name or "",
+            arguments=row.arguments,
+            result=row.result,
+            is_error=row.is_error,
+            timestamp=row.timestamp,
+            duration_ms=row.duration_ms,
+            model=row.model or "",
+            interrupted=bool(row.interrupted),
+        )
+    if row.type == "error":
+        return ErrorMessage(
+            id=row.id,
+            content=row.content or "",
+            code=row.code or "error",
+            timestamp=row.timestamp,
+            model=row.model,
+        )
+    if row.role == "user":
+        return UserTextMessage(
+            id=row.id,
+            content=row.content or "",
+            timestamp=row.timestamp,
+            sender=row.sender or "User",
+            client_message_id=row.client_message_id,
+        )
+    return AssistantTextMessage(
+        id=row.id,
+        content=row.content or "",
+        timestamp=row.timestamp,
+        duration_ms=row.duration_ms,
+        model=row.model or "",
+        interrupted=bool(row.interrupted),
+    )
+
+
+def build_turns(rows: Iterable[ChatMessageRow]) -> list[Turn]:
+    """Groups rows in history order into turns, in the order the turns started."""
+    groups: dict[str, list[ChatMessage]] = {}
+    for row in rows:
+        groups.setdefault(row.turn_id, []).append(to_chat_message(row))
+    return [_turn(turn_id, messages) for turn_id, messages in groups.items()]
+
+
+def _turn(turn_id: str, messages: Sequence[ChatMessage]) -> Turn:
+    started_at = messages[0].timestamp
+    done: TurnDoneMessage | None = None
+    error: TurnError | None = None
+    inputs: list[TurnInput] = []
+    nodes: list[LlmNode | ToolNode] = []
+    for message in messages:
+        match message:
+            case TurnStartMessage():
+                started_at = message.timestamp
+            case UserTextMessage():
+                inputs.append(
+                    TurnInput(
+                        id=message.id,
+                        content=message.content,
+                        sender=message.sender,
+                        client_message_id=message.client_message_id,
+                        timestamp=message.timestamp,
+                    )
+                )
+            case AssistantTextMessage():
+                nodes.append(_llm(message))
+            case ToolGroupMessage():
+                nodes.append(_tool(message))
+            case ErrorMessage():
+                error = TurnError(
+                    id=message.id, code=message.code, message=message.content, timestamp=message.timestamp
+                )
+            case TurnDoneMessage():
+                done = message
+    answers = [node.content for node in nodes if isinstance(node, LlmNode)]
+    return Turn(
+        turn_id=turn_id,
+        status=done.status if done else "running",
+        started_at=started_at,
+        ended_at=done.timestamp if done else None,
+        duration_seconds=done.duration_seconds if done else None,
+        user_messages=inputs,
+        nodes=nodes,
+        final_answer=answers[-1] if answers else None,
+        error=error,
+    )
+
+
+def _llm(message: AssistantTextMessage) -> LlmNode:
+    return LlmNode(
+        kind="llm",
+        id=message.id,
+        content=message.content,
+        model=message.model,
+        timestamp=message.timestamp,
+        duration_ms=message.duration_ms,
+        interrupted=message.interrupted,
+    )
+
+
+def _tool(message: ToolGroupMessage) -> ToolNode:
+    return ToolNode(
+        kind="tool",
+        id=message.id,
+        tool_call_id=message.tool_call_id,
+        tool_name=message.tool_name,
+        arguments=message.arguments,
+        result=message.result,
+        is_error=message.is_error,
+        model=message.model,
+        timestamp=message.timestamp,
+        duration_ms=message.duration_ms,
+        interrupted=message.interrupted,
+    )

@@ -1,0 +1,79 @@
+"""The turn view's REST schemas: a session's chat_messages grouped by turn, as seed 002 groups a message
+with its nodes (GET /v1/sessions/{session_id}/turns)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from app.protocol.events import TurnStatus
+
+
+class TurnInput(BaseModel):
+    """A user message the turn answered (several when messages waited together)."""
+
+    id: str
+    content: str
+    sender: str
+    client_message_id: str | None = Field(None, description="As given when the message was posted.")
+    timestamp: str
+
+
+class LlmNode(BaseModel):
+    """One model response's text, as stored at its end (or at the stop that cut it short)."""
+
+    kind: Literal["llm"]
+    id: str = Field(description="The assistant text chat message.")
+    content: str
+    model: str
+    timestamp: str = Field(description="When the first text of the response arrived.")
+    duration_ms: int | None = Field(
+        description="From the first text to the response's end; null while it streams."
+    )
+    interrupted: bool
+
+
+class ToolNode(BaseModel):
+    """One tool call with its result and the server-measured execution time."""
+
+    kind: Literal["tool"]
+    id: str = Field(description="The tool_group chat message.")
+    tool_call_id: str
+    tool_name: str
+    arguments: Any
+    result: str | None = Field(description="Null while the tool runs.")
+    is_error: bool | None
+    model: str = Field(description="The model that asked for the call.")
+    timestamp: str = Field(description="When the tool started.")
+    duration_ms: int | None = Field(description="Null while the tool runs or when a stop cut it short.")
+    interrupted: bool = Field(description="A stop, a failure or a restart ended the call before its result.")
+
+
+TurnNode = Annotated[LlmNode | ToolNode, Field(discriminator="kind")]
+
+
+class TurnError(BaseModel):
+    id: str = Field(description="The error chat message.")
+    code: str
+    message: str
+    timestamp: str
+
+
+class Turn(BaseModel):
+    turn_id: str
+    status: Literal["running", TurnStatus]
+    started_at: str
+    ended_at: str | None = Field(description="Null while the turn runs.")
+    duration_seconds: float | None = Field(description="Null while the turn runs.")
+    user_messages: list[TurnInput]
+    nodes: list[TurnNode] = Field(description="Model texts and tool calls in the order they happened.")
+    final_answer: str | None = Field(description="The turn's last assistant text; null if it has none.")
+    error: TurnError | None = Field(description="Why the turn failed; null unless it did.")
+
+
+class TurnPage(BaseModel):
+    turns: list[Turn] = Field(description="Oldest first.")
+    next_cursor: str | None = Field(
+        description="The oldest turn's id when older turns exist: pass it as `before`; null at the start."
+    )

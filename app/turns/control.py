@@ -1,0 +1,100 @@
+"""Turn ownership and control: who runs a session's turn, and how requests act on it (post, cancel, steer
+by delivery, the waiting line, waits for a turn's end). The use-case layer reaches turns only here.
+
+The runner (turns.runner) is today's in-process implementation: one process owns every turn.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
+from app.storage.tables import ChatSessionRow, QueuedMessageRow
+from app.turns.live import LiveStatus
+
+
+class SessionClosed(LookupError):
+    """The session is being deleted."""
+
+
+class ShuttingDown(RuntimeError):
+    """The server is stopping and takes no new messages."""
+
+
+class TurnRunning(RuntimeError):
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(turn_id)
+        self.turn_id = turn_id
+
+
+class NotWaiting(LookupError):
+    """The message is not (or no longer) in the waiting line."""
+
+
+class TurnControl(Protocol):
+    """Runs at most one turn per session and lets any request act on it.
+
+    A multi-process implementation must guarantee, across processes, what the runner guarantees in one:
+    - ownership: at most one running turn per session, enforced by the database (a lease row with a
+      fencing token that every write of the turn checks), not by a process's memory; a turn whose owner
+      died is closed (as recovery closes it) and the session's waiting messages then start elsewhere;
+    - posting: a message is stored before it is acknowledged, and is taken by exactly one turn, in order;
+    - cancel and delivery modes (steer, interrupt) reach the owner wherever the request lands: durably
+      (a flag the owner reads at its next heartbeat) and fast (a broadcast it hears);
+    - waits (`turn_end`, `taker`) return once the turn's end or the taking has committed, wherever it
+      ran; cancelling a wait never stops a turn;
+    - `live` reads the status the owner last announced; `is_closed` and `closing` hold for every process.
+    """
+
+    @property
+    def closing(self) -> bool: ...
+
+    def live(self, session_id: str) -> LiveStatus: ...
+
+    def is_closed(self, session_id: str) -> bool: ...
+
+    async def post(
+        self,
+        session: ChatSessionRow,
+        content: str,
+        sender: str,
+        delivery: Delivery,
+        *,
+        message_id: str | None = None,
+        client_message_id: str | None = None,
+    ) -> MessageAccepted: ...
+
+    async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult: ...
+
+    async def queue(self, session_id: str) -> list[QueuedMessage]: ...
+
+    async def withdraw(
+        self, session_id: str, message_ids: list[str] | None = None
+    ) -> list[QueuedMessage]: ...
+
+    async def turn_end(self, turn_id: str) -> None: ...
+
+    async def taker(self, session_id: str, message_id: str) -> str | None: ...
+
+    async def delete_session(self, session_id: str) -> None:
+        """Stops the session's turn, starts nothing after it, and deletes the session with its history,
+        its log and its streams."""
+        ...
+
+
+def queued_message(row: QueuedMessageRow) -> QueuedMessage:
+    return QueuedMessage.model_validate(row, from_attributes=True)
+
+
+def accepted(session_id: str, message: QueuedMessage, turn_id: str | None) -> MessageAccepted:
+    return MessageAccepted(
+        id=message.id,
+        session_id=session_id,
+        content=message.content,
+        sender=message.sender,
+        client_message_id=message.client_message_id,
+        timestamp=message.timestamp,
+        turn_id=turn_id,
+        queued=turn_id is None,
+        delivery=message.delivery,
+    )
