@@ -4,32 +4,30 @@ limits, heartbeats, slow-client drop and shutdown; only the framing differs."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import re
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from sse_starlette.sse import SendTimeoutError
-from starlette.background import BackgroundTask
-from starlette.types import Message, Receive, Scope, Send
 
 from app.api.deps import ServicesDep, StreamPrincipalDep
 from app.api.responses import v1_errors
+from app.api.sse import EventStreamResponse
 from app.chat.limits import StreamLease
 from app.errors import ApiError
 from app.protocol.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
-from app.streaming.broker import Frame, Subscription
-
-log = logging.getLogger(__name__)
+from app.streaming.broker import Subscription
+from app.streaming.frames import Frame
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["events"])
 
 # How long a stream may wait on a client that does not read before it is cut (it then resumes).
 SEND_TIMEOUT = 30
+# At the server's exit the broker's drain ends every stream once the turns have stopped (within
+# `shutdown_timeout`) and the log is flushed; sse-starlette cancels a stream only if it outlives both.
+SHUTDOWN_FLUSH_GRACE = 5.0
 _POSITION = re.compile(r"[0-9]+")
 # Frames per body chunk: a long replay goes out in pieces of bounded size.
 SEND_FRAMES = 256
@@ -105,7 +103,7 @@ def wants_ndjson(format: StreamFormat | None, accept: str | None) -> bool:
 
 @router.get(
     "/events",
-    response_class=EventSourceResponse,
+    response_class=EventSourceResponse,  # the spec; the response itself is an EventStreamResponse
     responses={
         200: {
             "content": {STREAM_MEDIA_TYPE: {}, NDJSON_MEDIA_TYPE: {}},
@@ -131,10 +129,10 @@ async def stream_events(
             "`sse`: Server-Sent Events. Without it the Accept header decides, and SSE is the default."
         ),
     ] = None,
-) -> EventSourceResponse:
+) -> EventStreamResponse:
     position = resume_position(last_event_id, after)
     ndjson = wants_ndjson(format, request.headers.get("accept"))
-    await services.chat.get_row(principal, session_id)
+    await services.sessions.owned(principal, session_id)
     lease = services.streams.acquire(principal)
     try:
         # Subscribed before the response starts: a client that posts once the headers arrive misses nothing.
@@ -143,85 +141,42 @@ async def stream_events(
         lease.release()
         raise
     settings = services.settings
+    end = _StreamEnd(subscription, lease)
     body = (
-        _body(subscription, lease, _ndjson, _NDJSON_HEARTBEAT)
+        _body(subscription, end, _ndjson, _NDJSON_HEARTBEAT)
         if ndjson
-        else _body(subscription, lease, _sse, _SSE_HEARTBEAT, ServerSentEvent(retry=settings.sse_retry_ms))
+        else _body(subscription, end, _sse, _SSE_HEARTBEAT, ServerSentEvent(retry=settings.sse_retry_ms))
     )
-    # The same response for both: sse-starlette's encoding, send timeout (slow clients) and disconnect
-    # handling, in two tasks instead of four (see _EventStream).
-    return _EventStream(
+    return EventStreamResponse(
         body,
         media_type=NDJSON_MEDIA_TYPE if ndjson else STREAM_MEDIA_TYPE,
-        ping=0,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         send_timeout=SEND_TIMEOUT,
+        shutdown_grace=settings.shutdown_timeout + SHUTDOWN_FLUSH_GRACE,
         # Also when the body never starts (HEAD, a client gone at once): nothing is left subscribed.
-        background=BackgroundTask(_end_async, subscription, lease),
+        on_close=end,
     )
 
 
-class _EventStream(EventSourceResponse):
-    """EventSourceResponse with two tasks per stream instead of four.
+@dataclass(eq=False, slots=True)
+class _StreamEnd:
+    """Unsubscribes and gives the stream slot back, once: when the body ends (so a client whose last
+    send is still pending holds no slot), or else when the response ends."""
 
-    sse-starlette runs each response in an anyio task group with a task for the stream, one for pings,
-    one watching for the server's exit and one for the client's disconnect. Here the heartbeat comes from
-    the broker's single task (Broker.start_heartbeat; so ping=0), and shutdown ends every stream through
-    the broker (the drain closes the subscriptions), so neither task is needed. What remains, the stream
-    (sse-starlette's own `_stream_response`, with its per-send timeout) and the disconnect watcher, runs
-    as two plain tasks: at 2,000 idle streams the task group's machinery was the largest part of the
-    ~50 KB an idle stream cost.
-    """
+    subscription: Subscription
+    lease: StreamLease
+    done: bool = False
 
-    async def _send_with_timeout(self, send: Send, message: Message) -> None:
-        """sse-starlette's per-send timeout on asyncio's own timeout: half the CPU of anyio's cancel
-        scope (measured 3.5 µs against 7), and a stream sends ten times a second."""
-        try:
-            async with asyncio.timeout(self.send_timeout):
-                await send(message)
-        except TimeoutError as exc:
-            raise SendTimeoutError from exc
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"].upper() == "HEAD":
-            await super().__call__(scope, receive, send)  # HEAD: headers only, then the clean-up
-            return
-        stream = asyncio.ensure_future(self._stream_response(send))
-        watcher = asyncio.ensure_future(self._listen_for_disconnect(receive))
-        try:
-            await asyncio.wait((stream, watcher), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            # The client left (or the stream ended, or this request was cancelled): stop the other one.
-            # Cancelling the stream runs its body's `finally`, which unsubscribes.
-            for task in (stream, watcher):
-                task.cancel()
-            await asyncio.wait((stream, watcher))
-        with contextlib.suppress(asyncio.CancelledError):
-            watcher.exception()  # retrieved, so a failure here is not logged as never retrieved
-        error = None if stream.cancelled() else stream.exception()
-        if isinstance(error, SendTimeoutError):
-            # A client that stopped reading: expected, not a server error. Returning with the response
-            # unfinished makes the server close the connection; the client resumes by Last-Event-ID.
-            log.warning("an event stream was cut: its client read nothing for %s s", self.send_timeout)
-        elif error is not None:
-            raise error
-        if self.background is not None:
-            await self.background()
-
-
-def _end(subscription: Subscription, lease: StreamLease) -> None:
-    subscription.close()
-    lease.release()
-
-
-async def _end_async(subscription: Subscription, lease: StreamLease) -> None:
-    # Async on purpose: Starlette runs a plain function background task in its thread pool.
-    _end(subscription, lease)
+    def __call__(self) -> None:
+        if not self.done:
+            self.done = True
+            self.subscription.close()
+            self.lease.release()
 
 
 async def _body(
     subscription: Subscription,
-    lease: StreamLease,
+    end: Callable[[], None],
     encode: Callable[[list[Frame]], bytes],
     heartbeat: bytes,
     first: ServerSentEvent | None = None,
@@ -237,7 +192,7 @@ async def _body(
             for start in range(0, len(batch), SEND_FRAMES):
                 yield encode(batch[start : start + SEND_FRAMES])
     finally:
-        _end(subscription, lease)
+        end()
 
 
 def _sse(frames: list[Frame]) -> bytes:
