@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -14,7 +14,7 @@ from app import errors
 from app.api import debug, events, health, messages, sessions, turns
 from app.api.deps import Services
 from app.api.middleware import RequestContextMiddleware
-from app.chat.auth import load_key_ring
+from app.chat.auth import KeyRing, load_key_ring
 from app.chat.idempotency import Idempotency
 from app.chat.limits import MessageRate, StreamSlots
 from app.chat.messages import Messages
@@ -52,81 +52,11 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     # Here rather than in the lifespan: a keys file that cannot be used stops the server before it serves.
     keys = load_key_ring(settings)
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        database = Database(settings.database_url)
-        debug_stats = None
-        if settings.debug_stats:
-            debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)
-        models = ModelLayer(settings)
-        writer = WriteBehind(
-            database,
-            interval=settings.event_flush_interval,
-            text_interval=settings.flush_interval,
-            retention=settings.event_retention,
-        )
-
-        async def last_seq(session_id: str) -> int:
-            async with database.session() as db:
-                return await repository.last_event_seq(db, session_id)
-
-        async def load_frames(session_id: str, after: int, before: int) -> list[Frame]:
-            async with database.session() as db:
-                rows = await repository.events_between(db, session_id, after, before)
-            return [Frame(seq, type_, data) for seq, type_, data in rows]
-
-        broker = Broker(
-            last_seq,
-            settings.subscriber_queue_size,
-            load_frames=load_frames,
-            ring_size=min(RING_SIZE, settings.event_retention),
-        )
-        writer.deliver_to(broker.deliver)
-        broker.start_heartbeat(settings.sse_ping_interval)
-        registry = tools or build_default_registry()
-        live = LocalLiveStatus()
-        runner = Runner(settings, database, writer, models, registry, live, broker)
-        idempotency = Idempotency(database, ttl_seconds=settings.idempotency_ttl_hours * 3600)
-        sessions = Sessions(settings, database, runner, models, registry, idempotency)
-        messages = Messages(settings, database, sessions, runner, broker, idempotency)
-        drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
-        writer.start()
-        await close_open_turns(database, writer, live)
-        # The repair is in the log (and the turns it closed are announced) before any client can ask.
-        await writer.flush()
-        await runner.resume_waiting()
-        # Last: litellm's import holds the GIL for seconds in its thread, and every step above would share
-        # the core with it; now the server starts serving at once, while it loads (/readyz says when).
-        models.start()
-        try:
-            with drain_on_signals(drain):
-                yield {
-                    "services": Services(
-                        settings=settings,
-                        sessions=sessions,
-                        messages=messages,
-                        turns=Turns(settings, database, sessions, messages, runner),
-                        broker=broker,
-                        models=models,
-                        keys=keys,
-                        message_rate=MessageRate(settings.messages_per_minute),
-                        streams=StreamSlots(settings.max_streams_per_principal),
-                    ),
-                    "debug_stats": debug_stats,
-                }
-        finally:
-            await drain.run()
-            await writer.stop()
-            await models.stop()
-            await database.dispose()
-            if debug_stats is not None:
-                await debug_stats.stop()
-
     app = FastAPI(
         title="Parley",
         version="0.1.0",
         summary="Agent sessions with queued messages, stop, and one enriched SSE stream per session.",
-        lifespan=lifespan,
+        lifespan=_lifespan(settings, keys, tools),
     )
     errors.install(app)
     app.include_router(health.router)
@@ -153,6 +83,101 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         )
     install_openapi(app)
     return app
+
+
+def _lifespan(
+    settings: Settings, keys: KeyRing, tools: ToolRegistry | None
+) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Any]]]:
+    """Builds every component at startup, repairs what a crash left, and drains at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        database = Database(settings.database_url)
+        debug_stats = None
+        if settings.debug_stats:
+            debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)
+        models = ModelLayer(settings)
+        writer, broker = _event_log(settings, database)
+        registry = tools or build_default_registry()
+        live = LocalLiveStatus()
+        runner = Runner(settings, database, writer, models, registry, live, broker)
+        services = _services(settings, database, runner, models, registry, broker, keys)
+        drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
+        writer.start()
+        await close_open_turns(database, writer, live)
+        # The repair is in the log (and the turns it closed are announced) before any client can ask.
+        await writer.flush()
+        await runner.resume_waiting()
+        # Last: litellm's import holds the GIL for seconds in its thread, and every step above would share
+        # the core with it; now the server starts serving at once, while it loads (/readyz says when).
+        models.start()
+        try:
+            with drain_on_signals(drain):
+                yield {"services": services, "debug_stats": debug_stats}
+        finally:
+            await drain.run()
+            await writer.stop()
+            await models.stop()
+            await database.dispose()
+            if debug_stats is not None:
+                await debug_stats.stop()
+
+    return lifespan
+
+
+def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Broker]:
+    """The write-behind that numbers, logs and commits events, and the fan-out it delivers them to."""
+    writer = WriteBehind(
+        database,
+        interval=settings.event_flush_interval,
+        text_interval=settings.flush_interval,
+        retention=settings.event_retention,
+    )
+
+    async def last_seq(session_id: str) -> int:
+        async with database.session() as db:
+            return await repository.last_event_seq(db, session_id)
+
+    async def load_frames(session_id: str, after: int, before: int) -> list[Frame]:
+        async with database.session() as db:
+            rows = await repository.events_between(db, session_id, after, before)
+        return [Frame(seq, type_, data) for seq, type_, data in rows]
+
+    broker = Broker(
+        last_seq,
+        settings.subscriber_queue_size,
+        load_frames=load_frames,
+        ring_size=min(RING_SIZE, settings.event_retention),
+    )
+    writer.deliver_to(broker.deliver)
+    broker.start_heartbeat(settings.sse_ping_interval)
+    return writer, broker
+
+
+def _services(
+    settings: Settings,
+    database: Database,
+    runner: Runner,
+    models: ModelLayer,
+    registry: ToolRegistry,
+    broker: Broker,
+    keys: KeyRing,
+) -> Services:
+    """The use cases the routes call, and what the routes' dependencies read."""
+    idempotency = Idempotency(database, ttl_seconds=settings.idempotency_ttl_hours * 3600)
+    sessions = Sessions(settings, database, runner, models, registry, idempotency)
+    messages = Messages(settings, database, sessions, runner, broker, idempotency)
+    return Services(
+        settings=settings,
+        sessions=sessions,
+        messages=messages,
+        turns=Turns(settings, database, sessions, messages, runner),
+        broker=broker,
+        models=models,
+        keys=keys,
+        message_rate=MessageRate(settings.messages_per_minute),
+        streams=StreamSlots(settings.max_streams_per_principal),
+    )
 
 
 app = create_app()

@@ -315,14 +315,15 @@ async def _commit(db: AsyncSession) -> None:
     cancellation is delivered again at the caller's next await. Without this, a batch that did commit
     could be logged a second time.
     """
-    commit = asyncio.ensure_future(db.commit())
+    caller = asyncio.current_task()
+    # Named after its caller: the commit is that caller's work (observability.monitor counts it so).
+    commit = asyncio.get_running_loop().create_task(db.commit(), name=caller.get_name() if caller else None)
     try:
         await asyncio.shield(commit)
     except asyncio.CancelledError:
         await asyncio.wait({commit})
         if commit.cancelled() or commit.exception() is not None:
             raise
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
-            task.cancel()
+        if caller is not None:
+            caller.uncancel()
+            caller.cancel()

@@ -4,7 +4,7 @@ with a valid history.
 For each turn_start without a turn_done: the streamed text is kept and marked interrupted (as much of it
 as clients saw: the event log, written more often than the text, may hold more than the last text flush),
 tool calls without a result get TOOL_INTERRUPTED_BY_RESTART as an error result, and a turn_done with
-status interrupted closes the turn (TurnRecorder.close_after_restart).
+status interrupted closes the turn (TurnLog.close_after_restart).
 
 Clients learn it through the events a stop sends (agent_status idle, agent_cancelled naming what was
 cut, turn_done), which go into the log like any other: a client that reconnects with Last-Event-ID
@@ -22,15 +22,15 @@ from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
 from app.streaming.writer import WriteBehind
+from app.turns.ends import TurnLog
 from app.turns.live import LiveStatusBoard
-from app.turns.recorder import TurnRecorder
 
 log = logging.getLogger(__name__)
 
 
 async def close_open_turns(database: Database, writer: WriteBehind, live: LiveStatusBoard) -> int:
-    def recorder(row: ChatMessageRow) -> TurnRecorder:
-        return TurnRecorder(
+    def recorder(row: ChatMessageRow) -> TurnLog:
+        return TurnLog(
             writer=writer,
             events=writer.publisher(row.session_id),
             live=live,

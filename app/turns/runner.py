@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from app.llm.layer import ModelLayer
 from app.protocol.clock import now_iso
@@ -32,7 +31,6 @@ from app.streaming.broker import EventFanOut
 from app.streaming.frames import Publisher
 from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry
-from app.turns.agent import AgentRun
 from app.turns.control import (
     NotWaiting,
     SessionClosed,
@@ -41,8 +39,8 @@ from app.turns.control import (
     accepted,
     queued_message,
 )
+from app.turns.execution import AgentFactory, run_turn
 from app.turns.live import IDLE, LiveStatus, LiveStatusBoard
-from app.turns.prompt import rebuild
 from app.turns.recorder import TurnRecorder
 
 log = logging.getLogger(__name__)
@@ -85,8 +83,7 @@ class Runner:
         self._writer = writer
         self._live = live
         self._fanout = fanout
-        self._models = models
-        self._tools = tools
+        self._agent = AgentFactory(settings, db, models, tools)
         self._states: dict[str, SessionState] = {}
         self._closing = False
         # Every turn of this process from before its first row is written until its task is done.
@@ -137,7 +134,7 @@ class Runner:
         )
         async with state.lock:
             if state.task is None:
-                turn_id = await self._begin(session, state, [message], from_queue=False)
+                turn_id = await self._start_turn(session, state, [message], from_queue=False)
                 return accepted(session.id, message, turn_id)
             if delivery == "reject":
                 assert state.recorder is not None
@@ -167,7 +164,7 @@ class Runner:
                 return accepted(session.id, message, taker.turn_id)
         return accepted(session.id, message, None)
 
-    async def _begin(
+    async def _start_turn(
         self, session: ChatSessionRow, state: SessionState, messages: list[QueuedMessage], *, from_queue: bool
     ) -> str:
         """Writes turn_start and the user messages in one transaction, announces them, starts the task."""
@@ -175,12 +172,12 @@ class Runner:
         # Registered before its rows commit: whoever can read the turn can also wait for its end.
         self._turn_ends[turn_id] = asyncio.get_running_loop().create_future()
         try:
-            return await self._start(session, state, messages, turn_id, from_queue=from_queue)
+            return await self._open_turn(session, state, messages, turn_id, from_queue=from_queue)
         except BaseException:
             self._turn_ended(turn_id)
             raise
 
-    async def _start(
+    async def _open_turn(
         self,
         session: ChatSessionRow,
         state: SessionState,
@@ -209,7 +206,7 @@ class Runner:
             state.waiting.pop(message_id, None)
         state.recorder = recorder
         state.task = recorder.task = asyncio.create_task(
-            self._run(session, state, recorder), name=f"turn:{turn_id}"
+            self._turn_task(session, state, recorder), name=f"turn:{turn_id}"
         )
         # A task's callbacks run even when it is cancelled before it ever starts.
         state.task.add_done_callback(lambda _: self._turn_ended(turn_id))
@@ -221,59 +218,14 @@ class Runner:
         if ended is not None and not ended.done():
             ended.set_result(None)
 
-    async def _run(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
-        session_id = session.id
+    async def _turn_task(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
         try:
-            await self._execute(session, state, recorder)
-        except asyncio.CancelledError:
-            # Stopped before the recorder took charge (the turn had not reached the model yet).
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            await self._end_safely(recorder.finish_cancelled())
-        except Exception:
-            log.exception("turn %s could not run", recorder.turn_id)
-            await self._end_safely(
-                recorder.finish_failed("internal_error", "The turn failed because of an internal error.")
-            )
+            prepare = self._agent.prepare(session, recorder.turn_id, should_pause=state.wants_breakpoint)
+            await run_turn(prepare, recorder)
         finally:
-            await self._after(session_id, state)
+            await self._after_turn(session.id, state)
 
-    @staticmethod
-    async def _end_safely(ending: Coroutine[Any, Any, None]) -> None:
-        """A failure while closing a turn is logged; the session must still become free for the next."""
-        try:
-            await ending
-        except Exception:
-            log.exception("closing a turn failed")
-
-    async def _execute(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
-        """`session` is the row the turn was started with, read just before (a deleted session stops its
-        turn first, and an update between that read and this moment is not seen: the next turn sees it)."""
-        session_id = session.id
-        async with self._db.session() as db:
-            rows = await repository.list_messages(db, session_id)
-        model = await self._models.resolve(session.model)
-        adapter = await self._models.adapter(model)
-        settings = self._settings
-        agent = AgentRun(
-            adapter=adapter,
-            model=model,
-            tools=self._tools,
-            tool_names=list(session.tools),
-            messages=rebuild(rows, session.system_prompt),
-            session_id=session_id,
-            turn_id=recorder.turn_id,
-            max_rounds=settings.max_tool_rounds,
-            tool_timeout=settings.tool_timeout,
-            provider_timeout=settings.provider_timeout,
-            retries=settings.provider_retries,
-            retry_backoff=settings.provider_retry_backoff,
-            should_pause=state.wants_breakpoint,
-        )
-        await recorder.record(agent)
-
-    async def _after(self, session_id: str, state: SessionState) -> None:
+    async def _after_turn(self, session_id: str, state: SessionState) -> None:
         """The turn is closed: take everything waiting as the next turn, or go idle."""
         async with state.lock:
             state.task = None
@@ -290,7 +242,7 @@ class Runner:
             rows = await repository.queued(db, session_id) if session is not None else []
         if session is None or not rows:
             return
-        await self._begin(session, state, [queued_message(r) for r in rows], from_queue=True)
+        await self._start_turn(session, state, [queued_message(r) for r in rows], from_queue=True)
 
     # --- waiting for turns ---------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 from app.chat.views import build_turns
 from app.protocol.turns import LlmNode, ToolNode
 from app.storage.tables import ChatMessageRow
-from app.turns.recorder import TOOL_INTERRUPTED_BY_USER
+from app.turns.ends import TOOL_INTERRUPTED_BY_USER
 from tests.support.server import LiveServer
 from tests.support.sse import EventReader
 

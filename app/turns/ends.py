@@ -1,0 +1,246 @@
+"""A turn's rows and events from its writes to its end: the base of the recorder.
+
+It holds the turn's state and writes its rows with their events (one transaction each), and closes the
+turn every way a turn can end: completed, failed, stopped (its partial state committed, seed 004), or
+left open by a crash (recovery hands it the turn). The running part, agent events to rows, is
+turns.recorder.TurnRecorder, which extends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.protocol.clock import now_iso
+from app.protocol.events import (
+    AgentCancelled,
+    AgentState,
+    AgentStatus,
+    ErrorEvent,
+    TurnDone,
+    TurnStatus,
+)
+from app.protocol.ids import new_message_id
+from app.storage import repository
+from app.storage.tables import ChatMessageRow
+from app.streaming.frames import Publisher
+from app.streaming.writer import TextBuffer, WriteBehind
+from app.turns.agent import (
+    CallRequest,
+)
+from app.turns.live import LiveStatus, LiveStatusBoard
+
+log = logging.getLogger(__name__)
+
+TOOL_INTERRUPTED_BY_USER = "[Tool execution interrupted by user]"
+TOOL_INTERRUPTED_BY_ERROR = "[Tool execution interrupted by an error]"
+TOOL_INTERRUPTED_BY_RESTART = "[Tool execution interrupted by server restart]"
+
+
+@dataclass
+class OpenTool:
+    row_id: str
+    name: str
+
+
+@dataclass
+class TurnLog:
+    writer: WriteBehind
+    events: Publisher
+    live: LiveStatusBoard
+    session_id: str
+    turn_id: str
+    model: str
+    context_window: int | None = None
+    taken_ids: frozenset[str] = frozenset()
+    # How a stop is recorded: by a user (cancelled), or by the server shutting down (interrupted).
+    stop_status: TurnStatus = "cancelled"
+    stop_tool_result: str = TOOL_INTERRUPTED_BY_USER
+    started: float = field(default_factory=time.monotonic)
+    closed: bool = False
+    _response_id: str | None = None
+    _text: TextBuffer | None = None
+    _text_timestamp: str = ""
+    _open_tools: dict[str, OpenTool] = field(default_factory=dict)
+    # The calls of the current tool round, so a stop can give the ones not started yet their result.
+    _round_calls: list[CallRequest] = field(default_factory=list)
+    _started_calls: set[str] = field(default_factory=set)
+    interrupted_message_ids: list[str] = field(default_factory=list)
+    interrupted_tool_call_ids: list[str] = field(default_factory=list)
+    # Stop control. A stop cancels the turn's task only between the recorder's writes, never inside
+    # one: a write cut in half would leave a row without its result, or state that disagrees with the
+    # database (a call noted as not started whose row exists, a text rolled back but detached).
+    task: asyncio.Task[None] | None = None
+    _writing: int = 0
+    _stop_requested: bool = False
+    _finishing: bool = False
+
+    def _row(self, type_: str, timestamp: str, **fields: Any) -> ChatMessageRow:
+        return ChatMessageRow(
+            id=fields.pop("id", None) or new_message_id(),
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            type=type_,
+            timestamp=timestamp,
+            **fields,
+        )
+
+    def _transaction(self) -> AbstractAsyncContextManager[AsyncSession]:
+        """A write of the turn; events emitted inside it commit with it and are delivered right after."""
+        return self.writer.transaction(self.session_id)
+
+    def _tool_row(self, call: CallRequest, timestamp: str, **fields: Any) -> ChatMessageRow:
+        return self._row(
+            "tool_group",
+            timestamp,
+            role="assistant",
+            model=self.model,
+            response_id=self._response_id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            arguments=call.arguments,
+            **fields,
+        )
+
+    def _emit(self, cls: Any, **fields: Any) -> None:
+        self.events.emit(cls, **fields)
+
+    def set_status(self, status: AgentState, tool_name: str | None = None) -> None:
+        self.live.set(self.session_id, LiveStatus(status, None if status == "idle" else self.turn_id))
+        self._emit(AgentStatus, status=status, tool_name=tool_name, turn_id=self.turn_id)
+
+    # --- ends ----------------------------------------------------------------------------------------
+
+    async def commit_partial(self, tool_result: str, announce: Callable[[], None] | None = None) -> None:
+        """Seed 004's partial-state commit: streamed text is kept and marked, and every call of the
+        interrupted round ends with exactly one result (finished calls keep theirs). `announce` emits
+        the events that go out with this commit."""
+        buffer, self._text = self._text, None
+        open_tools, self._open_tools = self._open_tools, {}
+        unstarted = [c for c in self._round_calls if c.id not in self._started_calls]
+        self._round_calls = []
+        at = now_iso()
+        rows = [
+            self._tool_row(call, at, result=tool_result, is_error=True, duration_ms=0) for call in unstarted
+        ]
+        self.interrupted_message_ids = [
+            *([buffer.message_id] if buffer is not None else []),
+            *(tool.row_id for tool in open_tools.values()),
+            *(row.id for row in rows),
+        ]
+        self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
+        async with self._transaction() as db:
+            if buffer is not None:
+                self.writer.untrack(buffer)
+                await repository.update_message(
+                    db, buffer.message_id, {"content": buffer.text(), "interrupted": True}
+                )
+            for tool in open_tools.values():
+                await repository.update_message(
+                    db, tool.row_id, {"result": tool_result, "is_error": True, "interrupted": True}
+                )
+            if rows:
+                await repository.insert_messages(db, rows)
+            if announce is not None:
+                announce()
+
+    async def finish_cancelled(self) -> None:
+        self._finishing = True
+        await self.commit_partial(self.stop_tool_result, self._announce_cancelled)
+        await self.close(self.stop_status)
+
+    def _announce_cancelled(self) -> None:
+        self.set_status("idle")
+        self._emit(
+            AgentCancelled,
+            turn_id=self.turn_id,
+            interrupted_message_ids=self.interrupted_message_ids,
+            interrupted_tool_call_ids=self.interrupted_tool_call_ids,
+        )
+
+    async def finish_failed(self, code: str, message: str) -> None:
+        self._finishing = True
+        await self.commit_partial(TOOL_INTERRUPTED_BY_ERROR)
+        await self.fail(code, message)
+        await self.close("failed")
+
+    async def fail(self, code: str, message: str) -> None:
+        row = self._row("error", now_iso(), role="assistant", content=message, code=code, model=self.model)
+        async with self._transaction() as db:
+            await repository.insert_messages(db, [row])
+            self._emit(
+                ErrorEvent, id=row.id, message=message, code=code, model=self.model, timestamp=row.timestamp
+            )
+
+    async def close(self, status: TurnStatus) -> None:
+        if self.closed:
+            return
+        self._finishing = True
+        self.closed = True
+        duration = round(time.monotonic() - self.started, 3)
+        row = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
+        async with self._transaction() as db:
+            await repository.insert_messages(db, [row])
+            self._announce_end(row)
+
+    def _announce_end(self, done: ChatMessageRow) -> None:
+        if self.live.get(self.session_id).agent_status != "idle":
+            self.set_status("idle")
+        self._emit(
+            TurnDone,
+            id=done.id,
+            turn_id=self.turn_id,
+            timestamp=done.timestamp,
+            duration_seconds=done.duration_seconds or 0.0,
+            status=done.status or "completed",
+        )
+
+    # --- after a crash -------------------------------------------------------------------------------
+
+    async def close_after_restart(
+        self, started_at: str, rows: Sequence[ChatMessageRow], seen_text: Mapping[str, str]
+    ) -> None:
+        """Closes a turn a crash left open, as a stop by the server would have: its streamed text kept as
+        `seen_text` gives it and marked, its calls without a result given TOOL_INTERRUPTED_BY_RESTART, and
+        a turn_done interrupted. Its duration runs from its start to this close (downtime included: when
+        the process died is not recorded)."""
+        self._finishing = self.closed = True
+        at = now_iso()
+        done = self._row(
+            "turn_done", at, duration_seconds=_seconds_between(started_at, at), status="interrupted"
+        )
+        async with self._transaction() as db:
+            for row in rows:
+                if row.type == "tool_group" and row.result is None:
+                    values = {"result": TOOL_INTERRUPTED_BY_RESTART, "is_error": True, "interrupted": True}
+                    await repository.update_message(db, row.id, values)
+                    self.interrupted_message_ids.append(row.id)
+                    self.interrupted_tool_call_ids.append(row.tool_call_id or "")
+                elif row.type == "text" and row.role == "assistant" and row.duration_ms is None:
+                    content = seen_text.get(row.id, row.content or "")
+                    await repository.update_message(db, row.id, {"content": content, "interrupted": True})
+                    self.interrupted_message_ids.append(row.id)
+            await repository.insert_messages(db, [done])
+            self._announce_cancelled()
+            self._announce_end(done)
+
+    async def announce_lost_end(self, done: ChatMessageRow) -> None:
+        """Announces a turn_done row whose event was lost (a log written by a version that committed a
+        turn's end before its event)."""
+        self._finishing = self.closed = True
+        async with self._transaction():
+            self.set_status("idle")
+            self._announce_end(done)
+
+
+def _seconds_between(start: str, end: str) -> float:
+    elapsed = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    return round(max(elapsed, 0.0), 3)
