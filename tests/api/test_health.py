@@ -13,7 +13,7 @@ from types import ModuleType
 import httpx
 import pytest
 
-from app.llm import layer
+from app.llm import layer, litellm_import
 from app.settings import Settings
 from tests.support.server import live_server
 from tests.support.sse import EventReader
@@ -27,7 +27,7 @@ class HeldImport:
     def __init__(self) -> None:
         self.begun = threading.Event()
         self.released = threading.Event()
-        self._real = layer.import_litellm
+        self._real = litellm_import.import_litellm
 
     def __call__(self) -> ModuleType:
         self.begun.set()
