@@ -20,7 +20,7 @@ from app.chat.limits import MessageRate, StreamSlots
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
 from app.chat.turn_view import Turns
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.observability.access_log import install_access_log_redaction
 from app.observability.context import install_request_id_logging
 from app.observability.monitor import DebugStats
@@ -96,7 +96,7 @@ def _lifespan(
         debug_stats = None
         if settings.debug_stats:
             debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)
-        models = ModelLayer(settings)
+        models = ModelGateway(settings)
         writer, broker = _event_log(settings, database)
         registry = tools or build_default_registry()
         live = LocalLiveStatus()
@@ -158,7 +158,7 @@ def _services(
     settings: Settings,
     database: Database,
     runner: Runner,
-    models: ModelLayer,
+    models: ModelGateway,
     registry: ToolRegistry,
     broker: Broker,
     keys: KeyRing,

@@ -14,7 +14,7 @@ from app.chat.messages import Messages
 from app.chat.sessions import Sessions
 from app.chat.turn_view import Turns
 from app.errors import Unauthorized
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.settings import Settings
 from app.streaming.broker import EventFanOut
 
@@ -26,7 +26,7 @@ class Services:
     messages: Messages
     turns: Turns
     broker: EventFanOut
-    models: ModelLayer
+    models: ModelGateway
     keys: KeyRing
     message_rate: MessageRate
     streams: StreamSlots

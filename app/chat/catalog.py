@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.protocol.schemas import ModelInfo, ModelList
 from app.settings import DEMO_MODEL, Settings
 
 
-async def list_models(settings: Settings, models: ModelLayer) -> ModelList:
+async def list_models(settings: Settings, models: ModelGateway) -> ModelList:
     infos = []
     for name in models.model_names():
         configured = models.catalog.get(name)

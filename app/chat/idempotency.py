@@ -65,8 +65,8 @@ def check_key(key: str) -> str:
 
 
 class Idempotency:
-    def __init__(self, db: Database, *, ttl_seconds: float) -> None:
-        self._db = db
+    def __init__(self, database: Database, *, ttl_seconds: float) -> None:
+        self._database = database
         self._ttl = ttl_seconds
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._pruned_at = 0.0
@@ -88,7 +88,7 @@ class Idempotency:
         self, principal: str, key: str, request_fingerprint: str, new_id: Callable[[], str]
     ) -> Reservation:
         now = time.time()
-        async with self._db.session() as db:
+        async with self._database.session() as db:
             if now - self._pruned_at > _PRUNE_EVERY:
                 self._pruned_at = now
                 await repository.prune_idempotency_keys(db, created_before=now - self._ttl)
@@ -143,7 +143,7 @@ class Idempotency:
             return answer, existing is not None
 
     async def complete(self, reservation: Reservation, status_code: int, body: str) -> None:
-        async with self._db.session() as db:
+        async with self._database.session() as db:
             row = await repository.get_idempotency_key(db, reservation.principal, reservation.key)
             if row is None:
                 return

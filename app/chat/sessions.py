@@ -8,7 +8,7 @@ import binascii
 from app.chat.errors import InvalidCursor, UnknownModel, UnknownTool
 from app.chat.idempotency import Idempotency, fingerprint
 from app.errors import InvalidRequest, NotFound
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
 from app.protocol.ids import new_session_id
 from app.protocol.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
@@ -26,7 +26,7 @@ class Sessions:
         settings: Settings,
         database: Database,
         turns: TurnControl,
-        models: ModelLayer,
+        models: ModelGateway,
         tools: ToolRegistry,
         idempotency: Idempotency,
     ) -> None:

@@ -2,7 +2,7 @@
 when it dies, ended by `stop()`.
 
 One connection (a Unix socket pair, litellm_wire.py) carries every stream. Parts arrive in batches, each
-stream's `Channel` wakes its consumer once per batch. A consumer that goes away (a stop, a closed
+stream's `PartQueue` wakes its consumer once per batch. A consumer that goes away (a stop, a closed
 generator) sends a cancel for its stream and returns at once: it never waits for the child, whose own
 cancellation closes the upstream connection. A child that dies ends every stream it had with a retryable
 `provider_stream_interrupted` (the agent retries it only when nothing of the answer was streamed yet), and
@@ -44,7 +44,7 @@ def child_died() -> ProviderError:
     return provider_error("provider_stream_interrupted", retryable=True)
 
 
-class Channel:
+class PartQueue:
     """One stream's parts, from the connection to the stream's consumer (both on the service's loop)."""
 
     __slots__ = ("_ready", "ended", "error", "parts")
@@ -87,7 +87,7 @@ class Link(Peer, asyncio.BufferedProtocol):
         super().__init__(loop)
         self._on_lost = on_lost
         self._buffer = memoryview(bytearray(READ_SIZE))
-        self._streams: dict[int, Channel] = {}
+        self._streams: dict[int, PartQueue] = {}
         self._ids = itertools.count(1)
         self.closed = False
         self.greeting: asyncio.Future[list[Any]] = loop.create_future()
@@ -129,8 +129,8 @@ class Link(Peer, asyncio.BufferedProtocol):
     def send(self, message: list[Any]) -> None:
         self._outbox.send(message)
 
-    def open(self, kwargs: dict[str, Any]) -> tuple[int, Channel]:
-        stream_id, channel = next(self._ids), Channel()
+    def open(self, kwargs: dict[str, Any]) -> tuple[int, PartQueue]:
+        stream_id, channel = next(self._ids), PartQueue()
         if self.closed:
             channel.end(child_died())
         else:

@@ -72,7 +72,7 @@ Deliver = Callable[[Sequence[tuple[str, Frame]]], None]
 class WriteBehind:
     def __init__(
         self,
-        db: Database,
+        database: Database,
         *,
         interval: float = 0.1,
         text_interval: float = 1.0,
@@ -80,7 +80,7 @@ class WriteBehind:
         deliver: Deliver | None = None,
         sequencer: EventSequencer | None = None,
     ) -> None:
-        self._db = db
+        self._database = database
         self._sequencer = sequencer or LocalSequencer()
         self._interval = interval
         self._text_interval = text_interval
@@ -176,7 +176,7 @@ class WriteBehind:
             forgotten = self._forgotten
             drafts = [d for d in self._events[:taken] if d.session_id not in forgotten]
             numbers = self._sequencer.begin()
-            async with self._db.session() as db:
+            async with self._database.session() as db:
                 written = await self._write_texts(db, texts)
                 frames = await self._log(db, numbers, drafts, exact=False)
                 await _commit(db)
@@ -205,7 +205,7 @@ class WriteBehind:
             numbers = self._sequencer.begin()
             frames: list[tuple[str, Frame]] = []
             try:
-                async with self._db.session() as db:
+                async with self._database.session() as db:
                     pending = [
                         b for b in self._texts.values() if b.session_id == session_id and b.row is not None
                     ]

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
@@ -28,7 +28,7 @@ class AgentFactory:
     """Builds a turn's agent: the session's history as the model's prompt, its model and its tools."""
 
     def __init__(
-        self, settings: Settings, database: Database, models: ModelLayer, tools: ToolRegistry
+        self, settings: Settings, database: Database, models: ModelGateway, tools: ToolRegistry
     ) -> None:
         self._settings = settings
         self._database = database

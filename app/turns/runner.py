@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
 from app.protocol.events import QueuedItem, QueueUpdated, UserMessage
 from app.protocol.ids import new_message_id, new_turn_id
@@ -71,19 +71,19 @@ class Runner:
     def __init__(
         self,
         settings: Settings,
-        db: Database,
+        database: Database,
         writer: WriteBehind,
-        models: ModelLayer,
+        models: ModelGateway,
         tools: ToolRegistry,
         live: LiveStatusBoard,
         fanout: EventFanOut,
     ) -> None:
         self._settings = settings
-        self._db = db
+        self._database = database
         self._writer = writer
         self._live = live
         self._fanout = fanout
-        self._agent = AgentFactory(settings, db, models, tools)
+        self._agent = AgentFactory(settings, database, models, tools)
         self._states: dict[str, SessionState] = {}
         self._closing = False
         # Every turn of this process from before its first row is written until its task is done.
@@ -140,7 +140,7 @@ class Runner:
                 assert state.recorder is not None
                 raise TurnRunning(state.recorder.turn_id)
             row = QueuedMessageRow(session_id=session.id, **message.model_dump())
-            async with self._db.session() as db:
+            async with self._database.session() as db:
                 await repository.enqueue(db, row)
                 await db.commit()
             state.waiting[message.id] = message
@@ -237,7 +237,7 @@ class Runner:
                     log.exception("taking the waiting messages of session %s failed", session_id)
 
     async def _take_waiting(self, session_id: str, state: SessionState) -> None:
-        async with self._db.session() as db:
+        async with self._database.session() as db:
             session = await repository.get_session(db, session_id)
             rows = await repository.queued(db, session_id) if session is not None else []
         if session is None or not rows:
@@ -265,14 +265,14 @@ class Runner:
             if future is None:
                 future = state.takers[message_id] = asyncio.get_running_loop().create_future()
             return await asyncio.shield(future)
-        async with self._db.session() as db:
+        async with self._database.session() as db:
             row = await repository.get_message(db, message_id)
         return row.turn_id if row is not None and row.session_id == session_id else None
 
     # --- the waiting line ----------------------------------------------------------------------------
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
-        async with self._db.session() as db:
+        async with self._database.session() as db:
             rows = await repository.queued(db, session_id)
         return [queued_message(r) for r in rows]
 
@@ -286,7 +286,7 @@ class Runner:
                 raise NotWaiting(message_ids)
             if not chosen:
                 return []
-            async with self._db.session() as db:
+            async with self._database.session() as db:
                 await repository.dequeue(db, [m.id for m in chosen])
                 await db.commit()
             for m in chosen:
@@ -318,7 +318,7 @@ class Runner:
 
     async def resume_waiting(self) -> None:
         """At startup: messages acknowledged before a restart but never taken start their turns now."""
-        async with self._db.session() as db:
+        async with self._database.session() as db:
             session_ids = await repository.sessions_with_queue(db)
         for session_id in session_ids:
             state = self.state(session_id)
@@ -332,7 +332,7 @@ class Runner:
         self.state(session_id).closed = True
         await self.cancel(session_id)
         self._writer.forget_session(session_id)
-        async with self._db.session() as db:
+        async with self._database.session() as db:
             await repository.delete_session(db, session_id)
             await db.commit()
         state = self._states.pop(session_id, None)

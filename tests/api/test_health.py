@@ -13,7 +13,7 @@ from types import ModuleType
 import httpx
 import pytest
 
-from app.llm import layer, litellm_import
+from app.llm import gateway, litellm_import
 from app.settings import Settings
 from tests.support.server import live_server
 from tests.support.sse import EventReader
@@ -49,7 +49,7 @@ def finished_session(settings: Settings) -> str:
 def held(finished_session: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldImport]:
     """Held for the servers started from here on (after the finished session's)."""
     held = HeldImport()
-    monkeypatch.setattr(layer, "import_litellm", held)
+    monkeypatch.setattr(gateway, "import_litellm", held)
     try:
         yield held
     finally:

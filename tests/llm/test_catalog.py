@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from app.llm.catalog import Catalog, ModelsFileError
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.llm.types import ResolvedModel
 from app.settings import DEMO_MODEL, Settings
 
@@ -200,13 +200,13 @@ CHAIN: dict[str, Any] = {
 
 
 @pytest.fixture
-async def layer(tmp_path: Path) -> AsyncIterator[ModelLayer]:
+async def layer(tmp_path: Path) -> AsyncIterator[ModelGateway]:
     settings = Settings(
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}",
         models_file=write(tmp_path, CHAIN),
         demo_token_delay=0.0,
     )
-    model_layer = ModelLayer(settings)
+    model_layer = ModelGateway(settings)
     model_layer.start()
     await model_layer.ready()
     yield model_layer
@@ -223,7 +223,7 @@ def litellm_window(model: str) -> int:
 
 
 @pytest.mark.anyio
-async def test_context_window_chain(layer: ModelLayer) -> None:
+async def test_context_window_chain(layer: ModelGateway) -> None:
     assert layer.is_ready
     assert await layer.context_window("house-big") == 32768  # model entry
     assert await layer.context_window("house-plain") == 200000  # provider entry
@@ -237,7 +237,7 @@ async def test_context_window_chain(layer: ModelLayer) -> None:
 
 
 @pytest.mark.anyio
-async def test_resolve_through_the_layer(layer: ModelLayer, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_resolve_through_the_layer(layer: ModelGateway, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEY_ENV, "sk-chain")
     assert await layer.resolve("house-plain") == ResolvedModel(
         name="house-plain",
@@ -272,12 +272,12 @@ async def test_resolve_through_the_layer(layer: ModelLayer, monkeypatch: pytest.
         ("", False),
     ],
 )
-async def test_is_known(layer: ModelLayer, model: str, known: bool) -> None:
+async def test_is_known(layer: ModelGateway, model: str, known: bool) -> None:
     assert await layer.is_known(model) is known
 
 
 @pytest.mark.anyio
-async def test_model_names_list_demo_then_the_file(layer: ModelLayer) -> None:
+async def test_model_names_list_demo_then_the_file(layer: ModelGateway) -> None:
     assert layer.model_names() == [
         DEMO_MODEL,
         "house-big",
@@ -295,4 +295,4 @@ async def test_a_broken_models_file_stops_the_layer_at_construction(tmp_path: Pa
         models_file=write(tmp_path, INVALID["negative_model_window"], "bad.json"),
     )
     with pytest.raises(ModelsFileError, match=r"bad\.json"):
-        ModelLayer(settings)
+        ModelGateway(settings)

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.llm.litellm_adapter import LiteLLMAdapter
 from app.llm.litellm_child import NICENESS_ABOVE_SERVICE
 from app.llm.litellm_process import SHARED_ZYGOTE
@@ -47,7 +47,7 @@ def upstream() -> Iterator[FakeUpstream]:
 
 
 @pytest.fixture
-async def layer(tmp_path: Path, upstream: FakeUpstream) -> AsyncIterator[ModelLayer]:
+async def gateway(tmp_path: Path, upstream: FakeUpstream) -> AsyncIterator[ModelGateway]:
     path = tmp_path / "models.json"
     providers = {
         "child": {"adapter": "litellm", "api_base": upstream.base_url, "models": [MODEL]},
@@ -58,25 +58,25 @@ async def layer(tmp_path: Path, upstream: FakeUpstream) -> AsyncIterator[ModelLa
     settings = Settings(
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}", models_file=path, demo_token_delay=0.0
     )
-    model_layer = ModelLayer(settings)
+    model_layer = ModelGateway(settings)
     model_layer.start()
     await model_layer.ready()
     yield model_layer
     await model_layer.stop()
 
 
-async def _adapter(layer: ModelLayer, model: str) -> tuple[ModelAdapter, ModelRequest]:
-    resolved = await layer.resolve(model)
+async def _adapter(gateway: ModelGateway, model: str) -> tuple[ModelAdapter, ModelRequest]:
+    resolved = await gateway.resolve(model)
     request = ModelRequest(resolved, [{"role": "user", "content": "hi"}], [], 10.0)
-    return await layer.adapter(resolved), request
+    return await gateway.adapter(resolved), request
 
 
 def _text(parts: list[StreamPart]) -> str:
     return "".join(p.text for p in parts if isinstance(p, TextPart))
 
 
-def _child_pid(layer: ModelLayer) -> int:
-    pid = layer.litellm_process.pid
+def _child_pid(gateway: ModelGateway) -> int:
+    pid = gateway.litellm_process.pid
     assert pid is not None
     return pid
 
@@ -85,21 +85,21 @@ def _child_pid(layer: ModelLayer) -> int:
 
 
 @needs_proc
-async def test_no_child_until_the_first_litellm_stream(layer: ModelLayer, upstream: FakeUpstream) -> None:
-    assert layer.litellm_process.pid is None
+async def test_no_child_until_the_first_litellm_stream(gateway: ModelGateway, upstream: FakeUpstream) -> None:
+    assert gateway.litellm_process.pid is None
     upstream.enqueue(Script.text("lean"))
     for model in (DEMO_MODEL, LEAN):  # in-process adapters start nothing
-        adapter, request = await _adapter(layer, model)
+        adapter, request = await _adapter(gateway, model)
         assert not isinstance(adapter, LiteLLMAdapter)
         assert _text([part async for part in adapter.stream(request)])
-    assert layer.litellm_process.pid is None
+    assert gateway.litellm_process.pid is None
 
-    adapter, request = await _adapter(layer, MODEL)
+    adapter, request = await _adapter(gateway, MODEL)
     upstream.enqueue(Script.text("from the child"))
     assert _text([part async for part in adapter.stream(request)]) == "from the child"
-    pid = _child_pid(layer)
+    pid = _child_pid(gateway)
     assert pid != os.getpid() and running(pid)
-    # Forked by the zygote, which this process started (and which serves every model layer of it).
+    # Forked by the zygote, which this process started (and which serves every model gateway of it).
     assert SHARED_ZYGOTE.pid is not None
     assert pid in children(SHARED_ZYGOTE.pid)
     assert SHARED_ZYGOTE.pid in children(os.getpid())
@@ -108,12 +108,12 @@ async def test_no_child_until_the_first_litellm_stream(layer: ModelLayer, upstre
 
 @needs_proc
 async def test_the_upstream_connection_belongs_to_the_child(
-    layer: ModelLayer, upstream: FakeUpstream
+    gateway: ModelGateway, upstream: FakeUpstream
 ) -> None:
     """LiteLLM's request and iteration happen in the child; the lean reader's in this process (the check
     sees this process's sockets too)."""
     for model, in_child in ((MODEL, True), (LEAN, False)):
-        adapter, request = await _adapter(layer, model)
+        adapter, request = await _adapter(gateway, model)
         upstream.enqueue(SLOW)
         stream = adapter.stream(request)
         try:
@@ -122,21 +122,23 @@ async def test_the_upstream_connection_belongs_to_the_child(
         finally:
             await stream.aclose()
         if in_child:
-            assert owners == {_child_pid(layer)}
+            assert owners == {_child_pid(gateway)}
         else:
             assert os.getpid() in owners
 
 
 @needs_proc
-async def test_concurrent_first_streams_share_one_child(layer: ModelLayer, upstream: FakeUpstream) -> None:
-    adapter, request = await _adapter(layer, MODEL)
+async def test_concurrent_first_streams_share_one_child(
+    gateway: ModelGateway, upstream: FakeUpstream
+) -> None:
+    adapter, request = await _adapter(gateway, MODEL)
     upstream.enqueue(*[SLOW] * 5)
     streams = [adapter.stream(request) for _ in range(5)]
     try:
         await asyncio.gather(*(anext(stream) for stream in streams))
         assert len(upstream.requests) == 5
         # Five connections, one process: one start, shared.
-        assert connection_owners(upstream.port) == {_child_pid(layer)}
+        assert connection_owners(upstream.port) == {_child_pid(gateway)}
     finally:
         for stream in streams:
             await stream.aclose()
@@ -146,14 +148,14 @@ async def test_concurrent_first_streams_share_one_child(layer: ModelLayer, upstr
 
 
 async def test_a_closed_stream_returns_at_once_and_the_child_closes_the_upstream(
-    layer: ModelLayer, upstream: FakeUpstream
+    gateway: ModelGateway, upstream: FakeUpstream
 ) -> None:
-    adapter, request = await _adapter(layer, MODEL)
+    adapter, request = await _adapter(gateway, MODEL)
     upstream.enqueue(SLOW)
     stream = adapter.stream(request)
     await anext(stream)
     [recorded] = upstream.requests
-    pid = _child_pid(layer)
+    pid = _child_pid(gateway)
     os.kill(pid, signal.SIGSTOP)  # the child can answer nothing now
     try:
         # Returns although the child cannot act: closing sends the cancel and waits for nothing.
@@ -166,40 +168,40 @@ async def test_a_closed_stream_returns_at_once_and_the_child_closes_the_upstream
     # The child lives on and serves the next stream.
     upstream.enqueue(Script.text("still here"))
     assert _text([part async for part in adapter.stream(request)]) == "still here"
-    assert layer.litellm_process.pid == pid
+    assert gateway.litellm_process.pid == pid
 
 
 async def test_a_child_that_dies_fails_its_streams_retryably_and_the_next_stream_starts_another(
-    layer: ModelLayer, upstream: FakeUpstream
+    gateway: ModelGateway, upstream: FakeUpstream
 ) -> None:
-    adapter, request = await _adapter(layer, MODEL)
+    adapter, request = await _adapter(gateway, MODEL)
     upstream.enqueue(SLOW)
     stream = adapter.stream(request)
     await anext(stream)
-    dead = _child_pid(layer)
+    dead = _child_pid(gateway)
     os.kill(dead, signal.SIGKILL)
     with pytest.raises(ProviderError) as failed:
         async for _ in stream:
             pass
     assert (failed.value.code, failed.value.retryable) == ("provider_stream_interrupted", True)
     assert failed.value.message == "The model provider's stream broke off before the response was complete."
-    assert layer.litellm_process.pid is None
+    assert gateway.litellm_process.pid is None
 
     upstream.enqueue(Script.text("a new child"))
     assert _text([part async for part in adapter.stream(request)]) == "a new child"
-    assert _child_pid(layer) != dead
+    assert _child_pid(gateway) != dead
     assert not running(dead)
 
 
 async def test_stop_ends_the_child_its_streams_and_any_later_start(
-    layer: ModelLayer, upstream: FakeUpstream
+    gateway: ModelGateway, upstream: FakeUpstream
 ) -> None:
-    adapter, request = await _adapter(layer, MODEL)
+    adapter, request = await _adapter(gateway, MODEL)
     upstream.enqueue(SLOW)
     stream = adapter.stream(request)
     await anext(stream)
-    pid = _child_pid(layer)
-    await layer.stop()
+    pid = _child_pid(gateway)
+    await gateway.stop()
     assert not running(pid)
     await upstream.await_disconnect(within=10)  # the child closed it before it exited
     with pytest.raises(ProviderError) as ended:
@@ -209,14 +211,14 @@ async def test_stop_ends_the_child_its_streams_and_any_later_start(
     with pytest.raises(ProviderError) as refused:
         await anext(adapter.stream(request))
     assert refused.value.code == "provider_unavailable"
-    assert layer.litellm_process.pid is None
+    assert gateway.litellm_process.pid is None
 
 
 # --- what the child inherits, what it reports ---------------------------------------------------------
 
 
 async def test_children_get_the_services_environment_and_affinity_and_a_lower_priority(
-    layer: ModelLayer, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+    gateway: ModelGateway, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Set after the zygote may have started: each child takes the service's environment (API keys) and
     CPU affinity as they are when it starts."""
@@ -228,14 +230,14 @@ async def test_children_get_the_services_environment_and_affinity_and_a_lower_pr
         pinned = {min(saved)}
         os.sched_setaffinity(0, pinned)
     try:
-        adapter, request = await _adapter(layer, FROM_ENV)
+        adapter, request = await _adapter(gateway, FROM_ENV)
         upstream.enqueue(Script.text("keyed"))
         assert _text([part async for part in adapter.stream(request)]) == "keyed"
         if pinned is not None:
-            assert os.sched_getaffinity(_child_pid(layer)) == pinned
+            assert os.sched_getaffinity(_child_pid(gateway)) == pinned
         # Below the service's priority: when both want the core, the service's loop goes first.
         ours = os.getpriority(os.PRIO_PROCESS, 0)
-        assert os.getpriority(os.PRIO_PROCESS, _child_pid(layer)) == min(19, ours + NICENESS_ABOVE_SERVICE)
+        assert os.getpriority(os.PRIO_PROCESS, _child_pid(gateway)) == min(19, ours + NICENESS_ABOVE_SERVICE)
     finally:
         if pinned is not None:
             os.sched_setaffinity(0, saved)
@@ -244,10 +246,10 @@ async def test_children_get_the_services_environment_and_affinity_and_a_lower_pr
 
 
 async def test_errors_are_mapped_in_the_child_and_the_upstreams_words_reach_only_the_log(
-    layer: ModelLayer, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+    gateway: ModelGateway, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    adapter, request = await _adapter(layer, MODEL)
+    adapter, request = await _adapter(gateway, MODEL)
     upstream.enqueue(Script.error(429, "the upstream's secret words"))
     with pytest.raises(ProviderError) as failed:
         await anext(adapter.stream(request))

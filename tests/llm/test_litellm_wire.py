@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.llm.litellm_process import Channel, Link
+from app.llm.litellm_process import Link, PartQueue
 from app.llm.litellm_wire import (
     LineReader,
     Outbox,
@@ -157,7 +157,7 @@ async def test_a_batch_wakes_each_streams_consumer_once(pair: Pair) -> None:
     ]
     pair.peer.sendall(json.dumps(batch).encode() + b"\n")
 
-    async def drain(channel: Channel) -> list[list[StreamPart]]:
+    async def drain(channel: PartQueue) -> list[list[StreamPart]]:
         takes = []
         while not (channel.ended and not channel.parts):
             takes.append(await channel.take())

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.llm.openai_compat import OpenAICompatAdapter, SSEReader
 from app.llm.types import (
     FinishPart,
@@ -163,7 +163,7 @@ async def lean_adapter(
         provider["api_key_env"] = "PARLEY_TEST_EDGE_KEY"
     path = tmp_path / "models.json"
     path.write_text(json.dumps({"providers": {"edge": provider}}), encoding="utf-8")
-    layer = ModelLayer(
+    layer = ModelGateway(
         Settings(database_url=f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}", models_file=path)
     )
     layer.start()

@@ -2,7 +2,7 @@
 
 `import litellm` costs seconds and ~170 MB; health, history and streams must not wait for it, so it is
 imported (litellm_import.py) in a worker thread and everything that needs a model awaits `ready()`. Here
-litellm resolves models (routing, context windows, `is_known`); it streams nothing. The layer also picks
+litellm resolves models (routing, context windows, `is_known`); it streams nothing. The gateway also picks
 the stream adapter of each model: the in-process demo, the lean OpenAI-compatible reader (one pooled
 aiohttp session), or LiteLLM's own stream, which runs in a child process started with the first such
 stream (`adapter()`, litellm_process.py).
@@ -59,7 +59,7 @@ class UnknownModelError(LookupError):
         self.model = model
 
 
-class ModelLayer:
+class ModelGateway:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self.catalog = Catalog.load(settings.models_file)
@@ -74,7 +74,7 @@ class ModelLayer:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._load(), name="model-layer-load")
+        self._task = asyncio.create_task(self._load(), name="model-gateway-load")
 
     async def _load(self) -> None:
         try:

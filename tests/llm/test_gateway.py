@@ -14,7 +14,7 @@ from typing import Any, Literal
 import pytest
 
 from app.llm.demo import DemoAdapter
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.llm.litellm_adapter import LiteLLMAdapter
 from app.llm.openai_compat import OpenAICompatAdapter
 from app.llm.types import ModelRequest, ProviderError, ResolvedModel
@@ -48,10 +48,10 @@ def _settings(tmp_path: Path, stream_adapter: Literal["auto", "litellm"] = "auto
 
 
 @pytest.fixture
-async def layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ModelLayer]:
+async def layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ModelGateway]:
     for variable in ("OPENAI_BASE_URL", "OPENAI_API_BASE", "OPENAI_API_KEY"):
         monkeypatch.delenv(variable, raising=False)
-    model_layer = ModelLayer(_settings(tmp_path))
+    model_layer = ModelGateway(_settings(tmp_path))
     model_layer.start()
     await model_layer.ready()
     yield model_layer
@@ -77,7 +77,7 @@ async def layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     ],
 )
 async def test_openai_compatible_models_take_the_lean_reader(
-    layer: ModelLayer, model: str, url: str, sent_as: str
+    layer: ModelGateway, model: str, url: str, sent_as: str
 ) -> None:
     adapter = await layer.adapter(await layer.resolve(model))
     assert isinstance(adapter, OpenAICompatAdapter)
@@ -95,16 +95,16 @@ async def test_openai_compatible_models_take_the_lean_reader(
         "threadprobe/anything",  # a custom provider
     ],
 )
-async def test_other_models_keep_litellms_stream(layer: ModelLayer, model: str) -> None:
+async def test_other_models_keep_litellms_stream(layer: ModelGateway, model: str) -> None:
     assert isinstance(await layer.adapter(await layer.resolve(model)), LiteLLMAdapter)
 
 
-async def test_the_demo_streams_in_process(layer: ModelLayer) -> None:
+async def test_the_demo_streams_in_process(layer: ModelGateway) -> None:
     assert isinstance(await layer.adapter(await layer.resolve(DEMO_MODEL)), DemoAdapter)
 
 
 async def test_stream_adapter_litellm_forces_litellm_everywhere(tmp_path: Path) -> None:
-    forced = ModelLayer(_settings(tmp_path, stream_adapter="litellm"))
+    forced = ModelGateway(_settings(tmp_path, stream_adapter="litellm"))
     forced.start()
     await forced.ready()
     try:
@@ -114,7 +114,7 @@ async def test_stream_adapter_litellm_forces_litellm_everywhere(tmp_path: Path) 
         await forced.stop()
 
 
-async def test_keys_as_litellm_finds_them(layer: ModelLayer, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_keys_as_litellm_finds_them(layer: ModelGateway, monkeypatch: pytest.MonkeyPatch) -> None:
     adapter = await layer.adapter(await layer.resolve("gpt-4o-mini"))
     assert isinstance(adapter, OpenAICompatAdapter)
     request = ModelRequest(ResolvedModel("gpt-4o-mini", None), [{"role": "user", "content": "hi"}], [], 5.0)
@@ -137,7 +137,7 @@ async def test_keys_as_litellm_finds_them(layer: ModelLayer, monkeypatch: pytest
 
 
 async def test_stop_without_any_litellm_stream(tmp_path: Path) -> None:
-    model_layer = ModelLayer(_settings(tmp_path))
+    model_layer = ModelGateway(_settings(tmp_path))
     model_layer.start()
     await model_layer.ready()
     assert model_layer.litellm_process.pid is None  # started by the first LiteLLM stream only
@@ -149,12 +149,12 @@ async def test_stop_without_any_litellm_stream(tmp_path: Path) -> None:
 
 _LAZY_SCRIPT = """
 import asyncio, gc, json, sys
-from app.llm.layer import ModelLayer
+from app.llm.gateway import ModelGateway
 from app.llm.lazy_encoding import REAL_MODULE, default_encoding_loaded
 from app.settings import Settings
 
 async def main() -> None:
-    layer = ModelLayer(Settings(database_url=sys.argv[1]))
+    layer = ModelGateway(Settings(database_url=sys.argv[1]))
     layer.start()
     litellm = await layer.ready()
     import tiktoken.registry
