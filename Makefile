@@ -54,8 +54,9 @@ run: $(STAMP) ## Migrate the DB and serve on HOST:PORT (python -m app: refuses a
 	$(BIN)/python -m compileall -q app
 	$(BIN)/python -m app --host $(HOST) --port $(PORT)
 
-test: $(STAMP) ## ruff check + pytest (pass PYTEST_ARGS=...)
+test: $(STAMP) ## ruff check + import contracts + pytest (pass PYTEST_ARGS=...)
 	$(BIN)/ruff check app tests migrations bench
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The benchmark harness (bench/README.md): 8-9 minutes on a 2-core machine; its figures go to
@@ -67,9 +68,10 @@ bench: $(STAMP) ## Benchmark the server against a fake upstream and raw litellm/
 	$(BIN)/python -m compileall -q app
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
-lint: $(STAMP) ## ruff check + ruff format --check + mypy + hadolint (runs all, fails if any does)
+lint: $(STAMP) ## ruff check + ruff format --check + import contracts + mypy + hadolint (runs all, fails if any does)
 	@rc=0; \
 	echo "$(BIN)/ruff check app tests migrations bench"; $(BIN)/ruff check app tests migrations bench || rc=1; \
+	echo "$(BIN)/lint-imports"; $(BIN)/lint-imports || rc=1; \
 	echo "$(BIN)/ruff format --check app tests migrations bench"; $(BIN)/ruff format --check app tests migrations bench || rc=1; \
 	echo "$(BIN)/mypy"; $(BIN)/mypy || rc=1; \
 	echo "$(BIN)/hadolint Dockerfile"; $(BIN)/hadolint Dockerfile || rc=1; \

@@ -9,7 +9,7 @@ from fastapi import Depends, Header, Request
 from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
 
 from app.chat.auth import OPEN_PRINCIPAL, KeyRing
-from app.chat.limits import MessageRate, StreamSlots
+from app.chat.limits import MessageLimit, StreamLimit
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
 from app.chat.turn_view import Turns
@@ -28,8 +28,8 @@ class Services:
     broker: EventFanOut
     models: ModelGateway
     keys: KeyRing
-    message_rate: MessageRate
-    streams: StreamSlots
+    message_rate: MessageLimit
+    streams: StreamLimit
 
 
 # Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request.

@@ -15,7 +15,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from app.api.deps import ServicesDep, StreamPrincipalDep
 from app.api.responses import v1_errors
 from app.api.sse import EventStreamResponse
-from app.chat.limits import StreamLease
+from app.chat.limits import Lease
 from app.errors import ApiError
 from app.protocol.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
 from app.streaming.broker import Subscription
@@ -164,7 +164,7 @@ class _StreamEnd:
     send is still pending holds no slot), or else when the response ends."""
 
     subscription: Subscription
-    lease: StreamLease
+    lease: Lease
     done: bool = False
 
     def __call__(self) -> None:

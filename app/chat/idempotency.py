@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -64,7 +64,34 @@ def check_key(key: str) -> str:
     return key
 
 
+class IdempotencyStore(Protocol):
+    """Idempotency-Key handling behind the use cases (see the module docstring).
+
+    A multi-process implementation must guarantee, whichever replica each attempt lands on: one
+    reservation per (principal, key), won by an atomic insert (`INSERT ... ON CONFLICT DO NOTHING`);
+    the work done at most once, with the reserved id; a retry that finds the answer gets it; a retry
+    racing the first attempt waits for that attempt's answer (a shared lock or polling the row) instead
+    of doing the work or failing; an attempt that died leaves a reservation the next retry resumes.
+    """
+
+    async def once(
+        self,
+        principal: str,
+        key: str,
+        request_fingerprint: str,
+        new_id: Callable[[], str],
+        *,
+        find: Callable[[str], Awaitable[T | None]],
+        create: Callable[[str], Awaitable[T]],
+        load: Callable[[dict[str, Any]], T],
+        status_code: int,
+    ) -> tuple[T, bool]: ...
+
+
 class Idempotency:
+    """Today's store: rows in the database, and a lock per key in this process that makes racing
+    duplicates wait for the first attempt's answer."""
+
     def __init__(self, database: Database, *, ttl_seconds: float) -> None:
         self._database = database
         self._ttl = ttl_seconds
@@ -92,23 +119,19 @@ class Idempotency:
             if now - self._pruned_at > _PRUNE_EVERY:
                 self._pruned_at = now
                 await repository.prune_idempotency_keys(db, created_before=now - self._ttl)
-            row = await repository.get_idempotency_key(db, principal, key)
-            if row is not None and row.created_at < now - self._ttl:
-                await db.delete(row)
-                await db.flush()
-                row = None
-            if row is None:
-                row = IdempotencyKeyRow(
-                    principal=principal,
-                    key=key,
-                    fingerprint=request_fingerprint,
-                    resource_id=new_id(),
-                    created_at=now,
-                )
-                db.add(row)
-                await db.commit()
-                return Reservation(principal, key, row.resource_id, replay=None, resumed=False)
+            mine = IdempotencyKeyRow(
+                principal=principal,
+                key=key,
+                fingerprint=request_fingerprint,
+                resource_id=new_id(),
+                created_at=now,
+            )
+            won = await repository.reserve_idempotency_key(db, mine, expired_before=now - self._ttl)
+            row = mine if won else await repository.get_idempotency_key(db, principal, key)
             await db.commit()
+        if won:
+            return Reservation(principal, key, mine.resource_id, replay=None, resumed=False)
+        assert row is not None  # held by another request: its row, read in the same transaction
         if row.fingerprint != request_fingerprint:
             raise IdempotencyKeyReused(
                 "This Idempotency-Key was used with a different request; use a new key for a new request.",

@@ -1,6 +1,7 @@
 """Per-principal limits: concurrent event streams and the message rate, both answered with 429.
 
-Both are kept in this process's memory: behind a load balancer each instance counts its own.
+Each is a seam (MessageLimit, StreamLimit) with today's implementation, which counts in this process's
+memory: behind a load balancer each instance counts its own.
 """
 
 from __future__ import annotations
@@ -9,11 +10,45 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from app.errors import TooManyRequests
 
 # A stream has no natural time to wait for: a client may retry once one of its other streams has ended.
 STREAM_RETRY_AFTER = 5
+
+
+class MessageLimit(Protocol):
+    """How many messages a principal may post.
+
+    A multi-process implementation must count every replica's messages together (a shared counter, e.g.
+    a Redis token bucket updated atomically by a script), refuse at the same threshold whichever replica
+    the request lands on, and answer the same Retry-After; when its store is unreachable it must choose
+    and document one side (refuse or let through), never fail the request with a 5xx.
+    """
+
+    def take(self, principal: str) -> None:
+        """Spends one message of `principal`'s allowance, or raises TooManyRequests with Retry-After."""
+        ...
+
+
+class Lease(Protocol):
+    def release(self) -> None:
+        """Idempotent: every way a stream ends may call it."""
+        ...
+
+
+class StreamLimit(Protocol):
+    """How many event streams a principal may hold open at once.
+
+    A multi-process implementation must count the streams of every replica (a shared counter per
+    principal), and a replica that dies must not leak its streams' slots: each slot expires unless its
+    replica keeps renewing it, so a crash frees them within the renewal interval.
+    """
+
+    def acquire(self, principal: str) -> Lease:
+        """A slot for one more stream, or TooManyRequests (code too_many_streams) with Retry-After."""
+        ...
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.chat.errors import InvalidCursor
-from app.chat.idempotency import Idempotency, fingerprint
+from app.chat.idempotency import IdempotencyStore, fingerprint
 from app.chat.sessions import Sessions
 from app.chat.views import to_chat_message
 from app.errors import Conflict, NotFound, PayloadTooLarge, Unavailable
@@ -42,7 +42,7 @@ class Messages:
         sessions: Sessions,
         turns: TurnControl,
         fanout: EventFanOut,
-        idempotency: Idempotency,
+        idempotency: IdempotencyStore,
     ) -> None:
         self._settings = settings
         self._database = database

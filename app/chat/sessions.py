@@ -6,7 +6,7 @@ import base64
 import binascii
 
 from app.chat.errors import InvalidCursor, UnknownModel, UnknownTool
-from app.chat.idempotency import Idempotency, fingerprint
+from app.chat.idempotency import IdempotencyStore, fingerprint
 from app.errors import InvalidRequest, NotFound
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
@@ -28,7 +28,7 @@ class Sessions:
         turns: TurnControl,
         models: ModelGateway,
         tools: ToolRegistry,
-        idempotency: Idempotency,
+        idempotency: IdempotencyStore,
     ) -> None:
         self._settings = settings
         self._database = database

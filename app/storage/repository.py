@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, text, update
 from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -342,6 +343,29 @@ async def message_deltas(db: AsyncSession, session_id: str, message_id: str) -> 
 
 async def get_idempotency_key(db: AsyncSession, principal: str, key: str) -> IdempotencyKeyRow | None:
     return await db.get(IdempotencyKeyRow, (principal, key))
+
+
+async def reserve_idempotency_key(db: AsyncSession, row: IdempotencyKeyRow, *, expired_before: float) -> bool:
+    """Reserves the key for `row` unless it is held: True when `row` was inserted. An expired holder is
+    deleted first. ON CONFLICT DO NOTHING: of racing reservations, on any number of connections or
+    processes, exactly one wins and the others read its row; none fails on the primary key."""
+    await db.exec(
+        delete(IdempotencyKeyRow).where(
+            col(IdempotencyKeyRow.principal) == row.principal,
+            col(IdempotencyKeyRow.key) == row.key,
+            col(IdempotencyKeyRow.created_at) < expired_before,
+        )
+    )
+    values = {c.name: getattr(row, c.name) for c in IdempotencyKeyRow.__table__.columns}  # type: ignore[attr-defined]
+    statement = _insert(db)(IdempotencyKeyRow).values(**values).on_conflict_do_nothing()
+    result = await db.exec(statement)
+    return bool(result.rowcount)
+
+
+def _insert(db: AsyncSession) -> Any:
+    """The dialect's INSERT, which has ON CONFLICT (SQLite and PostgreSQL alike)."""
+    bind = db.get_bind()
+    return postgresql.insert if bind.dialect.name == "postgresql" else sqlite.insert
 
 
 async def prune_idempotency_keys(db: AsyncSession, *, created_before: float) -> None:
