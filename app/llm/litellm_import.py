@@ -1,4 +1,4 @@
-"""Importing litellm the one safe way, for the service's model layer (layer.py) and the LiteLLM child
+"""Importing litellm the one safe way, for the service's model gateway (gateway.py) and the LiteLLM child
 (litellm_child.py) alike: offline settings before the import, quiet settings after it, and the collector
 kept off the ~350k objects it creates.
 """
