@@ -1,4 +1,5 @@
-"""Shared fixtures: a migrated SQLite file per test and a real server on a real socket."""
+"""Shared fixtures: a migrated SQLite file per test and a real server on a real socket (and, as plugins,
+the tests/support/ modules that hold fixtures of their own)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import pytest
 
 from app.settings import Settings
 from tests.support.server import LiveServer, live_server, migrate
+
+# Fixtures more than one folder uses, each in the support module that holds what it builds.
+pytest_plugins = ("tests.support.slow_tool",)
 
 
 @pytest.fixture

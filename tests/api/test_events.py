@@ -17,7 +17,7 @@ from app.api.deps import Services
 from app.chat.auth import OPEN_PRINCIPAL
 from app.settings import Settings
 from app.streaming.broker import Broker
-from tests.streams.conftest import BULKY, SOCKET_BUFFER, new_session, post, resume_reading, stalling_client
+from tests.support.client import BULKY, SOCKET_BUFFER, new_session, post, resume_reading, stalling_client
 from tests.support.server import LiveServer, live_server
 
 pytestmark = pytest.mark.anyio

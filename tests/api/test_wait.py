@@ -14,22 +14,15 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.interrupt.conftest import SlowTool, build_registry
-from tests.streams.conftest import new_session
+from tests.support.client import new_session
 from tests.support.server import LiveServer, live_server
+from tests.support.slow_tool import SlowTool, build_registry
 
 pytestmark = pytest.mark.anyio
 
 WAIT = {"wait": "true"}
 # Safety nets only: every wait below ends on an event the test causes.
 SAFETY = 30.0
-
-
-@pytest.fixture
-def slow_tool() -> Iterator[SlowTool]:
-    tool = SlowTool()
-    yield tool
-    tool.release_all()
 
 
 @pytest.fixture

@@ -13,10 +13,9 @@ import httpx
 import pytest
 
 from tests.fakes.upstream import FakeUpstream, Script
-from tests.interrupt.conftest import (
+from tests.interrupt.session import (
     TOOL_INTERRUPTED_BY_USER,
     Session,
-    SlowTool,
     assert_stop_events,
     assert_strictly_valid,
     chat_requests,
@@ -24,6 +23,7 @@ from tests.interrupt.conftest import (
     roles,
 )
 from tests.support.server import LiveServer
+from tests.support.slow_tool import SlowTool
 from tests.support.sse import EventReader
 
 pytestmark = pytest.mark.anyio

@@ -26,7 +26,7 @@ import pytest
 
 from app.settings import Settings
 from tests.fakes.upstream import FakeUpstream, Script, ToolCall, validate_history
-from tests.interrupt.conftest import Session, chat_requests, open_session
+from tests.interrupt.session import Session, chat_requests, open_session
 from tests.support.server import LiveServer
 from tests.support.sse import Received
 

@@ -23,11 +23,10 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app.storage import repository
 from app.storage.tables import ChatMessageRow, QueuedMessageRow
 from tests.fakes.upstream import FakeUpstream, Script
-from tests.interrupt.conftest import (
+from tests.interrupt.session import (
     INTERRUPTED_MARK,
     TOOL_INTERRUPTED_BY_USER,
     Session,
-    SlowTool,
     assert_stop_events,
     assert_strictly_valid,
     chat_requests,
@@ -37,6 +36,7 @@ from tests.interrupt.conftest import (
     roles,
 )
 from tests.support.server import LiveServer
+from tests.support.slow_tool import SlowTool
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,7 @@ from app.storage.engine import Database
 from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.prompt import rebuild
 from tests.fakes.strict import validate_history
-from tests.streams.conftest import LONG, new_session, post
+from tests.support.client import LONG, new_session, post
 from tests.support.process import ServerProcess
 from tests.support.stream import Frame, StreamClient, assert_contiguous
 

@@ -10,7 +10,7 @@ from httpx_sse import EventSource
 
 from app.api import events as events_api
 from app.settings import Settings
-from tests.streams.conftest import (
+from tests.support.client import (
     BULKY,
     LONG,
     SOCKET_BUFFER,

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.streams.conftest import new_session, post
+from tests.support.client import new_session, post
 from tests.support.server import LiveServer, live_server
 
 pytestmark = pytest.mark.anyio

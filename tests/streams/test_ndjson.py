@@ -16,9 +16,9 @@ from httpx_sse import aconnect_sse
 
 from app.api.events import wants_ndjson
 from app.settings import Settings
-from tests.interrupt.conftest import SlowTool, build_registry
-from tests.streams.conftest import BULKY, new_session, resume_reading, stalling_client
+from tests.support.client import BULKY, new_session, resume_reading, stalling_client
 from tests.support.server import LiveServer, live_server
+from tests.support.slow_tool import SlowTool, build_registry
 
 pytestmark = pytest.mark.anyio
 

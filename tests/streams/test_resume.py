@@ -8,7 +8,7 @@ import random
 import httpx
 import pytest
 
-from tests.streams.conftest import LONG, new_session, post
+from tests.support.client import LONG, new_session, post
 from tests.support.server import LiveServer
 from tests.support.stream import StreamClient, assert_contiguous
 

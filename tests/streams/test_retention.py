@@ -12,7 +12,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.settings import Settings
 from app.storage import repository
-from tests.streams.conftest import LONG, new_session, post
+from tests.support.client import LONG, new_session, post
 from tests.support.server import live_server
 from tests.support.stream import StreamClient, assert_contiguous
 

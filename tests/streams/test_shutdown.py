@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.streams.conftest import LONG, new_session, post
+from tests.support.client import LONG, new_session, post
 from tests.support.process import ServerProcess
 from tests.support.stream import Outcome, StreamClient, assert_contiguous
 
