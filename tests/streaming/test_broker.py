@@ -1,14 +1,13 @@
-"""The broker on its own: delivery only after the log commit, atomic replay, resync, slow subscribers."""
+"""The broker (app.streaming.broker) on its own: delivery only after the log commit, atomic replay, resync,
+slow subscribers. Its `Log` stands in for the write-behind; the frames themselves: test_frames.py."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
-from sse_starlette import ServerSentEvent
 
-from app.protocol.events import AgentStatus, TextDelta, clean_text
+from app.protocol.events import AgentStatus
 from app.streaming.broker import Broker, Subscription
 from app.streaming.frames import Draft, Frame, Publisher
 
@@ -167,34 +166,6 @@ async def test_after_close_all_streams_end_and_new_ones_are_refused() -> None:
         await broker.subscribe(SID, None)
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        " hello",
-        "",
-        'quote " backslash \\ slash /',
-        "\n\r\t\b\f\x00\x01\x1f\x7f",
-        "é 日本 😀 \u2028\u2029 \ufeff",
-        "data: not a frame\n\nid: 9\n",
-    ],
-)
-async def test_the_text_delta_fast_path_is_byte_equal_to_the_event_model(text: str) -> None:
-    """The hot path builds text_delta JSON by hand: it must be exactly what TextDelta serializes to."""
-    log = Log()
-    log.events.text_delta("msg_1", text)
-    log.events.emit(TextDelta, id="msg_1", text=text)
-    fast, slow = (draft.number(n) for n, draft in enumerate(log.pending, start=1))
-    assert (fast.seq, slow.seq) == (1, 2)
-    assert fast.data == slow.data.replace('"seq":2', '"seq":1')
-    assert json.loads(fast.data) == {
-        "type": "text_delta",
-        "seq": 1,
-        "session_id": SID,
-        "id": "msg_1",
-        "text": text,
-    }
-
-
 async def test_frames_committed_while_a_channel_is_being_created_reach_it() -> None:
     """A channel starts at the log's last number; a frame committed after that read but delivered before
     the channel exists must still reach it (and its subscribers), not fall between the two."""
@@ -215,29 +186,3 @@ async def test_frames_committed_while_a_channel_is_being_created_reach_it() -> N
     assert reads == 1
     assert await broker.last_seq(SID) == 5
     assert [f.seq for f in await take(subscription, 2)] == [4, 5]
-
-
-async def test_a_frames_sse_bytes_are_sse_starlettes_encoding_built_once() -> None:
-    frame = Frame(7, "text_delta", '{"text":"a\\nb"}')
-    expected = ServerSentEvent(data=frame.data, event=frame.type, id="7").encode()
-    assert frame.sse() == expected
-    assert frame.sse() is frame.sse()
-
-
-@pytest.mark.parametrize(
-    ("raw", "clean"),
-    [("plain", "plain"), ("é😀", "é😀"), ("a\ud800b", "a\ufffdb"), ("\udfff", "\ufffd")],
-)
-def test_clean_text_replaces_lone_surrogates_only(raw: str, clean: str) -> None:
-    assert clean_text(raw) == clean
-    clean_text(raw).encode()
-
-
-async def test_the_fast_path_keeps_each_messages_own_id_when_messages_alternate() -> None:
-    log = Log()
-    for i, mid in enumerate(["m_a", "m_a", "m_b", "m_a"]):
-        log.events.text_delta(mid, f"t{i}")
-    frames = [draft.number(n) for n, draft in enumerate(log.pending, start=1)]
-    assert [json.loads(f.data)["id"] for f in frames] == ["m_a", "m_a", "m_b", "m_a"]
-    assert [json.loads(f.data)["seq"] for f in frames] == [1, 2, 3, 4]
-    assert [json.loads(f.data)["text"] for f in frames] == ["t0", "t1", "t2", "t3"]

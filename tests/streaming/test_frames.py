@@ -1,0 +1,65 @@
+"""Drafts and frames (app.streaming.frames): the text_delta fast path is byte-equal to the event model's
+JSON, and a frame's SSE bytes are sse-starlette's encoding, built once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sse_starlette import ServerSentEvent
+
+from app.protocol.events import TextDelta
+from app.streaming.frames import Draft, Frame, Publisher
+
+SID = "s_1"
+
+
+def publisher() -> tuple[Publisher, list[Draft]]:
+    """A publisher of session SID, and the drafts it publishes."""
+    pending: list[Draft] = []
+    return Publisher(SID, pending.append), pending
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        " hello",
+        "",
+        'quote " backslash \\ slash /',
+        "\n\r\t\b\f\x00\x01\x1f\x7f",
+        "é 日本 😀 \u2028\u2029 \ufeff",
+        "data: not a frame\n\nid: 9\n",
+    ],
+)
+def test_the_text_delta_fast_path_is_byte_equal_to_the_event_model(text: str) -> None:
+    """The hot path builds text_delta JSON by hand: it must be exactly what TextDelta serializes to."""
+    events, pending = publisher()
+    events.text_delta("msg_1", text)
+    events.emit(TextDelta, id="msg_1", text=text)
+    fast, slow = (draft.number(n) for n, draft in enumerate(pending, start=1))
+    assert (fast.seq, slow.seq) == (1, 2)
+    assert fast.data == slow.data.replace('"seq":2', '"seq":1')
+    assert json.loads(fast.data) == {
+        "type": "text_delta",
+        "seq": 1,
+        "session_id": SID,
+        "id": "msg_1",
+        "text": text,
+    }
+
+
+def test_the_fast_path_keeps_each_messages_own_id_when_messages_alternate() -> None:
+    events, pending = publisher()
+    for i, mid in enumerate(["m_a", "m_a", "m_b", "m_a"]):
+        events.text_delta(mid, f"t{i}")
+    frames = [draft.number(n) for n, draft in enumerate(pending, start=1)]
+    assert [json.loads(f.data)["id"] for f in frames] == ["m_a", "m_a", "m_b", "m_a"]
+    assert [json.loads(f.data)["seq"] for f in frames] == [1, 2, 3, 4]
+    assert [json.loads(f.data)["text"] for f in frames] == ["t0", "t1", "t2", "t3"]
+
+
+def test_a_frames_sse_bytes_are_sse_starlettes_encoding_built_once() -> None:
+    frame = Frame(7, "text_delta", '{"text":"a\\nb"}')
+    expected = ServerSentEvent(data=frame.data, event=frame.type, id="7").encode()
+    assert frame.sse() == expected
+    assert frame.sse() is frame.sse()
