@@ -1,0 +1,2 @@
+"""Unit tests of app/protocol/: ids, timestamps, events. The published spec and the TypeScript types, checked
+against a live server: tests/contract/."""
