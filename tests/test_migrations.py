@@ -1,4 +1,5 @@
-"""Alembic migrations against the tables in app.storage.tables, and the pragmas every app connection gets."""
+"""Alembic migrations (migrations/, beside app/) against the tables in app.storage.tables: the head builds
+exactly the models, down and up again, 0004 keeps every row, and the files are named by date and slug."""
 
 from __future__ import annotations
 
@@ -17,9 +18,6 @@ from sqlalchemy import Engine, create_engine, inspect, text
 from sqlmodel import SQLModel
 
 import app.storage.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
-from app.storage.engine import BUSY_TIMEOUT_MS, Database
-
-pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSIONS = ROOT / "migrations" / "versions"
@@ -119,40 +117,6 @@ def test_migration_file_names(config: Config) -> None:
         match = FILE_NAME.fullmatch(name)
         assert match is not None
         assert match["rev"] == revision, f"{name} holds revision {revision!r}"
-
-
-async def test_app_connections_use_wal_busy_timeout_and_foreign_keys(database_url: str) -> None:
-    database = Database(database_url)
-    try:
-        async with database.engine.connect() as connection:
-            journal = (await connection.exec_driver_sql("PRAGMA journal_mode")).scalar()
-            busy = (await connection.exec_driver_sql("PRAGMA busy_timeout")).scalar()
-            foreign_keys = (await connection.exec_driver_sql("PRAGMA foreign_keys")).scalar()
-        async with database.session() as db:
-            through_session = (await db.connection()).exec_driver_sql("PRAGMA foreign_keys")
-            assert (await through_session).scalar() == 1
-    finally:
-        await database.dispose()
-    assert str(journal).lower() == "wal"
-    assert isinstance(busy, int)
-    assert busy > 0
-    assert busy == BUSY_TIMEOUT_MS
-    assert foreign_keys == 1
-
-
-async def test_wal_mode_persists_in_the_file(database_url: str) -> None:
-    database = Database(database_url)
-    try:
-        async with database.engine.connect() as connection:
-            await connection.execute(text("SELECT 1"))
-    finally:
-        await database.dispose()
-    plain = create_engine(database_url.replace("+aiosqlite", ""))
-    try:
-        with plain.connect() as connection:
-            assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-    finally:
-        plain.dispose()
 
 
 def test_0004_keeps_every_row_and_gives_old_sessions_the_open_mode_principal(

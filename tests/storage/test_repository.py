@@ -8,7 +8,6 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +18,7 @@ from sqlmodel import col, select
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.server import ROOT
 
 pytestmark = pytest.mark.anyio
 
