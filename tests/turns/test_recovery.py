@@ -1,4 +1,5 @@
-"""Crash repair at startup, on a database a killed process left behind (the process test does it for real)."""
+"""Crash repair at startup (app.turns.recovery), on a database a killed process left behind
+(tests/streams/test_crash.py kills a real server process)."""
 
 from __future__ import annotations
 
