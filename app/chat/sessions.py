@@ -82,7 +82,7 @@ class Sessions:
             context_window=window,
         )
         async with self._database.session() as db:
-            db.add(row)
+            await repository.insert_session(db, row, new_session_id)
             await db.commit()
         return self._out(row)
 

@@ -1,9 +1,9 @@
 """Identifiers, made once by the server and stored as text (seed 000 §2.1: `m_` + uuid4().hex[:12]).
 
 48 random bits are not unique by themselves (about one collision in 350 by a million messages), so no
-caller relies on that: chat message ids are unique per session (the table's key), and whoever stores a
-new id retries with another when it is taken (storage.repository), so a collision never surfaces as an
-error.
+caller relies on that: whoever stores a new id takes another when a row holds it already
+(storage.repository: insert_messages, enqueue, insert_session), before any client sees it, so a
+collision never surfaces as an error.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, text, update
@@ -46,6 +46,17 @@ async def list_sessions(
             | ((col(ChatSessionRow.created_at) == created_at) & (col(ChatSessionRow.id) < session_id))
         )
     return (await db.exec(query.limit(limit))).all()
+
+
+async def insert_session(db: AsyncSession, row: ChatSessionRow, new_id: Callable[[], str]) -> None:
+    """Stores a new session under an id no session holds: a taken id is replaced from `new_id`."""
+    values = {c.name: getattr(row, c.name) for c in ChatSessionRow.__table__.columns}  # type: ignore[attr-defined]
+    while True:
+        values["id"] = row.id
+        result = await db.exec(_insert(db)(ChatSessionRow).values(**values).on_conflict_do_nothing())
+        if result.rowcount:
+            return
+        row.id = new_id()
 
 
 async def update_session(db: AsyncSession, session_id: str, values: dict[str, Any]) -> None:
@@ -150,11 +161,56 @@ async def _driver(db: AsyncSession) -> Any:
     return driver
 
 
-async def insert_messages(db: AsyncSession, rows: Iterable[ChatMessageRow]) -> None:
-    """In order: their positions (the history's order) are assigned as they are inserted."""
-    params = [_message_params(row) for row in rows]
-    if params:
-        await (await _driver(db)).executemany(_INSERT_MESSAGE, params)
+async def insert_messages(
+    db: AsyncSession, rows: Iterable[ChatMessageRow], new_id: Callable[[], str] | None = None
+) -> dict[str, str]:
+    """Inserts in order: their positions (the history's order) are assigned as they are inserted.
+
+    A row whose id another row already holds (48 random bits collide, rarely) is given a fresh id from
+    `new_id` and the rows are inserted again in order, so a collision never surfaces as an error; the
+    renames are returned ({old id: new id}), and the rows themselves carry their final ids. Without
+    `new_id` a taken id is an IntegrityError (the rows' ids were handed out already)."""
+    rows = list(rows)
+    renamed: dict[str, str] = {}
+    if new_id is not None:
+        seen: set[str] = set()
+        for row in rows:  # two fresh ids of one batch alike: the later one is renamed
+            if row.id in seen:
+                renamed[row.id] = row.id = new_id()
+            seen.add(row.id)
+    while rows:
+        driver = await _driver(db)
+        params = [_message_params(row) for row in rows]
+        if new_id is None:
+            await driver.executemany(_INSERT_MESSAGE, params)
+            return renamed
+        cursor = await driver.executemany(_INSERT_MESSAGE + " ON CONFLICT (id) DO NOTHING", params)
+        if cursor.rowcount == len(rows):
+            return renamed
+        taken = await _taken_ids(driver, rows)
+        if not taken:  # what did not go in is stored already, as it is (a row written twice)
+            return renamed
+        # Out of order now: the rows that did go in leave, and all go in again, in order.
+        inserted = [row.id for row in rows if row.id not in taken]
+        await driver.executemany("DELETE FROM chat_messages WHERE id = ?", [(i,) for i in inserted])
+        for row in rows:
+            if row.id in taken:
+                fresh = new_id()
+                original = next((old for old, new in renamed.items() if new == row.id), row.id)
+                renamed[original] = row.id = fresh
+    return renamed
+
+
+async def _taken_ids(driver: Any, rows: list[ChatMessageRow]) -> set[str]:
+    """The ids of `rows` that other rows hold: what is stored under the id is not the row."""
+    taken = set()
+    for row in rows:
+        found = await driver.execute_fetchall(
+            "SELECT session_id, turn_id, type, timestamp FROM chat_messages WHERE id = ?", (row.id,)
+        )
+        if found and tuple(found[0]) != (row.session_id, row.turn_id, row.type, row.timestamp):
+            taken.add(row.id)
+    return taken
 
 
 _UPDATABLE = frozenset(_MESSAGE_COLUMNS) - {"id", "session_id"} - _JSON_COLUMNS
@@ -242,7 +298,15 @@ async def turn_messages(db: AsyncSession, turn_id: str) -> list[ChatMessageRow]:
 # --- messages waiting for a turn -------------------------------------------------------------------
 
 
-async def enqueue(db: AsyncSession, row: QueuedMessageRow) -> None:
+async def enqueue(db: AsyncSession, row: QueuedMessageRow, new_id: Callable[[], str]) -> None:
+    """Stores a message in the waiting line under an id no chat message or waiting message holds (it
+    keeps that id when a turn takes it): a taken id is replaced by a fresh one from `new_id`."""
+    driver = await _driver(db)
+    while await driver.execute_fetchall(
+        "SELECT 1 FROM chat_messages WHERE id = ? UNION ALL SELECT 1 FROM queued_messages WHERE id = ?",
+        (row.id, row.id),
+    ):
+        row.id = new_id()
     db.add(row)
     await db.flush()
 

@@ -18,7 +18,7 @@ from sse_starlette import ServerSentEvent
 from app.protocol.events import _Event
 
 # json.dumps(s, ensure_ascii=False) for a str, without the encoder object's Python layer.
-_json_string: Callable[[str], str] = json.encoder.encode_basestring
+json_string: Callable[[str], str] = json.encoder.encode_basestring
 
 
 @dataclass(slots=True)
@@ -81,7 +81,7 @@ class Publisher:
         JSON; `text` must be valid Unicode (protocol.events.clean_text)."""
         if self._delta_message != message_id:
             self._delta_middle = (
-                f',"session_id":{_json_string(self.session_id)},"id":{_json_string(message_id)},"text":'
+                f',"session_id":{json_string(self.session_id)},"id":{json_string(message_id)},"text":'
             )
             self._delta_message = message_id
-        self._add(Draft(self.session_id, "text_delta", f"{self._delta_middle}{_json_string(text)}}}"))
+        self._add(Draft(self.session_id, "text_delta", f"{self._delta_middle}{json_string(text)}}}"))

@@ -29,10 +29,11 @@ from contextlib import asynccontextmanager, suppress
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.protocol.ids import new_message_id
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
-from app.streaming.frames import Draft, Frame, Publisher
+from app.streaming.frames import Draft, Frame, Publisher, json_string
 from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
 
 log = logging.getLogger(__name__)
@@ -229,8 +230,7 @@ class WriteBehind:
             finally:
                 self._finished = None
 
-    @staticmethod
-    async def _write_texts(db: AsyncSession, buffers: list[TextBuffer]) -> list[tuple[TextBuffer, int]]:
+    async def _write_texts(self, db: AsyncSession, buffers: list[TextBuffer]) -> list[tuple[TextBuffer, int]]:
         """Inserts the rows of buffers that have none yet and updates the others' text; returns what was
         written, to be marked once the commit succeeded."""
         rows: list[ChatMessageRow] = []
@@ -244,9 +244,26 @@ class WriteBehind:
             else:
                 updates.append((buffer.message_id, text))
             written.append((buffer, count))
-        await repository.insert_messages(db, rows)
+        renamed = await repository.insert_messages(db, rows, new_message_id)
+        if renamed:
+            self._rename(renamed)
         await repository.set_message_texts(db, updates)
         return written
+
+    def _rename(self, renamed: dict[str, str]) -> None:
+        """Streamed messages whose id another message held got fresh ids on insert: their buffers and
+        their events not committed yet (all of them: the first delta's event commits with the row) take
+        the new id, so clients only ever see it."""
+        for old, new in renamed.items():
+            buffer = self._texts.pop(old, None)
+            if buffer is None:
+                continue
+            buffer.message_id = new
+            self._texts[new] = buffer
+            mark, fresh = f',"id":{json_string(old)},', f',"id":{json_string(new)},'
+            for draft in self._events:
+                if draft.session_id == buffer.session_id and draft.type == "text_delta":
+                    draft.rest = draft.rest.replace(mark, fresh, 1)
 
     @staticmethod
     def _mark(written: list[tuple[TextBuffer, int]], now: float) -> None:

@@ -131,12 +131,6 @@ class TurnLog:
         rows = [
             self._tool_row(call, at, result=tool_result, is_error=True, duration_ms=0) for call in unstarted
         ]
-        self.interrupted_message_ids = [
-            *([buffer.message_id] if buffer is not None else []),
-            *(tool.row_id for tool in open_tools.values()),
-            *(row.id for row in rows),
-        ]
-        self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
         async with self._transaction() as db:
             if buffer is not None:
                 self.writer.untrack(buffer)
@@ -147,8 +141,14 @@ class TurnLog:
                 await repository.update_message(
                     db, tool.row_id, {"result": tool_result, "is_error": True, "interrupted": True}
                 )
-            if rows:
-                await repository.insert_messages(db, rows)
+            await repository.insert_messages(db, rows, new_message_id)
+            # Named once written: a streamed message's id is final once its row is in (writer._rename).
+            self.interrupted_message_ids = [
+                *([buffer.message_id] if buffer is not None else []),
+                *(tool.row_id for tool in open_tools.values()),
+                *(row.id for row in rows),
+            ]
+            self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
             if announce is not None:
                 announce()
 
@@ -175,7 +175,7 @@ class TurnLog:
     async def fail(self, code: str, message: str) -> None:
         row = self._row("error", now_iso(), role="assistant", content=message, code=code, model=self.model)
         async with self._transaction() as db:
-            await repository.insert_messages(db, [row])
+            await repository.insert_messages(db, [row], new_message_id)
             self._emit(
                 ErrorEvent, id=row.id, message=message, code=code, model=self.model, timestamp=row.timestamp
             )
@@ -188,7 +188,7 @@ class TurnLog:
         duration = round(time.monotonic() - self.started, 3)
         row = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
         async with self._transaction() as db:
-            await repository.insert_messages(db, [row])
+            await repository.insert_messages(db, [row], new_message_id)
             self._announce_end(row)
 
     def _announce_end(self, done: ChatMessageRow) -> None:
@@ -228,7 +228,7 @@ class TurnLog:
                     content = seen_text.get(row.id, row.content or "")
                     await repository.update_message(db, row.id, {"content": content, "interrupted": True})
                     self.interrupted_message_ids.append(row.id)
-            await repository.insert_messages(db, [done])
+            await repository.insert_messages(db, [done], new_message_id)
             self._announce_cancelled()
             self._announce_end(done)
 

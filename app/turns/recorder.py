@@ -108,7 +108,9 @@ class TurnRecorder(TurnLog):
         async with self._transaction() as db:
             if waiting is not None:
                 await repository.dequeue(db, [m.id for m in messages])
-            await repository.insert_messages(db, [start, *users])
+            renamed = await repository.insert_messages(db, [start, *users], new_message_id)
+            for m in messages:  # a message whose id another row held: the row's fresh id is its id now
+                m.id = renamed.get(m.id, m.id)
             if waiting is not None:
                 self.events.emit(QueueUpdated, queue=waiting)
             self.events.emit(TurnStart, id=start.id, turn_id=self.turn_id, timestamp=at)
@@ -265,7 +267,7 @@ class TurnRecorder(TurnLog):
         call = event.call
         row = self._tool_row(call, now_iso())
         async with self._transaction() as db:
-            await repository.insert_messages(db, [row])
+            await repository.insert_messages(db, [row], new_message_id)
             self._emit(
                 ToolExecStart,
                 id=row.id,

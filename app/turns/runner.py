@@ -141,8 +141,9 @@ class Runner:
                 raise TurnRunning(state.recorder.turn_id)
             row = QueuedMessageRow(session_id=session.id, **message.model_dump())
             async with self._database.session() as db:
-                await repository.enqueue(db, row)
+                await repository.enqueue(db, row, new_message_id)
                 await db.commit()
+            message.id = row.id  # a fresh one if another message held it
             state.waiting[message.id] = message
             events = self._writer.publisher(session.id)
             events.emit(

@@ -15,6 +15,7 @@ from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
+from app.protocol.ids import new_message_id
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
@@ -364,8 +365,8 @@ async def test_queued_and_dequeue(database: Database) -> None:
     async with database.session() as db:
         # Ids in reverse order: the waiting line is ordered by position, not by id.
         for message_id, content in [("m_zz", "first"), ("m_yy", "second"), ("m_xx", "third")]:
-            await repository.enqueue(db, queued_row("s_a", message_id, content))
-        await repository.enqueue(db, queued_row("s_b", "m_bb", "other"))
+            await repository.enqueue(db, queued_row("s_a", message_id, content), new_message_id)
+        await repository.enqueue(db, queued_row("s_b", "m_bb", "other"), new_message_id)
         await db.commit()
     async with database.session() as db:
         assert [q.content for q in await repository.queued(db, "s_a")] == ["first", "second", "third"]
@@ -450,7 +451,7 @@ async def test_deleting_a_session_cascades(database: Database) -> None:
             ],
         )
         async with database.session() as db:
-            await repository.enqueue(db, queued_row(session_id, f"m_q_{session_id}", "later"))
+            await repository.enqueue(db, queued_row(session_id, f"m_q_{session_id}", "later"), new_message_id)
             await repository.insert_events(db, [event(session_id, 1), event(session_id, 2)])
             await db.commit()
     tables: list[type[Any]] = [ChatMessageRow, QueuedMessageRow, EventRow]
@@ -476,5 +477,5 @@ async def test_foreign_keys_are_enforced(database: Database) -> None:
         await db.rollback()
     async with database.session() as db:
         with pytest.raises(IntegrityError, match="FOREIGN KEY"):
-            await repository.enqueue(db, queued_row("s_missing", "m_q", "x"))
+            await repository.enqueue(db, queued_row("s_missing", "m_q", "x"), new_message_id)
         await db.rollback()
