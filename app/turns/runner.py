@@ -140,24 +140,24 @@ class Runner:
                 assert state.recorder is not None
                 raise TurnRunning(state.recorder.turn_id)
             row = QueuedMessageRow(session_id=session.id, **message.model_dump())
-            async with self._database.session() as db:
-                await repository.enqueue(db, row, new_message_id)
-                await db.commit()
-            message.id = row.id  # a fresh one if another message held it
-            state.waiting[message.id] = message
             events = self._writer.publisher(session.id)
-            events.emit(
-                UserMessage,
-                id=message.id,
-                text=content,
-                timestamp=message.timestamp,
-                turn_id=None,
-                model=session.model,
-                sender=sender,
-                queued=True,
-                client_message_id=client_message_id,
-            )
-            _announce_queue(state.waiting.values(), events)
+            # The row and its announcement commit together: a client never misses a waiting message.
+            async with self._writer.transaction(session.id) as db:
+                await repository.enqueue(db, row, new_message_id)
+                message.id = row.id  # a fresh one if another message held it
+                events.emit(
+                    UserMessage,
+                    id=message.id,
+                    text=content,
+                    timestamp=message.timestamp,
+                    turn_id=None,
+                    model=session.model,
+                    sender=sender,
+                    queued=True,
+                    client_message_id=client_message_id,
+                )
+                _announce_queue([*state.waiting.values(), message], events)
+            state.waiting[message.id] = message
         if delivery == "interrupt":
             await self.cancel(session.id)
             taker = state.recorder
@@ -287,13 +287,14 @@ class Runner:
                 raise NotWaiting(message_ids)
             if not chosen:
                 return []
-            async with self._database.session() as db:
-                await repository.dequeue(db, [m.id for m in chosen])
-                await db.commit()
+            gone = [m.id for m in chosen]
+            async with self._writer.transaction(session_id) as db:
+                await repository.dequeue(db, gone)
+                left = [m for m in state.waiting.values() if m.id not in gone]
+                _announce_queue(left, self._writer.publisher(session_id))
             for m in chosen:
                 state.waiting.pop(m.id, None)
-            state.resolve_takers([m.id for m in chosen], None)
-            _announce_queue(state.waiting.values(), self._writer.publisher(session_id))
+            state.resolve_takers(gone, None)
         return chosen
 
     # --- stopping ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -343,12 +343,15 @@ async def test_stop_then_steer_waiting_is_taken_with_the_strict_history(
 async def test_interrupt_posted_while_the_turn_ends_by_itself(
     server: LiveServer, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The interrupt's row is written (the session lock held) while the turn finishes on its own."""
+    """The interrupt's row is written slowly (the session lock held) while the turn would finish on its
+    own. The row and its events commit in one transaction of the write-behind, and the turn's own writes
+    wait for it: the turn cannot end between the interrupt's row and its stop, so the stop lands, and the
+    interrupting message starts the next turn."""
     original = repository.enqueue
 
-    async def slow_enqueue(db: AsyncSession, row: QueuedMessageRow) -> None:
-        await asyncio.sleep(0.5)  # before the write: SQLite's write lock is not held meanwhile
-        await original(db, row)
+    async def slow_enqueue(db: AsyncSession, row: QueuedMessageRow, new_id: Callable[[], str]) -> None:
+        await asyncio.sleep(0.5)
+        await original(db, row, new_id)
 
     monkeypatch.setattr(repository, "enqueue", slow_enqueue)
     upstream.enqueue(Script.text("Short answer.", chunks=3, delay=0.05), Script.text("Fresh answer."))
@@ -356,7 +359,7 @@ async def test_interrupt_posted_while_the_turn_ends_by_itself(
         turn_id = await _start(session)
         await session.wait_type("text_delta")
         body = await session.accepted("and now?", "interrupt")
-        assert (await session.turn_done(turn_id))["status"] == "completed"
+        assert (await session.turn_done(turn_id))["status"] == "cancelled"
         # The interrupting message must get its turn, and the session must not stay busy.
         await session.wait_idle(timeout=3)
         next_turn = session.events("turn_start")[-1]["turn_id"]
@@ -400,11 +403,13 @@ async def test_cancel_while_the_turn_writes_its_end(
     """A cancel that arrives while the turn writes its turn_done row (after a final answer or an error)."""
     original = repository.insert_messages
 
-    async def slow_turn_done(db: AsyncSession, rows: Iterable[ChatMessageRow]) -> None:
+    async def slow_turn_done(
+        db: AsyncSession, rows: Iterable[ChatMessageRow], new_id: Callable[[], str] | None = None
+    ) -> dict[str, str]:
         rows = list(rows)
         if any(r.type == "turn_done" for r in rows):
             await asyncio.sleep(0.5)
-        await original(db, rows)
+        return await original(db, rows, new_id)
 
     monkeypatch.setattr(repository, "insert_messages", slow_turn_done)
     upstream.enqueue(Script.text("Quick answer.") if ending == "completed" else Script.error(400, "no"))
@@ -431,12 +436,15 @@ async def test_cancel_while_a_tool_start_is_written(
     session close after the commit is one more await)."""
     original = repository.insert_messages
 
-    async def slow_ack(db: AsyncSession, rows: Iterable[ChatMessageRow]) -> None:
+    async def slow_ack(
+        db: AsyncSession, rows: Iterable[ChatMessageRow], new_id: Callable[[], str] | None = None
+    ) -> dict[str, str]:
         rows = list(rows)
-        await original(db, rows)
+        renamed = await original(db, rows, new_id)
         if any(r.type == "tool_group" and r.result is None for r in rows):
             await db.commit()
             await asyncio.sleep(0.5)
+        return renamed
 
     monkeypatch.setattr(repository, "insert_messages", slow_ack)
     upstream.enqueue(
