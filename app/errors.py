@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sqlite3
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -70,8 +71,19 @@ class Conflict(ApiError):
 
 
 class Unavailable(ApiError):
+    """`retry_after`, when given: whole seconds, also sent as the Retry-After header."""
+
     status = 503
     code = "unavailable"
+
+    def __init__(
+        self, message: str, *, details: Any = None, code: str | None = None, retry_after: int | None = None
+    ) -> None:
+        headers = None
+        if retry_after is not None:
+            details = {**(details or {}), "retry_after": retry_after}
+            headers = {"Retry-After": str(retry_after)}
+        super().__init__(message, details=details, code=code, headers=headers)
 
 
 class PayloadTooLarge(ApiError):
@@ -112,12 +124,94 @@ class TooManyRequests(ApiError):
         super().__init__(message, code=code, details=details, headers={"Retry-After": str(retry_after)})
 
 
+# SQLite's primary result codes (the low byte of an extended one, as sqlite3 reports it).
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_FULL = 5, 6, 13
+# Seconds a client is told to wait: a write lock is usually held for milliseconds, while a full disk waits
+# for someone to free space.
+STORAGE_BUSY_RETRY_AFTER = 1
+STORAGE_FULL_RETRY_AFTER = 30
+
+
+def _storage_refusal(error: sqlite3.Error) -> Unavailable | None:
+    """The 503 for SQLite refusing work: its write lock held past the busy timeout (`storage_busy`) or its
+    disk full (`storage_full`). None for any other SQLite error."""
+    primary = getattr(error, "sqlite_errorcode", -1) & 0xFF
+    text = str(error).lower()
+    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED) or "is locked" in text:
+        message = "The database is busy; retry in a moment."
+        return Unavailable(message, code="storage_busy", retry_after=STORAGE_BUSY_RETRY_AFTER)
+    if primary == _SQLITE_FULL or "database or disk is full" in text:
+        message = "The server's storage is full; retry later."
+        return Unavailable(message, code="storage_full", retry_after=STORAGE_FULL_RETRY_AFTER)
+    return None
+
+
+def _sqlite_error(exc: BaseException) -> sqlite3.Error | None:
+    """The driver's error behind `exc`, if any: SQLAlchemy raises its own errors `from` the driver's."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, sqlite3.Error):
+            return current
+        todo.append(current.__cause__)
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+    return None
+
+
+def _log(
+    request: Request,
+    status: int,
+    code: str,
+    *,
+    level: int = logging.INFO,
+    cause: str = "",
+    exc: BaseException | None = None,
+) -> None:
+    # The request id ties what the client saw to the server's log line: in the line's text, so that any
+    # log format shows it (the record's `request_id` field has it too).
+    log.log(
+        level,
+        "%s %s -> %d %s, request %s%s",
+        request.method,
+        request.url.path,
+        status,
+        code,
+        request_id_var.get(),
+        f": {cause}" if cause else "",
+        exc_info=exc,
+    )
+
+
 def _respond(
     request: Request, status: int, code: str, message: str, details: Any = None, **kw: Any
 ) -> JSONResponse:
-    # The request id ties what the client saw to the server's log line.
-    log.info("%s %s -> %d %s", request.method, request.url.path, status, code)
+    _log(request, status, code)
     return JSONResponse(error_body(code, message, details), status_code=status, **kw)
+
+
+def server_error(request: Request, exc: Exception) -> JSONResponse:
+    """The answer to an exception no handler took: 503 when SQLite refused the work, else 500.
+
+    RequestContextMiddleware calls it inside the request's context, so that the body, the X-Request-ID
+    header and the log line carry the request id. The app's `Exception` handler, which Starlette runs
+    outside every middleware, answers only what escapes that middleware itself. The detail goes to the
+    log, never to the client.
+    """
+    error = _sqlite_error(exc)
+    refusal = _storage_refusal(error) if error is not None else None
+    if refusal is None:
+        _log(request, 500, "internal_error", level=logging.ERROR, exc=exc)
+        return JSONResponse(error_body("internal_error", "Internal server error."), status_code=500)
+    # An error only when someone must act.
+    level = logging.ERROR if refusal.code == "storage_full" else logging.WARNING
+    _log(request, refusal.status, refusal.code, level=level, cause=str(error))
+    body = error_body(refusal.code, refusal.message, refusal.details)
+    return JSONResponse(body, status_code=refusal.status, headers=refusal.headers)
 
 
 _METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
@@ -180,5 +274,4 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return JSONResponse(error_body("internal_error", "Internal server error."), status_code=500)
+        return server_error(request, exc)

@@ -92,7 +92,7 @@ def _lifespan(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        database = Database(settings.database_url)
+        database = Database(settings.database_url, busy_timeout_ms=settings.database_busy_timeout_ms)
         debug_stats = None
         if settings.debug_stats:
             debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)

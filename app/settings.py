@@ -17,6 +17,12 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PARLEY_", extra="ignore")
 
     database_url: str = "sqlite+aiosqlite:///./data/parley.db"
+    database_busy_timeout_ms: int = Field(
+        10_000,
+        ge=1,
+        description="Milliseconds a write waits for SQLite's write lock before it gives up: the request "
+        "then gets 503 storage_busy.",
+    )
     default_model: str = DEMO_MODEL
     models_file: Path | None = None
 

@@ -1,10 +1,15 @@
 """Pure ASGI middleware (no buffering, so SSE streams pass untouched): request ids and request bodies.
 
 Every request gets an id (the client's `X-Request-ID` when it is sane, else a new one) that is echoed in
-the response header, put in every error body and attached to log records. Bodies are refused before
-they are read when they are too large (413) or not JSON (415). A server without API keys that is reached
-on a non-loopback address, and was not told PARLEY_ALLOW_OPEN, refuses everything but the health probes
-(403): the launcher refuses to start that way, and this covers a server started some other way.
+the response header, put in every error body and attached to log records. An exception that escapes the
+app before its response started is answered here, inside the request's context, so that the 500 (or the
+503 of a busy or full database) carries the id too: Starlette's own last handler runs outside every
+middleware, after this one has let go of the id.
+
+Bodies are refused before they are read when they are too large (413) or not JSON (415). A server without
+API keys that is reached on a non-loopback address, and was not told PARLEY_ALLOW_OPEN, refuses everything
+but the health probes (403): the launcher refuses to start that way, and this covers a server started
+some other way.
 """
 
 from __future__ import annotations
@@ -13,10 +18,11 @@ import json
 import re
 import secrets
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.chat.auth import OPEN_MODE_HELP, is_loopback
-from app.errors import BodyTooLarge, error_body
+from app.errors import BodyTooLarge, error_body, server_error
 from app.observability.context import request_id_var
 
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -39,10 +45,13 @@ class RequestContextMiddleware:
         given = headers.get("x-request-id", "")
         request_id = given if _SANE_ID.match(given) else "req_" + secrets.token_hex(8)
         token = request_id_var.set(request_id)
+        started = False
         try:
 
             async def send_with_id(message: Message) -> None:
+                nonlocal started
                 if message["type"] == "http.response.start":
+                    started = True
                     message = {
                         **message,
                         "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode())],
@@ -54,7 +63,13 @@ class RequestContextMiddleware:
                 status, code, text = refusal
                 await _send_json(send_with_id, status, error_body(code, text))
                 return
-            await self.app(scope, self._limited(receive), send_with_id)
+            try:
+                await self.app(scope, self._limited(receive), send_with_id)
+            except Exception as exc:
+                if started:
+                    raise  # a response cut short: no status left to answer with; the server closes it
+                # Answered and logged, so not raised on: the server would log it again without the id.
+                await server_error(Request(scope), exc)(scope, receive, send_with_id)
         finally:
             request_id_var.reset(token)
 
