@@ -26,7 +26,7 @@ from app.observability.context import install_request_id_logging
 from app.observability.monitor import DebugStats
 from app.protocol.openapi import install_openapi
 from app.settings import Settings
-from app.storage import repository
+from app.storage import event_log
 from app.storage.engine import Database
 from app.streaming.broker import RING_SIZE, Broker
 from app.streaming.frames import Frame
@@ -136,11 +136,11 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
 
     async def last_seq(session_id: str) -> int:
         async with database.session() as db:
-            return await repository.last_event_seq(db, session_id)
+            return await event_log.last_event_seq(db, session_id)
 
     async def load_frames(session_id: str, after: int, before: int) -> list[Frame]:
         async with database.session() as db:
-            rows = await repository.events_between(db, session_id, after, before)
+            rows = await event_log.events_between(db, session_id, after, before)
         return [Frame(seq, type_, data) for seq, type_, data in rows]
 
     broker = Broker(

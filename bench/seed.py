@@ -3,7 +3,7 @@
 Running 2,000 real turns to get a 10,000-message history would take longer than the rest of the run, so
 the storage stage writes the rows itself: `ChatMessageRow`s inserted with `repository.insert_messages`,
 events serialized by the app's own `Publisher` and numbered as the write-behind numbers them (so the
-log holds byte for byte what a live turn would have logged) and written with `repository.insert_events`.
+log holds byte for byte what a live turn would have logged) and written with `event_log.insert_events`.
 
 - a history session: complete turns of turn_start, user text, assistant text (~1 KB), turn_done, every
   third turn with a tool call (tool_group row) and a second text, until it holds `messages` rows;
@@ -33,7 +33,7 @@ from app.protocol.events import (
     UserMessage,
 )
 from app.protocol.ids import new_message_id, new_session_id, new_turn_id
-from app.storage import repository
+from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.frames import Draft, Frame, Publisher
@@ -184,7 +184,7 @@ async def _insert(
         if events:
             params = [{"session_id": s, "seq": f.seq, "type": f.type, "data": f.data} for s, f in events]
             for start in range(0, len(params), BATCH):
-                await repository.insert_events(db, params[start : start + BATCH])
+                await event_log.insert_events(db, params[start : start + BATCH])
         await db.commit()
 
 

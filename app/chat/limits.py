@@ -50,6 +50,10 @@ class StreamLimit(Protocol):
         """A slot for one more stream, or TooManyRequests (code too_many_streams) with Retry-After."""
         ...
 
+    def open_count(self, principal: str) -> int:
+        """The principal's streams open now."""
+        ...
+
 
 @dataclass
 class _Bucket:

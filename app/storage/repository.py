@@ -6,13 +6,13 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, text, update
+from sqlalchemy import delete, update
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.storage.sql import dialect_insert, driver
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
 
 # --- chat sessions ---------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ async def insert_session(db: AsyncSession, row: ChatSessionRow, new_id: Callable
     values = {c.name: getattr(row, c.name) for c in ChatSessionRow.__table__.columns}  # type: ignore[attr-defined]
     while True:
         values["id"] = row.id
-        result = await db.exec(_insert(db)(ChatSessionRow).values(**values).on_conflict_do_nothing())
+        result = await db.exec(dialect_insert(db)(ChatSessionRow).values(**values).on_conflict_do_nothing())
         if result.rowcount:
             return
         row.id = new_id()
@@ -67,7 +67,7 @@ async def add_usage(
     db: AsyncSession, session_id: str, *, prompt: int, completion: int, window: int | None, at: str
 ) -> tuple[int, int]:
     """Adds one response's tokens; returns the session's (total_tokens, context_used)."""
-    found = await (await _driver(db)).execute_fetchall(
+    found = await (await driver(db)).execute_fetchall(
         "UPDATE chat_sessions SET total_tokens = total_tokens + ?, context_used = ?, context_window = ?,"
         " updated_at = ? WHERE id = ? RETURNING total_tokens, context_used",
         (prompt + completion, prompt, window, at, session_id),
@@ -135,7 +135,7 @@ class _Loader:
         self.new = sa_inspect(model).class_manager.new_instance
 
     async def all(self, db: AsyncSession, where: str, params: Sequence[Any]) -> list[Any]:
-        records = await (await _driver(db)).execute_fetchall(f"{self.select} {where}", params)
+        records = await (await driver(db)).execute_fetchall(f"{self.select} {where}", params)
         names, decoders, new = self.names, self.decoders, self.new
         rows = []
         for record in records:
@@ -150,15 +150,6 @@ class _Loader:
 
 _SESSIONS = _Loader(ChatSessionRow)
 _MESSAGES = _Loader(ChatMessageRow)
-
-
-async def _driver(db: AsyncSession) -> Any:
-    """The aiosqlite connection under the session's transaction: the hot path's statements skip
-    SQLAlchemy's per-statement work (compile-cache lookups, parameter processing, a cursor per call)."""
-    connection = await db.connection()
-    driver = (await connection.get_raw_connection()).driver_connection
-    assert driver is not None
-    return driver
 
 
 async def insert_messages(
@@ -179,20 +170,20 @@ async def insert_messages(
                 renamed[row.id] = row.id = new_id()
             seen.add(row.id)
     while rows:
-        driver = await _driver(db)
+        conn = await driver(db)
         params = [_message_params(row) for row in rows]
         if new_id is None:
-            await driver.executemany(_INSERT_MESSAGE, params)
+            await conn.executemany(_INSERT_MESSAGE, params)
             return renamed
-        cursor = await driver.executemany(_INSERT_MESSAGE + " ON CONFLICT (id) DO NOTHING", params)
+        cursor = await conn.executemany(_INSERT_MESSAGE + " ON CONFLICT (id) DO NOTHING", params)
         if cursor.rowcount == len(rows):
             return renamed
-        taken = await _taken_ids(driver, rows)
+        taken = await _taken_ids(conn, rows)
         if not taken:  # what did not go in is stored already, as it is (a row written twice)
             return renamed
         # Out of order now: the rows that did go in leave, and all go in again, in order.
         inserted = [row.id for row in rows if row.id not in taken]
-        await driver.executemany("DELETE FROM chat_messages WHERE id = ?", [(i,) for i in inserted])
+        await conn.executemany("DELETE FROM chat_messages WHERE id = ?", [(i,) for i in inserted])
         for row in rows:
             if row.id in taken:
                 fresh = new_id()
@@ -201,11 +192,11 @@ async def insert_messages(
     return renamed
 
 
-async def _taken_ids(driver: Any, rows: list[ChatMessageRow]) -> set[str]:
+async def _taken_ids(conn: Any, rows: list[ChatMessageRow]) -> set[str]:
     """The ids of `rows` that other rows hold: what is stored under the id is not the row."""
     taken = set()
     for row in rows:
-        found = await driver.execute_fetchall(
+        found = await conn.execute_fetchall(
             "SELECT session_id, turn_id, type, timestamp FROM chat_messages WHERE id = ?", (row.id,)
         )
         if found and tuple(found[0]) != (row.session_id, row.turn_id, row.type, row.timestamp):
@@ -222,13 +213,13 @@ async def update_message(db: AsyncSession, message_id: str, values: dict[str, An
         raise ValueError(f"not updatable: {sorted(unknown)}")
     names = sorted(values)
     statement = f"UPDATE chat_messages SET {', '.join(f'{n} = ?' for n in names)} WHERE id = ?"
-    await (await _driver(db)).execute(statement, [*(values[n] for n in names), message_id])
+    await (await driver(db)).execute(statement, [*(values[n] for n in names), message_id])
 
 
 async def set_message_texts(db: AsyncSession, texts: Sequence[tuple[str, str]]) -> None:
     """(message id, content) pairs: streamed text written behind, in one statement for all of them."""
     if texts:
-        await (await _driver(db)).executemany(
+        await (await driver(db)).executemany(
             "UPDATE chat_messages SET content = ? WHERE id = ?", [(text, mid) for mid, text in texts]
         )
 
@@ -301,8 +292,8 @@ async def turn_messages(db: AsyncSession, turn_id: str) -> list[ChatMessageRow]:
 async def enqueue(db: AsyncSession, row: QueuedMessageRow, new_id: Callable[[], str]) -> None:
     """Stores a message in the waiting line under an id no chat message or waiting message holds (it
     keeps that id when a turn takes it): a taken id is replaced by a fresh one from `new_id`."""
-    driver = await _driver(db)
-    while await driver.execute_fetchall(
+    conn = await driver(db)
+    while await conn.execute_fetchall(
         "SELECT 1 FROM chat_messages WHERE id = ? UNION ALL SELECT 1 FROM queued_messages WHERE id = ?",
         (row.id, row.id),
     ):
@@ -329,79 +320,6 @@ async def dequeue(db: AsyncSession, message_ids: Sequence[str]) -> None:
     await db.exec(delete(QueuedMessageRow).where(col(QueuedMessageRow.id).in_(message_ids)))
 
 
-# --- event log -------------------------------------------------------------------------------------
-
-
-async def last_event_seq(db: AsyncSession, session_id: str) -> int:
-    found = await (await _driver(db)).execute_fetchall(
-        "SELECT max(seq) FROM events WHERE session_id = ?", (session_id,)
-    )
-    return int(found[0][0] or 0) if found else 0
-
-
-_INSERT_EVENTS = "INSERT INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
-
-
-async def insert_events(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
-    await log_events(db, [(r["session_id"], r["seq"], r["type"], r["data"]) for r in rows])
-
-
-async def log_events(db: AsyncSession, params: Sequence[tuple[str, int, str, str]]) -> None:
-    """(session_id, seq, type, data) rows in one executemany: this runs for every event of every stream.
-
-    A plain insert: numbers are taken in the transaction that logs them (streaming.sequencing), so a
-    duplicate is a bug to surface, never a case to ignore."""
-    if params:
-        await (await _driver(db)).executemany(_INSERT_EVENTS, params)
-
-
-async def events_after(db: AsyncSession, session_id: str, after: int, limit: int) -> list[EventRow]:
-    query = (
-        select(EventRow)
-        .where(col(EventRow.session_id) == session_id, col(EventRow.seq) > after)
-        .order_by(col(EventRow.seq))
-        .limit(limit)
-    )
-    return list((await db.exec(query)).all())
-
-
-async def events_between(
-    db: AsyncSession, session_id: str, after: int, before: int
-) -> list[tuple[int, str, str]]:
-    """(seq, type, data) of the session's events with after < seq < before, in order: one read, so one
-    consistent snapshot. Plain tuples from the driver: a resume may replay ten thousand of them."""
-    rows = await (await _driver(db)).execute_fetchall(
-        "SELECT seq, type, data FROM events WHERE session_id = ? AND seq > ? AND seq < ? ORDER BY seq",
-        (session_id, after, before),
-    )
-    return [(int(seq), str(type_), str(data)) for seq, type_, data in rows]
-
-
-async def prune_events(db: AsyncSession, session_id: str, *, keep_after: int) -> None:
-    """Retention: deletes the session's events with seq <= keep_after."""
-    await prune_logs(db, [(session_id, keep_after)])
-
-
-async def prune_logs(db: AsyncSession, cutoffs: Sequence[tuple[str, int]]) -> None:
-    """(session_id, keep_after) pairs: each session's events with seq <= keep_after go."""
-    if cutoffs:
-        await (await _driver(db)).executemany("DELETE FROM events WHERE session_id = ? AND seq <= ?", cutoffs)
-
-
-async def message_deltas(db: AsyncSession, session_id: str, message_id: str) -> list[EventRow]:
-    """The logged text_delta events of one assistant message, in order."""
-    query = (
-        select(EventRow)
-        .where(
-            col(EventRow.session_id) == session_id,
-            col(EventRow.type) == "text_delta",
-            func.json_extract(EventRow.data, "$.id") == message_id,
-        )
-        .order_by(col(EventRow.seq))
-    )
-    return list((await db.exec(query)).all())
-
-
 # --- idempotency keys ------------------------------------------------------------------------------
 
 
@@ -421,43 +339,10 @@ async def reserve_idempotency_key(db: AsyncSession, row: IdempotencyKeyRow, *, e
         )
     )
     values = {c.name: getattr(row, c.name) for c in IdempotencyKeyRow.__table__.columns}  # type: ignore[attr-defined]
-    statement = _insert(db)(IdempotencyKeyRow).values(**values).on_conflict_do_nothing()
+    statement = dialect_insert(db)(IdempotencyKeyRow).values(**values).on_conflict_do_nothing()
     result = await db.exec(statement)
     return bool(result.rowcount)
 
 
-def _insert(db: AsyncSession) -> Any:
-    """The dialect's INSERT, which has ON CONFLICT (SQLite and PostgreSQL alike)."""
-    bind = db.get_bind()
-    return postgresql.insert if bind.dialect.name == "postgresql" else sqlite.insert
-
-
 async def prune_idempotency_keys(db: AsyncSession, *, created_before: float) -> None:
     await db.exec(delete(IdempotencyKeyRow).where(col(IdempotencyKeyRow.created_at) < created_before))
-
-
-async def turn_ends_missing_from_log(db: AsyncSession) -> list[ChatMessageRow]:
-    """Each session's last turn_done row whose event a crash lost: the row commits before its event is
-    logged, so a kill -9 in between keeps the row and loses the event. Turns whose start is no longer in
-    the log (retention) are left alone: their clients resync anyway."""
-    statement = text(
-        """
-        SELECT d.position FROM chat_messages AS d
-        WHERE d.type = 'turn_done'
-          AND d.position = (SELECT max(position) FROM chat_messages
-                            WHERE session_id = d.session_id AND type = 'turn_done')
-          AND EXISTS (SELECT 1 FROM chat_messages AS s JOIN events AS e
-                        ON e.session_id = s.session_id AND e.type = 'turn_start'
-                       AND json_extract(e.data, '$.id') = s.id
-                      WHERE s.turn_id = d.turn_id AND s.type = 'turn_start')
-          AND NOT EXISTS (SELECT 1 FROM events AS e
-                          WHERE e.session_id = d.session_id AND e.type = 'turn_done'
-                            AND json_extract(e.data, '$.id') = d.id)
-        """
-    )
-    connection = await db.connection()
-    positions = [row[0] for row in (await connection.execute(statement)).all()]
-    if not positions:
-        return []
-    query = select(ChatMessageRow).where(col(ChatMessageRow.position).in_(positions))
-    return list((await db.exec(query)).all())

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage import repository
+from app.storage import event_log
 
 
 class SequenceBatch(Protocol):
@@ -67,7 +67,7 @@ class _LocalBatch:
         if last is None:
             last = self._last.get(session_id)
             if last is None:
-                last = await repository.last_event_seq(db, session_id)
+                last = await event_log.last_event_seq(db, session_id)
         self._taken[session_id] = last + count
         return last + 1
 

@@ -30,7 +30,7 @@ from contextlib import asynccontextmanager, suppress
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.protocol.ids import new_message_id
-from app.storage import repository
+from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
 from app.streaming.frames import Draft, Frame, Publisher, json_string
@@ -296,7 +296,7 @@ class WriteBehind:
         if not drafts:
             return []
         events = await self._number(db, numbers, drafts)
-        await repository.log_events(db, [(sid, f.seq, f.type, f.data) for sid, f in events])
+        await event_log.log_events(db, [(sid, f.seq, f.type, f.data) for sid, f in events])
         if self._retention is None:
             return events
         heads: dict[str, int] = {}
@@ -310,7 +310,7 @@ class WriteBehind:
             for sid, head in heads.items()
             if head - retention - pruned_at.get(sid, 0) >= least
         ]
-        await repository.prune_logs(db, cutoffs)
+        await event_log.prune_logs(db, cutoffs)
         # Noted before the commit: a failed batch only makes the next trim cover more.
         for sid, keep_after in cutoffs:
             pruned_at[sid] = keep_after

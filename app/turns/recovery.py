@@ -18,7 +18,7 @@ import logging
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage import repository
+from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
 from app.streaming.writer import WriteBehind
@@ -41,7 +41,7 @@ async def close_open_turns(database: Database, writer: WriteBehind, live: LiveSt
 
     # First, while the log holds only what was logged before the crash.
     async with database.session() as db:
-        lost = await repository.turn_ends_missing_from_log(db)
+        lost = await event_log.turn_ends_missing_from_log(db)
     for done in lost:
         await recorder(done).announce_lost_end(done)
         log.warning("announced the end of turn %s, whose event a crash lost", done.turn_id)
@@ -63,7 +63,7 @@ def _streaming(row: ChatMessageRow) -> bool:
 async def _seen_text(db: AsyncSession, row: ChatMessageRow) -> str:
     """The longer of the flushed text and the logged deltas, when the log holds the message from its start."""
     flushed = row.content or ""
-    deltas = [json.loads(event.data) for event in await repository.message_deltas(db, row.session_id, row.id)]
+    deltas = [json.loads(event.data) for event in await event_log.message_deltas(db, row.session_id, row.id)]
     # Only the first delta of a message carries its timestamp: without it, retention cut the beginning.
     if not deltas or "timestamp" not in deltas[0]:
         return flushed

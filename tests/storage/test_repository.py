@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
 from app.protocol.ids import new_message_id
-from app.storage import repository
+from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
 from tests.support.server import ROOT
@@ -390,24 +390,24 @@ async def test_queued_and_dequeue(database: Database) -> None:
 async def test_events_insert_last_seq_and_replay(database: Database) -> None:
     await add_sessions(database, "s_a", "s_b")
     async with database.session() as db:
-        assert await repository.last_event_seq(db, "s_a") == 0
-        await repository.insert_events(db, [event("s_a", seq, f'{{"n": {seq}}}') for seq in (1, 2, 3, 4)])
-        await repository.insert_events(db, [event("s_b", 1), event("s_b", 2)])
+        assert await event_log.last_event_seq(db, "s_a") == 0
+        await event_log.insert_events(db, [event("s_a", seq, f'{{"n": {seq}}}') for seq in (1, 2, 3, 4)])
+        await event_log.insert_events(db, [event("s_b", 1), event("s_b", 2)])
         await db.commit()
     async with database.session() as db:
-        assert await repository.last_event_seq(db, "s_a") == 4
-        assert await repository.last_event_seq(db, "s_b") == 2
-        assert await repository.last_event_seq(db, "s_nope") == 0
+        assert await event_log.last_event_seq(db, "s_a") == 4
+        assert await event_log.last_event_seq(db, "s_b") == 2
+        assert await event_log.last_event_seq(db, "s_nope") == 0
 
-        replay = await repository.events_after(db, "s_a", 1, 10)
+        replay = await event_log.events_after(db, "s_a", 1, 10)
         assert [(e.seq, e.type, e.data) for e in replay] == [
             (2, "text_delta", '{"n": 2}'),
             (3, "text_delta", '{"n": 3}'),
             (4, "text_delta", '{"n": 4}'),
         ]
-        assert [e.seq for e in await repository.events_after(db, "s_a", 0, 2)] == [1, 2]
-        assert await repository.events_after(db, "s_a", 4, 10) == []
-        assert [e.session_id for e in await repository.events_after(db, "s_b", 0, 10)] == ["s_b", "s_b"]
+        assert [e.seq for e in await event_log.events_after(db, "s_a", 0, 2)] == [1, 2]
+        assert await event_log.events_after(db, "s_a", 4, 10) == []
+        assert [e.session_id for e in await event_log.events_after(db, "s_b", 0, 10)] == ["s_b", "s_b"]
 
 
 async def test_a_number_is_logged_once(database: Database) -> None:
@@ -415,13 +415,13 @@ async def test_a_number_is_logged_once(database: Database) -> None:
     and the log refuses it rather than ignoring it."""
     await add_sessions(database, "s_a")
     async with database.session() as db:
-        await repository.insert_events(db, [event("s_a", 1, '"first"')])
+        await event_log.insert_events(db, [event("s_a", 1, '"first"')])
         await db.commit()
     async with database.session() as db:
         with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
-            await repository.insert_events(db, [event("s_a", 1, '"again"')])
+            await event_log.insert_events(db, [event("s_a", 1, '"again"')])
     async with database.session() as db:
-        assert [(e.seq, e.data) for e in await repository.events_after(db, "s_a", 0, 10)] == [(1, '"first"')]
+        assert [(e.seq, e.data) for e in await event_log.events_after(db, "s_a", 0, 10)] == [(1, '"first"')]
 
 
 async def test_a_batch_with_events_of_a_deleted_session_still_commits(database: Database) -> None:
@@ -431,10 +431,10 @@ async def test_a_batch_with_events_of_a_deleted_session_still_commits(database: 
         assert await repository.delete_session(db, "s_gone")
         await db.commit()
     async with database.session() as db:
-        await repository.insert_events(db, [event("s_a", 1), event("s_gone", 7), event("s_a", 2)])
+        await event_log.insert_events(db, [event("s_a", 1), event("s_gone", 7), event("s_a", 2)])
         await db.commit()
     async with database.session() as db:
-        assert [e.seq for e in await repository.events_after(db, "s_a", 0, 10)] == [1, 2]
+        assert [e.seq for e in await event_log.events_after(db, "s_a", 0, 10)] == [1, 2]
 
 
 # --- deleting a session ----------------------------------------------------------------------------------
@@ -452,7 +452,7 @@ async def test_deleting_a_session_cascades(database: Database) -> None:
         )
         async with database.session() as db:
             await repository.enqueue(db, queued_row(session_id, f"m_q_{session_id}", "later"), new_message_id)
-            await repository.insert_events(db, [event(session_id, 1), event(session_id, 2)])
+            await event_log.insert_events(db, [event(session_id, 1), event(session_id, 2)])
             await db.commit()
     tables: list[type[Any]] = [ChatMessageRow, QueuedMessageRow, EventRow]
     assert [await count(database, t, "s_a") for t in tables] == [2, 1, 2]

@@ -12,7 +12,7 @@ from sqlalchemy import event as sa_event
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage import repository
+from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow
 from app.streaming.frames import Draft, Frame
@@ -219,13 +219,13 @@ async def test_a_transaction_waits_for_a_batch_in_flight_so_frames_stay_in_order
     sink = sink_of(writer)
     sink("s_a", frame(1))
     release = asyncio.Event()
-    original = repository.log_events
+    original = event_log.log_events
 
     async def slow_insert(db: AsyncSession, rows: Sequence[tuple[str, int, str, str]]) -> None:
         await release.wait()
         await original(db, rows)
 
-    monkeypatch.setattr(repository, "log_events", slow_insert)
+    monkeypatch.setattr(event_log, "log_events", slow_insert)
     batch = asyncio.create_task(writer.flush())
     await asyncio.sleep(0.01)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.storage import repository
+from app.storage import event_log, repository
 from app.storage.engine import Database
 from tests.support.client import LONG, new_session, post
 from tests.support.process import ServerProcess
@@ -51,7 +51,7 @@ async def test_kill_9_right_after_the_202s_loses_no_announcement(database_url: s
         for sid in sids:
             async with database.session() as db:
                 rows = await repository.list_messages(db, sid)
-                events = [json.loads(e.data) for e in await repository.events_after(db, sid, 0, 10_000)]
+                events = [json.loads(e.data) for e in await event_log.events_after(db, sid, 0, 10_000)]
             assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
             announced = {(e["type"], e.get("id")) for e in events}
             for row in rows:

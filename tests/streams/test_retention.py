@@ -11,7 +11,7 @@ import pytest
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.settings import Settings
-from app.storage import repository
+from app.storage import event_log
 from tests.support.client import LONG, new_session, post
 from tests.support.server import live_server
 from tests.support.stream import StreamClient, assert_contiguous
@@ -73,7 +73,7 @@ async def test_the_log_keeps_the_newest_events_and_older_positions_resync(
 ) -> None:
     tuned = settings.model_copy(update={"event_retention": RETENTION})
     trims: list[list[tuple[str, int]]] = []
-    prune_logs = repository.prune_logs
+    prune_logs = event_log.prune_logs
 
     async def counted(db: AsyncSession, cutoffs: Sequence[tuple[str, int]]) -> None:
         if cutoffs:
@@ -81,7 +81,7 @@ async def test_the_log_keeps_the_newest_events_and_older_positions_resync(
         await prune_logs(db, cutoffs)
 
     # The server runs in this process (a thread): the write-behind calls the patched function.
-    monkeypatch.setattr(repository, "prune_logs", counted)
+    monkeypatch.setattr(event_log, "prune_logs", counted)
     with live_server(tuned) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
             sid = await new_session(client)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.storage import repository
+from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.frames import Frame
@@ -71,7 +71,7 @@ async def seed(database: Database) -> None:
                 ),
             ],
         )
-        await repository.insert_events(
+        await event_log.insert_events(
             db,
             [
                 event(1, "turn_start", id="m_00000start", turn_id=TURN, timestamp=T0),
@@ -93,7 +93,7 @@ async def test_an_open_turn_is_closed_as_interrupted_with_what_clients_saw(datab
 
     async def log_size() -> int:
         async with database.session() as db:
-            return len(await repository.events_after(db, SID, 0, 100))
+            return len(await event_log.events_after(db, SID, 0, 100))
 
     def deliver(batch: Sequence[tuple[str, Frame]]) -> None:
         delivered.extend(frame for _, frame in batch)
@@ -107,7 +107,7 @@ async def test_an_open_turn_is_closed_as_interrupted_with_what_clients_saw(datab
         assert await log_size() == 8
         async with database.session() as db:
             rows = {r.id: r for r in await repository.list_messages(db, SID)}
-            logged = await repository.events_after(db, SID, 0, 100)
+            logged = await event_log.events_after(db, SID, 0, 100)
         assert await close_open_turns(database, writer, LocalLiveStatus()) == 0  # idempotent: it is closed
     finally:
         await database.dispose()
@@ -151,7 +151,7 @@ async def test_text_whose_first_deltas_were_pruned_keeps_the_flushed_text(databa
     database = Database(database_url)
     await seed(database)
     async with database.session() as db:
-        await repository.prune_events(db, SID, keep_after=3)  # retention took the first delta
+        await event_log.prune_events(db, SID, keep_after=3)  # retention took the first delta
         await db.commit()
     writer = WriteBehind(database)
     try:
@@ -168,12 +168,12 @@ async def _recover(database: Database) -> list[dict[str, Any]]:
     """Runs the startup repair twice (it must be idempotent) and returns the events it logged."""
     writer = WriteBehind(database)
     async with database.session() as db:
-        before = await repository.last_event_seq(db, SID)
+        before = await event_log.last_event_seq(db, SID)
     for _ in range(2):
         await close_open_turns(database, writer, LocalLiveStatus())
         await writer.flush()
     async with database.session() as db:
-        return [json.loads(e.data) for e in await repository.events_after(db, SID, before, 100)]
+        return [json.loads(e.data) for e in await event_log.events_after(db, SID, before, 100)]
 
 
 async def _ended_turn(database: Database, *, log_start: bool) -> None:
@@ -190,7 +190,7 @@ async def _ended_turn(database: Database, *, log_start: bool) -> None:
             ],
         )
         start = [event(1, "turn_start", id="m_00000start", turn_id=TURN, timestamp=T0)] if log_start else []
-        await repository.insert_events(db, [*start, event(len(start) + 1, "agent_status", status="thinking")])
+        await event_log.insert_events(db, [*start, event(len(start) + 1, "agent_status", status="thinking")])
         await db.commit()
 
 

@@ -1,0 +1,111 @@
+"""The event log: every committed event of a session, by number, for replay, retention and recovery.
+SQL only; numbers are taken by streaming.sequencing, in the transaction that logs the events."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, text
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.storage.sql import driver
+from app.storage.tables import ChatMessageRow, EventRow
+
+
+async def last_event_seq(db: AsyncSession, session_id: str) -> int:
+    found = await (await driver(db)).execute_fetchall(
+        "SELECT max(seq) FROM events WHERE session_id = ?", (session_id,)
+    )
+    return int(found[0][0] or 0) if found else 0
+
+
+_INSERT_EVENTS = "INSERT INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
+
+
+async def insert_events(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    await log_events(db, [(r["session_id"], r["seq"], r["type"], r["data"]) for r in rows])
+
+
+async def log_events(db: AsyncSession, params: Sequence[tuple[str, int, str, str]]) -> None:
+    """(session_id, seq, type, data) rows in one executemany: this runs for every event of every stream.
+
+    A plain insert: numbers are taken in the transaction that logs them (streaming.sequencing), so a
+    duplicate is a bug to surface, never a case to ignore."""
+    if params:
+        await (await driver(db)).executemany(_INSERT_EVENTS, params)
+
+
+async def events_after(db: AsyncSession, session_id: str, after: int, limit: int) -> list[EventRow]:
+    query = (
+        select(EventRow)
+        .where(col(EventRow.session_id) == session_id, col(EventRow.seq) > after)
+        .order_by(col(EventRow.seq))
+        .limit(limit)
+    )
+    return list((await db.exec(query)).all())
+
+
+async def events_between(
+    db: AsyncSession, session_id: str, after: int, before: int
+) -> list[tuple[int, str, str]]:
+    """(seq, type, data) of the session's events with after < seq < before, in order: one read, so one
+    consistent snapshot. Plain tuples from the driver: a resume may replay ten thousand of them."""
+    rows = await (await driver(db)).execute_fetchall(
+        "SELECT seq, type, data FROM events WHERE session_id = ? AND seq > ? AND seq < ? ORDER BY seq",
+        (session_id, after, before),
+    )
+    return [(int(seq), str(type_), str(data)) for seq, type_, data in rows]
+
+
+async def prune_events(db: AsyncSession, session_id: str, *, keep_after: int) -> None:
+    """Retention: deletes the session's events with seq <= keep_after."""
+    await prune_logs(db, [(session_id, keep_after)])
+
+
+async def prune_logs(db: AsyncSession, cutoffs: Sequence[tuple[str, int]]) -> None:
+    """(session_id, keep_after) pairs: each session's events with seq <= keep_after go."""
+    if cutoffs:
+        await (await driver(db)).executemany("DELETE FROM events WHERE session_id = ? AND seq <= ?", cutoffs)
+
+
+async def message_deltas(db: AsyncSession, session_id: str, message_id: str) -> list[EventRow]:
+    """The logged text_delta events of one assistant message, in order."""
+    query = (
+        select(EventRow)
+        .where(
+            col(EventRow.session_id) == session_id,
+            col(EventRow.type) == "text_delta",
+            func.json_extract(EventRow.data, "$.id") == message_id,
+        )
+        .order_by(col(EventRow.seq))
+    )
+    return list((await db.exec(query)).all())
+
+
+async def turn_ends_missing_from_log(db: AsyncSession) -> list[ChatMessageRow]:
+    """Each session's last turn_done row whose event a crash lost: the row commits before its event is
+    logged, so a kill -9 in between keeps the row and loses the event. Turns whose start is no longer in
+    the log (retention) are left alone: their clients resync anyway."""
+    statement = text(
+        """
+        SELECT d.position FROM chat_messages AS d
+        WHERE d.type = 'turn_done'
+          AND d.position = (SELECT max(position) FROM chat_messages
+                            WHERE session_id = d.session_id AND type = 'turn_done')
+          AND EXISTS (SELECT 1 FROM chat_messages AS s JOIN events AS e
+                        ON e.session_id = s.session_id AND e.type = 'turn_start'
+                       AND json_extract(e.data, '$.id') = s.id
+                      WHERE s.turn_id = d.turn_id AND s.type = 'turn_start')
+          AND NOT EXISTS (SELECT 1 FROM events AS e
+                          WHERE e.session_id = d.session_id AND e.type = 'turn_done'
+                            AND json_extract(e.data, '$.id') = d.id)
+        """
+    )
+    connection = await db.connection()
+    positions = [row[0] for row in (await connection.execute(statement)).all()]
+    if not positions:
+        return []
+    query = select(ChatMessageRow).where(col(ChatMessageRow.position).in_(positions))
+    return list((await db.exec(query)).all())
