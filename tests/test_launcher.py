@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
 
 from app.main import create_app
 from app.settings import Settings
+from tests.support.keys import EVERY_CHARACTER_KEY, key_pieces_in
 from tests.support.server import ROOT, free_port
 
 pytestmark = pytest.mark.slow
@@ -127,6 +131,89 @@ def test_with_keys_it_serves_beyond_loopback_and_the_access_log_hides_the_access
     assert f"GET /v1/sessions/{sid}/events?after=0&" in logged, logged
     assert "GET /v1/sessions?" in logged, logged
     assert KEY not in logged
+
+
+def _status_of_raw_get(url: str, target: str) -> int:
+    """The status of a GET of `target` sent byte for byte, as curl sends a URL typed on its command line (no
+    percent-encoding); the response, a stream perhaps, is left unread."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as conn:
+        conn.sendall(f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode())
+        received = b""
+        while b"\r\n" not in received:
+            chunk = conn.recv(4096)
+            assert chunk, f"no answer to {target}"
+            received += chunk
+    return int(received.split(b" ", 2)[1])
+
+
+def _until_ready(url: str, log: Path) -> None:
+    """Until the model layer has loaded: litellm then is imported and its own filter is on uvicorn.access."""
+    deadline = time.monotonic() + 120  # litellm's import takes seconds, more on a busy machine
+    while httpx.get(f"{url}/readyz", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, f"the model layer did not load:\n{log.read_text()}"
+        time.sleep(0.1)
+
+
+def test_a_key_of_every_allowed_character_works_in_the_url_and_no_log_line_shows_a_piece_of_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    """As typed (curl), percent-encoded (encodeURIComponent, httpx), under an encoded name: the stream
+    authenticates, and neither the access log nor the error log, with LiteLLM's filter loaded after the
+    service's, shows 6 characters of the key; `after=` and `format=` stay readable."""
+    key = EVERY_CHARACTER_KEY
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps({"bob": [f"bob-key-{'0' * 16}", key[::-1]]}))
+    env = _env(database_url, PARLEY_API_KEYS=f"alice:{key}", PARLEY_API_KEYS_FILE=str(keys_file))
+    log = tmp_path / "every.log"
+    # (parameter name, key as sent, status): bob's key is valid, the session is alice's.
+    sent = [
+        ("access_token", key, 200),
+        ("access_token", quote(key, safe=""), 200),
+        ("access%5Ftoken", key, 200),
+        ("access_token", key[::-1], 404),
+        ("access_token", quote(key[::-1], safe=""), 404),
+    ]
+    with launched(env, "0.0.0.0", log) as url:
+        _until_ready(url, log)
+        created = httpx.post(
+            f"{url}/v1/sessions", json={}, headers={"Authorization": f"Bearer {key}"}, timeout=10
+        )
+        assert created.status_code == 201
+        for name, value, status in sent:
+            target = f"/v1/sessions/{created.json()['id']}/events?after=0&{name}={value}&format=ndjson"
+            assert _status_of_raw_get(url, target) == status, target
+        # Where the key is not taken from the URL: 401, and still no piece of it in the log.
+        assert _status_of_raw_get(url, f"/v1/sessions?access_token={key}&limit=5") == 401
+        # A marker LiteLLM's filter rewrites: its filter is there, and ran on the lines above.
+        httpx.get(f"{url}/healthz", params={"probe_password": "marker-0123456789"}, timeout=10)
+        time.sleep(0.2)  # the access log lines of the streams
+    logged = log.read_text()
+    assert "marker-0123456789" not in logged, f"LiteLLM's filter was not loaded:\n{logged}"
+    assert key_pieces_in(logged, key) == [], logged
+    assert key_pieces_in(logged, key[::-1]) == [], logged
+    streams = [line for line in logged.splitlines() if "/events?" in line]
+    assert len(streams) == len(sent), logged
+    for line in streams:
+        assert "?after=0&" in line and "&format=ndjson HTTP/1.1" in line, line
+    assert "GET /v1/sessions?" in logged and "&limit=5 HTTP/1.1" in logged, logged
+
+
+def test_a_key_that_would_not_travel_unchanged_in_a_url_stops_it_with_the_rule(database_url: str) -> None:
+    key = "launcher-key-+0123456789abcdef"  # `+`, as in standard base64: a space in a URL's query
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "--port", str(free_port())],
+        cwd=ROOT,
+        env=_env(database_url, PARLEY_API_KEYS=f"alice:{KEY},bob:{key}"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith("parley: PARLEY_API_KEYS entry 2: the key of 'bob' must"), line
+    assert "&, #, + or %" in line, line
+    assert key_pieces_in(line, key) == [] and key_pieces_in(line, KEY) == [], line
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,17 @@ from app.settings import Settings
 OPEN_PRINCIPAL = ""
 MIN_KEY_LENGTH = 16
 _PRINCIPAL = re.compile(r"^[A-Za-z0-9._@-]{1,100}$")
-# Printable ASCII without spaces or commas: what an Authorization header and PARLEY_API_KEYS can carry.
-_KEY = re.compile(r"^[\x21-\x2b\x2d-\x7e]+$")
+# A key is printable ASCII, what an Authorization header carries, without the space, the comma
+# (PARLEY_API_KEYS separates its entries with it) or the four characters a URL's query string reads as
+# something else: `&` ends a value, `#` the query, `+` is a space and `%` starts an escape. Any other
+# character reaches the server unchanged in `?access_token=`, percent-encoded or not (curl sends a URL as
+# typed), and the access log hides the value whole (observability/access_log.py).
+_KEY_CHARACTERS = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ",&#+%")
+_KEY = re.compile(f"[{re.escape(_KEY_CHARACTERS)}]+")
+_KEY_RULE = (
+    f"at least {MIN_KEY_LENGTH} printable ASCII characters without spaces, commas, &, #, + or % (a URL's "
+    "query reads those four as something else); `openssl rand -hex 32` makes one"
+)
 
 OPEN_MODE_HELP = (
     "set PARLEY_API_KEYS=principal:key (or PARLEY_API_KEYS_FILE=/path/to/keys.json) to require keys, "
@@ -79,11 +88,8 @@ def load_key_ring(settings: Settings) -> KeyRing:
             raise ConfigError(
                 f"{where}: the principal must be 1 to 100 letters, digits or . _ @ - (got {principal!r})."
             )
-        if len(key) < MIN_KEY_LENGTH or not _KEY.match(key):
-            raise ConfigError(
-                f"{where}: the key of {principal!r} must be at least {MIN_KEY_LENGTH} printable ASCII "
-                "characters without spaces or commas (for instance `openssl rand -hex 32`)."
-            )
+        if len(key) < MIN_KEY_LENGTH or not _KEY.fullmatch(key):
+            raise ConfigError(f"{where}: the key of {principal!r} must be {_KEY_RULE}.")
         digest = _digest(key)
         if seen.setdefault(digest, principal) != principal:
             raise ConfigError(f"{where}: {principal!r} and {seen[digest]!r} have the same key.")
@@ -119,7 +125,8 @@ def _parse_file(path: Path) -> list[tuple[str, str, str]]:
         listed = [keys] if isinstance(keys, str) else keys
         if not isinstance(listed, list) or not all(isinstance(k, str) for k in listed):
             raise ConfigError(f"{where}: the keys of {principal!r} must be a string or a list of strings.")
-        pairs += [(where, principal, key) for key in listed]
+        for n, key in enumerate(listed, start=1):
+            pairs.append((f"{where}, key {n} of {principal!r}" if len(listed) > 1 else where, principal, key))
     return pairs
 
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from pathlib import Path
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import pytest
 
 from app.chat.auth import ConfigError, KeyRing, is_loopback, load_key_ring, open_mode_refusal
 from app.settings import Settings
+from tests.support.keys import ALLOWED, EVERY_CHARACTER_KEY, QUERY_UNSAFE
 
 ALICE = "alice-key-0123456789abcdef"
 BOB = "bob-key-0123456789abcdef00"
+UNSAFE_RULE = "without spaces, commas, &, #, + or %"
 
 
 def ring(api_keys: str = "", keys_file: Path | None = None) -> KeyRing:
@@ -79,6 +83,13 @@ def test_every_configured_key_is_compared_in_constant_time(monkeypatch: pytest.M
         (f"al ice:{ALICE}", "the principal must be"),
         (f":{ALICE}", "the principal must be"),
         ("alice:" + "é" * 20, "printable ASCII"),
+        *(
+            (
+                f"alice:{ALICE[:10]}{c}{ALICE[10:]}",
+                "entry 1: the key of 'alice' must .*" + re.escape(UNSAFE_RULE),
+            )
+            for c in QUERY_UNSAFE
+        ),
     ],
 )
 def test_unusable_keys_are_refused_without_showing_them(api_keys: str, says: str) -> None:
@@ -86,6 +97,39 @@ def test_unusable_keys_are_refused_without_showing_them(api_keys: str, says: str
         ring(api_keys)
     secret = api_keys.partition(":")[2] or api_keys
     assert secret not in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_key_may_hold_every_printable_character_that_travels_unchanged_in_a_url_s_query() -> None:
+    """What `?access_token=` reads, sent as typed (curl does not encode it) or percent-encoded, is the key
+    itself for every character a key may have; for the four refused, sent as typed, it is something else.
+    (The comma, which separates PARLEY_API_KEYS' entries, travels well but is refused all the same.)"""
+
+    def read(target: str) -> str | None:
+        """The access_token of a request target, as the server reads it (Starlette uses parse_qsl)."""
+        return dict(parse_qsl(urlsplit(target).query, keep_blank_values=True)).get("access_token")
+
+    for c in map(chr, range(0x21, 0x7F)):
+        key = f"{ALICE[:10]}{c}{ALICE[10:]}"  # `%` before two hex digits: an escape
+        assert read(f"/e?access_token={quote(key, safe='')}&after=1") == key
+        assert (read(f"/e?access_token={key}&after=1") == key) is (c not in QUERY_UNSAFE), c
+        assert (c in ALLOWED) is (c not in QUERY_UNSAFE + ","), c
+
+
+def test_a_key_of_every_allowed_character_identifies_its_principal(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"bob": [BOB, EVERY_CHARACTER_KEY[::-1]]}))
+    keys = ring(f"alice:{EVERY_CHARACTER_KEY}", keys_file=path)
+    assert keys.identify(EVERY_CHARACTER_KEY) == "alice"
+    assert keys.identify(EVERY_CHARACTER_KEY[::-1]) == "bob"
+
+
+def test_a_refused_key_in_a_file_s_list_is_named_by_its_place(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"bob": [BOB, f"new+{BOB}"]}))
+    with pytest.raises(ConfigError, match=r"keys.json, key 2 of 'bob': the key of 'bob' must") as raised:
+        ring(keys_file=path)
+    assert BOB not in str(raised.value)
 
 
 @pytest.mark.parametrize(
