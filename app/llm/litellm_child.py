@@ -34,7 +34,7 @@ import pydantic
 from app.llm.demo import DEMO_MODEL, PROVIDER
 from app.llm.litellm_import import frozen_afterwards, import_litellm
 from app.llm.litellm_wire import VERSION, Outbox, Peer, encode_error, encode_part
-from app.llm.provider_errors import call_failed, map_error
+from app.llm.provider_errors import call_failed, hidden_failure, map_error
 from app.llm.types import (
     PLACEHOLDER_KEY,
     FinishPart,
@@ -272,12 +272,13 @@ async def read_stream(
                 emit(parts)
             if type(kept) is list and len(kept) >= TRIM_AT:
                 trim_kept_chunks(kept)
+        # LiteLLM ends every stream as if complete: what it hid, if anything.
+        return hidden_failure(response, kwargs.get("model"))
     except Exception as exc:
         return map_error(litellm, exc, streamed=True)
     finally:
         # Without aclose a cancelled or abandoned stream keeps the upstream request open (notes §4).
         await response.aclose()
-    return None
 
 
 # LiteLLM's stream wrapper keeps every chunk it returned (`CustomStreamWrapper.chunks`, ~4 KB and a dozen

@@ -7,6 +7,11 @@ h11 under anyio) took ~85 and LiteLLM's wrapper ~600 (../shared/notes/litellm.md
 machine, 100 streams of 100 chunks at 20 ms). Failures become the `ProviderError`s LiteLLMAdapter would
 give for the same upstream behaviour (provider_errors.py); the upstream's own words go to the log only.
 
+A success status is not taken on trust: the body's opening must read as SSE (an HTML page, an empty body
+or JSON is `provider_bad_response`), and the stream must end with a finish_reason or `[DONE]` (else
+`provider_stream_interrupted`); a read that waits longer than the timeout is `provider_timeout`, mid-stream
+as before the headers. Both checks run once per stream, at its start and its end, never per chunk.
+
 Closing or cancelling the stream closes the HTTP response at once: an unfinished response never goes
 back to the pool, its connection is closed, so the upstream sees the disconnect within milliseconds.
 """
@@ -14,15 +19,16 @@ back to the pool, its connection is closed, so the upstream sees the disconnect 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 
-from app.llm.provider_errors import from_status, provider_error
+from app.llm.provider_errors import ended_unfinished, from_status, not_a_stream, provider_error
 from app.llm.routing import Endpoint
 from app.llm.types import (
     FinishPart,
@@ -42,6 +48,11 @@ _LOGGED_CHARS = 2000
 # After [DONE] only the end of the chunked body should follow; reading it lets the connection be reused.
 _DRAIN_SECONDS = 0.25
 _MAX_LINE = 4 * 1024 * 1024  # one event; a stream that never ends its line is not a chat completion
+# The body's opening, read before any of it is parsed: up to its first line that is neither blank nor a
+# comment (the first event's, in a stream), or this many bytes. An HTML page shows itself within it.
+_OPENING = 1024
+_SHOWN = 200  # of the opening, at most this many bytes in a log line
+_SSE_FIELDS = frozenset({b"data", b"event", b"id", b"retry"})
 
 
 def new_http_client() -> aiohttp.ClientSession:
@@ -68,20 +79,7 @@ class OpenAICompatAdapter:
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
         endpoint = self._endpoint
-        if endpoint.api_key is None:
-            raise provider_error("provider_auth_missing")
-        body = endpoint.prepare(request.messages, request.tools)
-        # Per read, like LiteLLM's `timeout=`: connecting, the headers, then every gap between chunks.
-        timeout = aiohttp.ClientTimeout(total=None, connect=request.timeout, sock_read=request.timeout)
-        try:
-            response = await self._client.post(
-                endpoint.url,
-                data=json.dumps(body, separators=(",", ":")).encode(),
-                headers=endpoint.headers,
-                timeout=timeout,
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _before_response(exc, endpoint) from exc
+        response = await self._send(request)
         reusable = False
         try:
             if response.status >= 300:
@@ -89,21 +87,23 @@ class OpenAICompatAdapter:
             sse = SSEReader(endpoint.finish_reason)
             chunks = response.content.iter_any()
             try:
-                async for data in chunks:
-                    parts = sse.feed(data)
-                    for part in parts:
-                        yield part
-                    if sse.done:
-                        break
+                opening, ended = await _opening(chunks)
+                _check_opening(opening, ended, response, endpoint)
+                for part in sse.feed(opening):
+                    yield part
+                if not ended and not sse.done:
+                    async for data in chunks:
+                        parts = sse.feed(data)
+                        for part in parts:
+                            yield part
+                        if sse.done:
+                            break
                 if sse.done:
-                    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                        async with asyncio.timeout(_DRAIN_SECONDS):
-                            async for _ in chunks:
-                                pass
-                            reusable = True
+                    reusable = await _drained(chunks)
             except (aiohttp.ClientError, TimeoutError) as exc:
-                log.warning("the stream of %s broke off: %r", endpoint.model, exc)
-                raise provider_error("provider_stream_interrupted") from exc
+                raise _read_failed(exc, endpoint, request.timeout) from exc
+            if not sse.done and not sse.finished:
+                raise _ended_unfinished(opening, response, endpoint)
             yield sse.finish()
         finally:
             if reusable:
@@ -112,6 +112,108 @@ class OpenAICompatAdapter:
                 # Cut short (a stop, an error, a body that did not end): the connection is closed now,
                 # so the upstream sees the client go and stops generating.
                 response.close()
+
+    async def _send(self, request: ModelRequest) -> aiohttp.ClientResponse:
+        """The request, up to the answer's headers."""
+        endpoint = self._endpoint
+        if endpoint.api_key is None:
+            raise provider_error("provider_auth_missing")
+        body = endpoint.prepare(request.messages, request.tools)
+        # Per read, like LiteLLM's `timeout=`: connecting, the headers, then every gap between chunks.
+        timeout = aiohttp.ClientTimeout(total=None, connect=request.timeout, sock_read=request.timeout)
+        try:
+            return await self._client.post(
+                endpoint.url,
+                data=json.dumps(body, separators=(",", ":")).encode(),
+                headers=endpoint.headers,
+                timeout=timeout,
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _before_response(exc, endpoint) from exc
+
+
+async def _drained(chunks: AsyncIterator[bytes]) -> bool:
+    """Reads what follows [DONE] (only the end of the chunked body should): whether the body ended, so
+    the connection can be reused."""
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            async for _ in chunks:
+                pass
+            return True
+    return False
+
+
+def _read_failed(
+    exc: aiohttp.ClientError | TimeoutError, endpoint: Endpoint, timeout: float
+) -> ProviderError:
+    """A read of the body that failed: one that waited longer than `timeout` (aiohttp's read timeout is a
+    TimeoutError too), or a connection that broke."""
+    if isinstance(exc, TimeoutError):
+        log.warning("the stream of %s stalled: no byte for %s s", endpoint.model, timeout)
+        return provider_error("provider_timeout")
+    log.warning("the stream of %s broke off: %r", endpoint.model, exc)
+    return provider_error("provider_stream_interrupted")
+
+
+def _ended_unfinished(opening: bytes, response: aiohttp.ClientResponse, endpoint: Endpoint) -> ProviderError:
+    log.warning(
+        "the stream of %s from %s ended with neither a finish_reason nor [DONE] (HTTP %s, %s): it began %r",
+        endpoint.model,
+        endpoint.url,
+        response.status,
+        response.headers.get("content-type"),
+        opening[:_SHOWN],
+    )
+    return ended_unfinished()
+
+
+async def _opening(chunks: AsyncIterator[bytes]) -> tuple[bytes, bool]:
+    """The body's first bytes, read until they show what the body is (see `_OPENING`); and whether the
+    body ended there."""
+    opening = b""
+    async for data in chunks:
+        opening += data
+        if len(opening) >= _OPENING or _first_line(opening, whole=False) is not None:
+            return opening, False
+    return opening, True
+
+
+def _first_line(opening: bytes, *, whole: bool) -> bytes | None:
+    """The opening's first line that is neither blank nor a comment; its unfinished last line counts only
+    when `whole`."""
+    lines = opening.removeprefix(codecs.BOM_UTF8).split(b"\n")
+    if not whole:
+        lines.pop()
+    for line in lines:
+        line = line.strip()
+        if line and not line.startswith(b":"):
+            return line
+    return None
+
+
+def _check_opening(opening: bytes, ended: bool, response: aiohttp.ClientResponse, endpoint: Endpoint) -> None:
+    """Raises `provider_bad_response` unless the opening reads as SSE: its first line a field of one, or
+    only comments so far. Judged on the body, not the Content-Type: a stream labelled otherwise is read."""
+    line = _first_line(opening, whole=ended or len(opening) >= _OPENING)
+    if line is None and not ended:
+        return  # comments only (a provider keeping the connection alive): the stream goes on
+    if line is not None and line.split(b":", 1)[0] in _SSE_FIELDS:
+        return
+    content_type = response.headers.get("content-type")
+    log.warning(
+        "%s answered HTTP %s with %s for %s, not a completion stream: %r",
+        endpoint.url,
+        response.status,
+        content_type or "no content type",
+        endpoint.model,
+        opening[:_SHOWN],
+    )
+    raise not_a_stream(
+        content_type,
+        empty=not opening.strip(),
+        html=line is not None and line.startswith(b"<"),
+        status=response.status,
+    )
 
 
 class SSEReader:
@@ -149,6 +251,11 @@ class SSEReader:
             if payload:
                 self._event(payload, parts)
         return parts
+
+    @property
+    def finished(self) -> bool:
+        """Whether the provider sent a finish_reason (read once, at the stream's end)."""
+        return self._finish is not None
 
     def finish(self) -> FinishPart:
         """The finish reason, once the stream is over: as LiteLLM reports it ("stop" with tool calls is

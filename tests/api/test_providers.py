@@ -3,14 +3,16 @@
 Every test runs twice: with `stream_adapter="auto"` ("openai/..." models take the lean OpenAI-compatible
 reader, LiteLLM still resolving them) and with `"litellm"` (LiteLLM's own stream, in its child process).
 Both must give the same events, the same error codes and the same retries. Covers text with usage,
-fragmented parallel tool calls, provider errors (with retries only before any output), streams cut or
-failing mid-way, timeouts, and a model calling a tool that does not exist. Every request the upstream
-receives is checked against the strict (Anthropic-like) history rules.
+fragmented parallel tool calls, provider errors (with retries only before any output), streams cut,
+failing, ending unfinished or stalling mid-way, answers with a success status that are no completion
+stream (HTML, empty bodies), timeouts, and a model calling a tool that does not exist. Every request the
+upstream receives is checked against the strict (Anthropic-like) history rules.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -32,6 +34,8 @@ pytestmark = pytest.mark.anyio
 
 MODEL = "openai/fake-model"
 LEAN_USER_AGENT = "parley"
+# What a proxy or a misconfigured base URL answers instead of a completion.
+HTML_PAGE = "<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head>\n<body>nginx</body></html>\n"
 
 
 @pytest.fixture
@@ -271,25 +275,96 @@ async def test_retry_before_output_recovers(server: LiveServer, upstream: FakeUp
     assert "".join(d["text"] for d in reader.of_type("text_delta")) == "Recovered."
 
 
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(Script.cut("one two three four five six", after=3, chunks=6), id="cut"),
+        # The body ends as a complete one would, but with neither a finish_reason nor [DONE].
+        pytest.param(Script.text("one two three four five six", chunks=6, end_after=3), id="ended-early"),
+    ],
+)
 async def test_stream_cut_midway_keeps_partial_text_and_is_not_retried(
-    server: LiveServer, upstream: FakeUpstream
+    server: LiveServer, upstream: FakeUpstream, script: Script
 ) -> None:
-    upstream.enqueue(Script.cut("one two three four five six", after=3, chunks=6))
+    upstream.enqueue(script)
     sid, reader = await _turn(server, "hi")
     assert len(upstream.requests) == 1
-    assert reader.of_type("error")[0]["code"] == "provider_stream_interrupted"
+    error = reader.of_type("error")[0]
+    assert error["code"] == "provider_stream_interrupted"
     assert reader.of_type("turn_done")[0]["status"] == "failed"
     streamed = "".join(d["text"] for d in reader.of_type("text_delta"))
+    assert streamed
     history = await _history(server, sid)
+    assert [m["type"] for m in history] == ["turn_start", "text", "text", "error", "turn_done"]
     partial = next(m for m in history if m["type"] == "text" and m["role"] == "assistant")
     assert partial["content"] == streamed
     assert partial["interrupted"] is True
+    assert history[3]["content"] == error["message"]
 
     upstream.enqueue(Script.text("Fine now."))
-    await _post(server, sid, "again")
+    again = await _post(server, sid, "again")
+    assert again.of_type("turn_done")[0]["status"] == "completed"
     seen = upstream.requests[-1].body["messages"]
     assert seen[1] == {"role": "assistant", "content": f"{streamed}\n\n[interrupted]"}
     _assert_strictly_valid(upstream)
+
+
+@pytest.mark.parametrize(
+    ("script", "says"),
+    [
+        pytest.param(Script.raw(HTML_PAGE), "HTML (text/html)", id="html"),
+        pytest.param(Script(sse_body=HTML_PAGE), "", id="html-as-event-stream"),
+        pytest.param(Script.raw("", content_type="application/json"), "an empty body", id="empty"),
+        pytest.param(Script(sse_body=""), "an empty body", id="empty-event-stream"),
+        pytest.param(
+            Script.raw('{"object": "list"}', content_type="application/json"), "application/json", id="json"
+        ),
+    ],
+)
+async def test_an_answer_that_is_no_completion_stream_is_a_provider_error(
+    server: LiveServer,
+    upstream: FakeUpstream,
+    caplog: pytest.LogCaptureFixture,
+    script: Script,
+    says: str,
+) -> None:
+    """A 200 that carries no completion (a proxy's HTML page, an empty body, HTML sent as an event stream)
+    fails the turn with a message saying what came back, and a log line showing it; nothing was
+    streamed, so it is retried first."""
+    upstream.enqueue(*([script] * 3))
+    with caplog.at_level(logging.WARNING):
+        sid, reader = await _turn(server, "hi")
+    assert len(upstream.requests) == 3
+    assert reader.of_type("text_delta") == []
+    error = reader.of_type("error")[0]
+    assert error["code"] == "provider_bad_response"
+    assert says in error["message"]
+    assert reader.of_type("turn_done")[0]["status"] == "failed"
+    history = await _history(server, sid)
+    assert [m["type"] for m in history] == ["turn_start", "text", "error", "turn_done"]
+    assert (history[2]["code"], history[2]["content"]) == ("provider_bad_response", error["message"])
+    logged = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "200" in r.getMessage()
+    ]
+    assert logged, [r.getMessage() for r in caplog.records]
+    assert all("sk-test" not in line for line in caplog.messages)
+
+    upstream.enqueue(Script.text("Back to normal."))
+    again = await _post(server, sid, "again")
+    assert again.of_type("turn_done")[0]["status"] == "completed"
+    assert "".join(d["text"] for d in again.of_type("text_delta")) == "Back to normal."
+    _assert_strictly_valid(upstream)
+
+
+async def test_a_stream_with_a_finish_reason_but_no_done_completes(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    # The role chunk, three pieces, the finish chunk; then the body ends.
+    upstream.enqueue(Script.text("one two three", chunks=3, usage=None, end_after=5))
+    _, reader = await _turn(server, "hi")
+    assert reader.of_type("error") == []
+    assert reader.of_type("turn_done")[0]["status"] == "completed"
+    assert "".join(d["text"] for d in reader.of_type("text_delta")) == "one two three"
 
 
 @pytest.fixture
@@ -300,20 +375,45 @@ def impatient_server(configured: Settings) -> Iterator[LiveServer]:
 
 
 @pytest.mark.parametrize(
-    ("script", "code", "requests"),
+    ("script", "requests"),
     [
-        (Script.hang(3), "provider_timeout", 3),  # no answer at all: retried
-        (Script.text("one two three", chunks=3, delay=1.5), "provider_stream_interrupted", 1),
+        pytest.param(Script.hang(3), 3, id="no-headers"),  # no answer at all: retried
+        # The headers and the role chunk, then nothing for longer than the timeout: nothing was streamed,
+        # so retried like no answer at all.
+        pytest.param(Script.text("one two three", chunks=3, delay=1.5), 3, id="stall-before-text"),
+        pytest.param(Script.text("one two three", chunks=3, stall_after=1), 3, id="silent-before-text"),
     ],
 )
 async def test_a_read_that_waits_too_long_fails_the_turn(
-    impatient_server: LiveServer, upstream: FakeUpstream, script: Script, code: str, requests: int
+    impatient_server: LiveServer, upstream: FakeUpstream, script: Script, requests: int
 ) -> None:
     upstream.enqueue(*([script] * requests))
     _, reader = await _turn(impatient_server, "hi")
-    assert reader.of_type("error")[0]["code"] == code
+    assert reader.of_type("error")[0]["code"] == "provider_timeout"
     assert len(upstream.requests) == requests
     assert all(r.disconnected for r in upstream.requests)
+
+
+async def test_a_stall_mid_stream_is_a_timeout_that_keeps_the_partial_text(
+    impatient_server: LiveServer, upstream: FakeUpstream
+) -> None:
+    upstream.enqueue(Script.text("one two three four", chunks=4, stall_after=3))  # role chunk and two pieces
+    sid, reader = await _turn(impatient_server, "hi")
+    [request] = upstream.requests  # text reached the client: not retried
+    assert request.disconnected
+    assert reader.of_type("error")[0]["code"] == "provider_timeout"
+    assert reader.of_type("turn_done")[0]["status"] == "failed"
+    streamed = "".join(d["text"] for d in reader.of_type("text_delta"))
+    assert streamed and "one two three four".startswith(streamed)
+    history = await _history(impatient_server, sid)
+    partial = [m for m in history if m["type"] == "text" and m["role"] == "assistant"]
+    assert [(m["content"], m["interrupted"]) for m in partial] == [(streamed, True)]
+
+    upstream.enqueue(Script.text("Fine now."))
+    again = await _post(impatient_server, sid, "again")
+    assert again.of_type("turn_done")[0]["status"] == "completed"
+    assert upstream.requests[-1].body["messages"][1]["content"] == f"{streamed}\n\n[interrupted]"
+    _assert_strictly_valid(upstream)
 
 
 async def test_the_timeout_bounds_each_read_not_the_whole_stream(

@@ -31,6 +31,7 @@ class Answer:
     delay: float = 0.0
     wait: float = 0.0
     keep_alive: bool = True  # False: the connection closes after `last`
+    hold: bool = False  # after `last` the answer neither ends nor closes: silence until the client leaves
     cut: bool = False  # ...and that close is the script's own cut, mid-body
     first_events: int = 0
     paced_events: int = 0
@@ -59,13 +60,19 @@ def stream(script: Script, *, model: str, include_usage: bool, completion_id: st
     complete = script.cut_after is None
     if not complete:
         events = events[: script.cut_after]
+    if script.end_after is not None:
+        events = events[: script.end_after]
+    held = script.stall_after is not None
+    if script.stall_after is not None:
+        events = events[: script.stall_after]
     answer = Answer(
         200,
         http11.STREAM_HEAD,
         delay=script.delay,
         wait=script.hang_before_headers,
-        keep_alive=complete,
+        keep_alive=complete and not held,
         cut=not complete,
+        hold=held,
     )
     if script.sse_body is not None or script.trickle:
         _trickle(answer, script, events)
@@ -81,7 +88,7 @@ def stream(script: Script, *, model: str, include_usage: bool, completion_id: st
         # An `error_after` event may stand where a content chunk was due: paced, but not content.
         errored = script.error_after is not None and script.error_after <= paced
         answer.content = paced - errored
-    if complete:
+    if complete and not held:
         answer.last += http11.LAST_CHUNK
     return answer
 

@@ -167,7 +167,8 @@ class Sending:
             if answer.last:
                 self.send(answer.last)
             record.chunks_sent += answer.last_events
-            self._end()
+            if not answer.hold:  # held: `abort` ends it, when the client leaves
+                self._end()
             return
         wait = self.start_at + (n + 1) * answer.delay - time.monotonic()
         if wait > 0:

@@ -1,9 +1,9 @@
 """What the fake upstream answers: the `Script` dataclass and the OpenAI wire shapes built from it.
 
-Owns the scripting model (text pieces, fragmented tool calls, pacing, usage, HTTP errors, cuts, hangs,
-byte-level framing), its JSON form (used by the `/_control/scripts` endpoint), and the exact chunk /
-completion / error bodies OpenAI's chat-completions API sends. Nothing here does I/O: `answer.py` turns
-a script into the bytes to write and when, `connection.py` writes them.
+Owns the scripting model (text pieces, fragmented tool calls, pacing, usage, HTTP errors, cuts, early
+ends, stalls, hangs, raw bodies, byte-level framing), its JSON form (used by the `/_control/scripts`
+endpoint), and the exact chunk / completion / error bodies OpenAI's chat-completions API sends. Nothing
+here does I/O: `answer.py` turns a script into the bytes to write and when, `connection.py` writes them.
 """
 
 from __future__ import annotations
@@ -120,6 +120,10 @@ class Script:
     `hang_before_headers` is waited before anything is sent.
     `error_after` replaces everything after that many events with one OpenAI-style `{"error": ...}` event
     (what OpenAI sends when generation fails mid-stream); the body then ends normally, without `[DONE]`.
+    `end_after` ends the body cleanly (its terminating zero-length chunk) after that many events, the role
+    chunk included: a stream that stops with neither a finish_reason nor `[DONE]`.
+    `stall_after` sends that many events, then nothing: the response neither ends nor closes until the
+    client leaves (a provider that stalls mid-stream).
     `sse_body` replaces the events with this exact SSE text (comments, other fields, CRLF: what a reader
     must also accept). `trickle` writes the body in HTTP chunks of that many bytes, each chunk in two TCP
     writes, `delay` apart: a reader must join events across chunks and chunks across reads.
@@ -137,6 +141,8 @@ class Script:
     cut_after: int | None = None
     error_after: int | None = None
     hang_before_headers: float = 0.0
+    end_after: int | None = None
+    stall_after: int | None = None
     sse_body: str | None = None
     trickle: int | None = None
     strict: bool | None = None
@@ -221,6 +227,14 @@ class Script:
         cls, text: str = DEFAULT_REPLY, *, after: int = 2, chunks: int = 5, delay: float = 0.0, **extra: Any
     ) -> Script:
         return cls(text_pieces=split_evenly(text, chunks), cut_after=after, delay=delay, **extra)
+
+    @classmethod
+    def raw(
+        cls, body: str, *, status: int = 200, content_type: str = "text/html; charset=utf-8", **extra: Any
+    ) -> Script:
+        """A whole answer of this exact body and content-type (with a Content-Length), whatever was asked:
+        what a proxy's error page, a captive portal or a misconfigured base URL sends."""
+        return cls(http_error=HttpError(status, body, {"content-type": content_type}), **extra)
 
     @classmethod
     def hang(cls, seconds: float, **extra: Any) -> Script:

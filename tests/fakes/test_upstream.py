@@ -462,6 +462,8 @@ def test_script_json_round_trip() -> None:
         Script.error(429),
         Script.cut("abc", after=1),
         Script.context_length_exceeded(),
+        Script.raw("<html></html>"),
+        Script.text("abc", end_after=2, stall_after=3),
     ):
         assert Script.from_json(json.loads(json.dumps(script.to_json()))) == script
 

@@ -1,6 +1,7 @@
 """The lean OpenAI-compatible reader's own edges: SSE parsing (pieces of any size, comments, blank lines,
 `[DONE]`, error events), cut streams, closing the connection at once on close or cancel, and reusing it
-only after a complete response.
+only after a complete response; answers that are no completion stream (HTML, empty bodies), streams that
+end without finishing and streams that stall.
 
 The adapter comes from the real model layer (LiteLLM resolves the model) and talks real HTTP to the
 fake upstream (tests/fakes), which can also write a given SSE body in small TCP pieces.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -281,3 +283,146 @@ async def test_an_error_answer_never_shows_the_upstreams_words(
         False,
     )
     assert "secret" not in caught.value.message
+
+
+# --- answers that are no completion stream -----------------------------------------------------------------
+
+HTML_PAGE = "<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head>\n<body>nginx</body></html>\n"
+
+
+@pytest.mark.parametrize(
+    ("script", "message", "logged"),
+    [
+        pytest.param(
+            Script.raw(HTML_PAGE),
+            "The model provider answered with HTML (text/html), not a completion stream.",
+            ["text/html", "502 Bad Gateway"],
+            id="html",
+        ),
+        pytest.param(
+            Script(sse_body=HTML_PAGE),
+            "The model provider answered with HTML (text/event-stream), not a completion stream.",
+            ["text/event-stream", "502 Bad Gateway"],
+            id="html-as-event-stream",
+        ),
+        pytest.param(
+            Script.raw("<html>" + "x" * 10_000 + "</html>"),  # one long line: judged on its opening
+            "The model provider answered with HTML (text/html), not a completion stream.",
+            ["text/html", "<html>xxx"],
+            id="html-one-long-line",
+        ),
+        pytest.param(
+            Script.raw("", content_type="application/json"),
+            "The model provider answered with an empty body, not a completion stream.",
+            ["application/json", "b''"],
+            id="empty",
+        ),
+        pytest.param(
+            Script(sse_body=""),
+            "The model provider answered with an empty body, not a completion stream.",
+            ["text/event-stream"],
+            id="empty-event-stream",
+        ),
+        pytest.param(
+            Script(sse_body=": keep-alive\n\n: keep-alive\n\n"),
+            "The model provider's event stream held no completion events.",
+            ["keep-alive"],
+            id="comments-only",
+        ),
+        pytest.param(
+            Script.raw('{"id": "chatcmpl-1", "object": "chat.completion"}', content_type="application/json"),
+            "The model provider answered with application/json, not a completion stream.",
+            ["application/json", "chat.completion"],
+            id="json",
+        ),
+        pytest.param(
+            Script.raw("nonsense", content_type="text/<script>alert(1)</script>"),
+            "The model provider answered with an unusual content type, not a completion stream.",
+            ["nonsense"],
+            id="odd-content-type",
+        ),
+    ],
+)
+async def test_an_answer_that_is_no_stream_is_a_bad_response(
+    tmp_path: Path,
+    upstream: FakeUpstream,
+    caplog: pytest.LogCaptureFixture,
+    script: Script,
+    message: str,
+    logged: list[str],
+) -> None:
+    upstream.enqueue(script)
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+        received: list[StreamPart] = []
+        with caplog.at_level(logging.WARNING, logger="app.llm"), pytest.raises(ProviderError) as caught:
+            await _read_into(adapter.stream(_request()), received)
+    assert received == []
+    error = caught.value
+    assert (error.code, error.message, error.status, error.retryable) == (
+        "provider_bad_response",
+        message,
+        200,
+        True,
+    )
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "200" in line
+    for shown in logged:
+        assert shown in line
+    assert "sk-edge" not in line
+    assert len(line) < 1000  # the opening, cut short
+
+
+async def test_a_stream_labelled_with_another_content_type_is_still_read(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    wire = _wire(Script.text("one two three", chunks=3, usage=(3, 3)))
+    upstream.enqueue(Script.raw(wire.decode(), content_type="text/plain"))
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+        parts = [part async for part in adapter.stream(_request())]
+    assert _summary(parts) == ("one two three", {}, "stop", (3, 3, 6))
+
+
+@pytest.mark.parametrize("after", [1, 3], ids=["role-chunk-only", "after-text"])
+async def test_a_stream_that_ends_without_finishing_keeps_what_came_then_fails(
+    tmp_path: Path, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture, after: int
+) -> None:
+    upstream.enqueue(Script.text("one two three four", chunks=4, end_after=after))
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+        received: list[StreamPart] = []
+        with caplog.at_level(logging.WARNING, logger="app.llm"), pytest.raises(ProviderError) as caught:
+            await _read_into(adapter.stream(_request()), received)
+    error = caught.value
+    assert (error.code, error.retryable) == ("provider_stream_interrupted", False)
+    assert error.message == "The model provider's stream ended before the provider finished the response."
+    streamed = "".join(p.text for p in received if isinstance(p, TextPart))
+    assert "one two three four".startswith(streamed)
+    assert bool(streamed) is (after > 1)
+    assert not any(isinstance(p, FinishPart) for p in received)
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "neither a finish_reason nor [DONE]" in line
+
+
+async def test_a_finish_reason_without_done_is_a_complete_stream(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    upstream.enqueue(Script.text("one two", chunks=2, usage=None, end_after=4))  # role, two pieces, finish
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+        parts = [part async for part in adapter.stream(_request())]
+    assert _summary(parts) == ("one two", {}, "stop", None)
+
+
+@pytest.mark.parametrize("after", [1, 3], ids=["before-text", "after-text"])
+async def test_a_stall_mid_stream_is_a_timeout(
+    tmp_path: Path, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture, after: int
+) -> None:
+    upstream.enqueue(Script.text("one two three four", chunks=4, stall_after=after))
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+        received: list[StreamPart] = []
+        with caplog.at_level(logging.WARNING, logger="app.llm"), pytest.raises(ProviderError) as caught:
+            await _read_into(adapter.stream(_request(timeout=0.3)), received)
+        request = await upstream.await_disconnect(within=5.0)
+    assert (caught.value.code, caught.value.retryable) == ("provider_timeout", True)
+    assert bool([p for p in received if isinstance(p, TextPart)]) is (after > 1)
+    assert request.disconnected
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "0.3" in line
