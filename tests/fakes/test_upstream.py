@@ -327,6 +327,51 @@ def test_wire_error_event_mid_stream(upstream: FakeUpstream) -> None:
     assert len(events) == 3
 
 
+def test_wire_end_after_ends_the_body_cleanly_without_finishing(upstream: FakeUpstream) -> None:
+    upstream.enqueue(Script.text("one two three", chunks=3, end_after=2))
+    body = {"model": "m", "messages": USER, "stream": True}
+    with httpx.Client(base_url=upstream.base_url) as client:
+        resp = client.post("/chat/completions", json=body)  # a complete chunked body
+    events = _events(resp.text, done=False)
+    assert [e["choices"][0]["delta"].get("content") for e in events] == ["", "one t"]
+    assert all(e["choices"][0]["finish_reason"] is None for e in events)
+    [rec] = upstream.requests
+    assert (rec.cut, rec.disconnected, rec.chunks_sent) == (False, False, 2)
+
+
+def test_wire_stall_after_holds_the_connection_silent_until_the_client_leaves(upstream: FakeUpstream) -> None:
+    upstream.enqueue(Script.text("one two three", chunks=3, stall_after=2))
+    body = {"model": "m", "messages": USER, "stream": True}
+    received: list[bytes] = []
+    with (
+        httpx.Client(base_url=upstream.base_url, timeout=httpx.Timeout(5, read=0.3)) as client,
+        client.stream("POST", "/chat/completions", json=body) as resp,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        received.extend(resp.iter_bytes())  # until nothing comes for 0.3 s
+    contents = [
+        e["choices"][0]["delta"].get("content") for e in _events(b"".join(received).decode(), done=False)
+    ]
+    assert contents == ["", "one t"]
+    rec = upstream.wait_for_disconnect()
+    assert (rec.cut, rec.chunks_sent) == (False, 2)
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [("<html>Bad Gateway</html>", "text/html; charset=utf-8"), ("", "application/json")],
+)
+def test_raw_answers_this_body_whatever_was_asked(
+    upstream: FakeUpstream, body: str, content_type: str
+) -> None:
+    upstream.enqueue(Script.raw(body, content_type=content_type))
+    request = {"model": "m", "messages": USER, "stream": True}
+    with httpx.Client(base_url=upstream.base_url) as client:
+        resp = client.post("/chat/completions", json=request)
+    assert (resp.status_code, resp.text, resp.headers["content-type"]) == (200, body, content_type)
+    assert resp.headers["content-length"] == str(len(body))
+
+
 def test_a_directive_names_the_answer_and_tags_the_request(upstream: FakeUpstream) -> None:
     def ask(tag: str) -> list[Any]:
         messages = [*USER, {"role": "assistant", "content": "Sure."}]
