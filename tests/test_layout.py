@@ -1,5 +1,7 @@
 """The code's shape, held by a machine: every module of app/ stays under about 400 lines and every
-function under about 60 (STYLE.md: past that a module or a function is usually two things)."""
+function under about 60 (STYLE.md: past that a module or a function is usually two things), and every
+module of app/ has a test module that imports it (tests mirror app/: a module reached only through
+others is tested only as far as they happen to use it)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,26 @@ import ast
 from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "app"
+TESTS = APP.parent / "tests"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
+
+_OVER_HTTP = "exercised over HTTP by tests/api"
+# The modules no test module imports, each for its reason.
+NOT_IMPORTED = {
+    "app.__main__": "the launcher: tests/test_launcher*.py run it as a process",
+    "app.chat.errors": "only declares error classes",
+    "app.api.debug": _OVER_HTTP,
+    "app.api.health": _OVER_HTTP,
+    "app.api.messages": _OVER_HTTP,
+    "app.api.responses": _OVER_HTTP,
+    "app.api.sessions": _OVER_HTTP,
+    "app.api.turns": _OVER_HTTP,
+    "app.api.waiting": _OVER_HTTP,
+    "app.llm.litellm_zygote": "a process of its own (python -m): tests/llm/test_litellm_process.py starts it",
+    "app.llm.lazy_encoding": "it acts before litellm's import: tests/llm/test_gateway.py runs it in a fresh "
+    "interpreter",
+}
 
 
 def _modules() -> list[Path]:
@@ -33,3 +53,27 @@ def test_no_function_is_over_60_lines() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     long[f"{path.relative_to(APP.parent)}:{node.lineno} {node.name}"] = lines
     assert long == {}
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(APP.parent).with_suffix("").parts)
+
+
+def _imported_by_tests() -> set[str]:
+    """Every module a test module names in an import: `import X`, `from X import y` (X, and X.y in case y
+    is a module)."""
+    names: set[str] = set()
+    for path in TESTS.rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_every_app_module_is_imported_by_a_test() -> None:
+    modules = {_module_name(path) for path in _modules() if path.name != "__init__.py"}
+    assert set(NOT_IMPORTED) - modules == set()  # no reason outlives its module
+    assert sorted(modules - set(NOT_IMPORTED) - _imported_by_tests()) == []

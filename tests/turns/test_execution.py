@@ -1,0 +1,168 @@
+"""One turn's execution (app.turns.execution.run_turn): a turn whose preparation fails or is stopped before
+its recorder takes charge is still closed, exactly once, by a real TurnRecorder over a real WriteBehind on
+a real migrated SQLite file.
+
+`AgentFactory.prepare` is exercised only up to the model layer: resolving even the demo model waits for
+litellm to load (ModelGateway.ready), so here a gateway that was never started stands for a model layer
+still loading, and the turn waits in its preparation. A completed turn runs end to end in tests/api.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from app.llm.gateway import ModelGateway
+from app.protocol.schemas import QueuedMessage
+from app.settings import DEMO_MODEL, Settings
+from app.storage import event_log, repository
+from app.storage.engine import Database
+from app.storage.tables import ChatSessionRow
+from app.streaming.writer import WriteBehind
+from app.tools.registry import build_default_registry
+from app.turns.agent import AgentRun
+from app.turns.execution import AgentFactory, run_turn
+from app.turns.live import LocalLiveStatus
+from app.turns.recorder import TurnRecorder
+
+pytestmark = pytest.mark.anyio
+
+SID = "s_execution"
+TURN = "t_000000000001"
+T0 = "2026-02-28T06:30:00.000+00:00"
+SAFE_MESSAGE = "The turn failed because of an internal error."
+
+
+@dataclass
+class Turn:
+    database: Database
+    session: ChatSessionRow
+    recorder: TurnRecorder
+    live: LocalLiveStatus
+
+    async def rows(self) -> list[tuple[str, str | None]]:
+        async with self.database.session() as db:
+            return [(r.type, r.status or r.code) for r in await repository.list_messages(db, SID)]
+
+    async def events(self) -> list[dict[str, object]]:
+        async with self.database.session() as db:
+            return [json.loads(e.data) for e in await event_log.events_after(db, SID, 0, 100)]
+
+
+@pytest.fixture
+async def turn(database_url: str) -> AsyncIterator[Turn]:
+    """A turn opened as the runner opens it: turn_start and the user's message committed."""
+    database = Database(database_url)
+    session = ChatSessionRow(id=SID, model=DEMO_MODEL, tools=[], created_at=T0, updated_at=T0)
+    async with database.session() as db:
+        db.add(session)
+        await db.commit()
+    writer, live = WriteBehind(database), LocalLiveStatus()
+    recorder = TurnRecorder(
+        writer=writer, events=writer.publisher(SID), live=live, session_id=SID, turn_id=TURN, model=DEMO_MODEL
+    )
+    message = QueuedMessage(id="m_000000000001", content="hi", sender="User", timestamp=T0, delivery="steer")
+    await recorder.open([message])
+    yield Turn(database, session, recorder, live)
+    await writer.stop()
+    await database.dispose()
+
+
+async def unreadable_history() -> AgentRun:
+    raise RuntimeError("disk I/O error while reading /var/lib/secret")
+
+
+async def test_a_preparation_that_fails_closes_the_turn_as_failed(
+    turn: Turn, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="app.turns.execution"):
+        await run_turn(unreadable_history(), turn.recorder)
+
+    assert await turn.rows() == [
+        ("turn_start", None),
+        ("text", None),
+        ("error", "internal_error"),
+        ("turn_done", "failed"),
+    ]
+    events = await turn.events()
+    assert [e["type"] for e in events][-3:] == ["error", "agent_status", "turn_done"]
+    error, done = events[-3], events[-1]
+    assert (error["code"], error["message"]) == ("internal_error", SAFE_MESSAGE)  # never the cause
+    assert done["status"] == "failed"
+    assert turn.recorder.closed and turn.live.get(SID).agent_status == "idle"
+    # The cause goes to the log only.
+    (record,) = [r for r in caplog.records if r.name == "app.turns.execution"]
+    assert record.getMessage() == f"turn {TURN} could not run"
+    assert record.exc_info is not None and "disk I/O error" in str(record.exc_info[1])
+
+
+async def never_prepared() -> AgentRun:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def run_stopped(recorder: TurnRecorder, prepare: Coroutine[Any, Any, AgentRun], **stop: bool) -> None:
+    """Runs the turn in its own task, as the runner does, and stops it while it prepares."""
+    cancelling: list[int] = []
+
+    async def turn_task() -> None:
+        await run_turn(prepare, recorder)
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling.append(task.cancelling())
+
+    task = recorder.task = asyncio.create_task(turn_task())
+    await asyncio.sleep(0.05)  # the task runs, waiting in its preparation
+    assert not task.done()
+    assert recorder.request_stop(**stop) is True
+    await task
+    # The stop was handled, not passed on: the task ends normally, no longer marked as being cancelled.
+    assert cancelling == [0]
+
+
+async def test_a_turn_stopped_while_it_prepares_closes_as_cancelled(turn: Turn, settings: Settings) -> None:
+    models = ModelGateway(settings)  # never started: the model layer is still loading
+    factory = AgentFactory(settings, turn.database, models, build_default_registry())
+    await run_stopped(turn.recorder, factory.prepare(turn.session, TURN, should_pause=lambda: False))
+
+    assert await turn.rows() == [("turn_start", None), ("text", None), ("turn_done", "cancelled")]
+    types = [e["type"] for e in await turn.events()]
+    assert types[-3:] == ["agent_status", "agent_cancelled", "turn_done"]
+
+
+async def test_a_stop_by_the_server_while_it_prepares_closes_as_interrupted(turn: Turn) -> None:
+    await run_stopped(turn.recorder, never_prepared(), by_server=True)
+    assert (await turn.rows())[-1] == ("turn_done", "interrupted")
+
+
+async def delete_the_session(turn: Turn) -> None:
+    """The session goes away under the turn: its closing rows can no longer be written."""
+    async with turn.database.session() as db:
+        await repository.delete_session(db, SID)
+        await db.commit()
+
+
+async def test_a_failure_while_closing_a_failed_turn_is_logged_and_never_raised(
+    turn: Turn, caplog: pytest.LogCaptureFixture
+) -> None:
+    await delete_the_session(turn)
+    with caplog.at_level(logging.ERROR, logger="app.turns.execution"):
+        await run_turn(unreadable_history(), turn.recorder)
+    messages = [r.getMessage() for r in caplog.records if r.name == "app.turns.execution"]
+    assert messages == [f"turn {TURN} could not run", "closing a turn failed"]
+
+
+async def test_a_failure_while_closing_a_stopped_turn_is_logged_and_never_raised(
+    turn: Turn, caplog: pytest.LogCaptureFixture
+) -> None:
+    await delete_the_session(turn)
+    with caplog.at_level(logging.ERROR, logger="app.turns.execution"):
+        await run_stopped(turn.recorder, never_prepared())
+    messages = [r.getMessage() for r in caplog.records if r.name == "app.turns.execution"]
+    assert messages == ["closing a turn failed"]
