@@ -82,6 +82,9 @@ class TurnLog:
     _writing: int = 0
     _stop_requested: bool = False
     _finishing: bool = False
+    # The task has taken its first step: before it, a cancel would end it without running its body (and
+    # the turn would never close), so a stop is only noted and the task acts on it when it begins.
+    _begun: bool = False
 
     def _row(self, type_: str, timestamp: str, **fields: Any) -> ChatMessageRow:
         return ChatMessageRow(

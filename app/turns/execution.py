@@ -65,6 +65,9 @@ class AgentFactory:
 async def run_turn(prepare: Coroutine[Any, Any, AgentRun], recorder: TurnRecorder) -> None:
     """Prepares the agent and records it to the turn's end."""
     try:
+        if recorder.begin():
+            prepare.close()  # stopped before the task took its first step: nothing ran
+            raise asyncio.CancelledError
         await recorder.record(await prepare)
     except asyncio.CancelledError:
         # Stopped before the recorder took charge (the turn had not reached the model yet).

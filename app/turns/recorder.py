@@ -69,9 +69,14 @@ class TurnRecorder(TurnLog):
             return False
         if not self._stop_requested:
             self._stop_requested = True
-            if not self._writing and self.task is not None:
+            if self._begun and not self._writing and self.task is not None:
                 self.task.cancel()
         return True
+
+    def begin(self) -> bool:
+        """Called first by the turn's task: from now on a stop cancels it. True when a stop came before."""
+        self._begun = True
+        return self._stop_requested
 
     @contextmanager
     def _atomic(self) -> Iterator[None]:
