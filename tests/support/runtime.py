@@ -51,7 +51,7 @@ class Runtime:
 
     async def start_turn(self, session: ChatSessionRow, content: str = "hi") -> str:
         """Posts to the idle session: its turn starts, and runs until it is stopped. Returns once the turn's
-        task has begun (a stop before that is noted and acted on when it begins: tests/turns/test_runner.py)."""
+        task has begun (a stop before that is noted and acted on when it begins: tests/turns/test_runner)."""
         answer: MessageAccepted = await self.runner.post(session, content, "User", "steer")
         assert answer.turn_id is not None
         await asyncio.sleep(0)
