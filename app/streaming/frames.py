@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sse_starlette import ServerSentEvent
 
@@ -38,9 +38,9 @@ class Frame:
         return encoded
 
 
-@dataclass(slots=True)
-class Draft:
-    """A published event waiting for its number: its JSON after `"seq":<n>`."""
+class Draft(NamedTuple):
+    """A published event waiting for its number: its JSON after `"seq":<n>`. A tuple of strings: the
+    collector stops tracking it, and a busy process holds thousands between two commits."""
 
     session_id: str
     type: str

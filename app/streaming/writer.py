@@ -175,10 +175,11 @@ class WriteBehind:
                 return
             taken = len(self._events)
             forgotten = self._forgotten
-            drafts = [d for d in self._events[:taken] if d.session_id not in forgotten]
             numbers = self._sequencer.begin()
             async with self._database.session() as db:
                 written = await self._write_texts(db, texts)
+                # Taken after the texts: a streamed message renamed on insert renames its drafts (_rename).
+                drafts = [d for d in self._events[:taken] if d.session_id not in forgotten]
                 frames = await self._log(db, numbers, drafts, exact=False)
                 await _commit(db)
                 # No await from the commit to the delivery: a cancellation comes after both (_commit).
@@ -261,9 +262,10 @@ class WriteBehind:
             buffer.message_id = new
             self._texts[new] = buffer
             mark, fresh = f',"id":{json_string(old)},', f',"id":{json_string(new)},'
-            for draft in self._events:
+            events = self._events
+            for i, draft in enumerate(events):
                 if draft.session_id == buffer.session_id and draft.type == "text_delta":
-                    draft.rest = draft.rest.replace(mark, fresh, 1)
+                    events[i] = draft._replace(rest=draft.rest.replace(mark, fresh, 1))
 
     @staticmethod
     def _mark(written: list[tuple[TextBuffer, int]], now: float) -> None:

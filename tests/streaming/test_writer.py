@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
@@ -12,6 +13,7 @@ from sqlalchemy import event as sa_event
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.protocol.events import TextDelta
 from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow
@@ -303,3 +305,36 @@ async def test_a_batch_cancelled_while_it_commits_is_accounted_for_once(
     await writer.flush()
     assert delivered.seqs == [("s_a", 1), ("s_a", 2)]
     assert await logged(database) == [("s_a", 1), ("s_a", 2)]
+
+
+@pytest.mark.parametrize("by", ["batch", "transaction"])
+async def test_a_streamed_message_whose_id_is_taken_takes_a_fresh_one_with_its_deltas(
+    database: Database, by: str
+) -> None:
+    """The first delta's event is published before its row is inserted; when another row holds the id,
+    the row, the buffer and every delta not committed yet take the fresh id, whichever commit inserts it."""
+    async with database.session() as db:
+        await repository.insert_messages(db, [ChatMessageRow(id="m_taken", session_id="s_b", turn_id="t",
+                                                             type="turn_start", timestamp=T0)])  # fmt: skip
+        await db.commit()
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=60.0, deliver=delivered)
+    row = ChatMessageRow(
+        id="m_taken", session_id="s_a", turn_id="t", type="text", role="assistant", content="He", timestamp=T0
+    )
+    buffer = TextBuffer(row)
+    writer.track(buffer)
+    events = writer.publisher("s_a")
+    events.emit(TextDelta, id="m_taken", text="He", timestamp=T0, model="m")
+    events.text_delta("m_taken", "llo")
+    if by == "batch":
+        await writer.flush()
+    else:
+        async with writer.transaction("s_a"):
+            pass
+    assert buffer.message_id != "m_taken"
+    async with database.session() as db:
+        stored = [(r.id, r.content) for r in await repository.list_messages(db, "s_a")]
+        logged = [json.loads(e.data)["id"] for e in await event_log.events_after(db, "s_a", 0, 10)]
+    assert stored == [(buffer.message_id, "He")]
+    assert logged == [buffer.message_id, buffer.message_id]
