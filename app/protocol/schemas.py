@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from app.protocol.events import AgentState, TurnStatus
 
@@ -105,7 +105,8 @@ class QueueList(BaseModel):
 
 
 class CancelRequest(_Strict):
-    clear_queue: bool = Field(
+    # Strict: a JSON boolean only; lax coercion took 0, 1, "yes" and "off" for one.
+    clear_queue: StrictBool = Field(
         False, description="Also withdraw the waiting messages (returned, so a client can restore its input)."
     )
 

@@ -111,6 +111,10 @@ CASES = [
         params={"timeout": "10"}, field="query.timeout", type="wait_required", says="not valid"),
     Bad("turn wait that is not a boolean", "GET", "/v1/sessions/{sid}/turns/t_000000000000", 422,
         "validation_error", params={"wait": "yes please"}, field="query.wait", type="bool_parsing"),
+    Bad("clear_queue that is a number", "POST", "/v1/sessions/{sid}/cancel", 422, "validation_error",
+        json={"clear_queue": 0}, field="body.clear_queue", type="bool_type"),
+    Bad("clear_queue that is a word", "POST", "/v1/sessions/{sid}/cancel", 422, "validation_error",
+        json={"clear_queue": "yes"}, field="body.clear_queue", type="bool_type"),
     Bad("unknown stream format", "GET", "/v1/sessions/{sid}/events", 422, "validation_error",
         params={"format": "xml"}, field="query.format", type="literal_error"),
 ]  # fmt: skip

@@ -45,7 +45,9 @@ def refusal(model: type[BaseModel], body: dict[str, Any]) -> tuple[str, tuple[in
             {"content": "hi", "client_message_id": "x" * 101},
             ("string_too_long", ("client_message_id",)),
         ),
-        (CancelRequest, {"clear_queue": "maybe"}, ("bool_parsing", ("clear_queue",))),
+        (CancelRequest, {"clear_queue": "maybe"}, ("bool_type", ("clear_queue",))),
+        (CancelRequest, {"clear_queue": 0}, ("bool_type", ("clear_queue",))),
+        (CancelRequest, {"clear_queue": "true"}, ("bool_type", ("clear_queue",))),
         (CancelRequest, {"clear": True}, ("extra_forbidden", ("clear",))),
     ],
 )
