@@ -265,6 +265,9 @@ def install(app: FastAPI) -> None:
         if isinstance(cause, UnicodeDecodeError):
             details = [{"field": "body", "message": "The body is not UTF-8 text.", "type": "json_invalid"}]
             return _respond(request, 422, "validation_error", "The request is not valid.", details)
+        if isinstance(cause, RecursionError):
+            details = [{"field": "body", "message": "The JSON is nested too deeply.", "type": "json_invalid"}]
+            return _respond(request, 422, "validation_error", "The request is not valid.", details)
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         headers = getattr(exc, "headers", None)
         if exc.status_code == 405:

@@ -104,7 +104,10 @@ class RequestContextMiddleware:
         return None
 
     def _limited(self, receive: Receive) -> Receive:
-        """Counts body bytes of chunked uploads too, which carry no Content-Length to check up front."""
+        """Counts body bytes of chunked uploads too, which carry no Content-Length to check up front, and
+        refuses a body that is not UTF-8 (RFC 8259 §8.1) before the JSON parser guesses another encoding:
+        Python's json reads UTF-16 and UTF-32 too, whose text always holds a NUL byte, which UTF-8 JSON
+        never does (a NUL inside a string is escaped)."""
         seen = 0
         limit = self.max_body_bytes
 
@@ -112,9 +115,14 @@ class RequestContextMiddleware:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
+                body = message.get("body", b"")
+                seen += len(body)
                 if seen > limit:
                     raise BodyTooLarge(limit)
+                nul = body.find(b"\x00")
+                if nul >= 0 or (seen == len(body) and body.startswith((b"\xfe\xff", b"\xff\xfe"))):
+                    at = max(nul, 0)
+                    raise UnicodeDecodeError("utf-8", body, at, at + 1, "not UTF-8 JSON (UTF-16 or UTF-32)")
             return message
 
         return wrapped
