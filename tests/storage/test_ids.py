@@ -17,21 +17,17 @@ from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, QueuedMessageRow
 from app.streaming.writer import WriteBehind
+from tests.support.rows import T0, add_sessions
 from tests.support.server import LiveServer
 from tests.support.sse import EventReader
 
 pytestmark = pytest.mark.anyio
 
-T0 = "2026-02-28T06:30:00.000+00:00"
-
 
 @pytest.fixture
 async def database(database_url: str) -> AsyncIterator[Database]:
     db = Database(database_url)
-    async with db.session() as s:
-        for sid in ("s_a", "s_b"):
-            s.add(ChatSessionRow(id=sid, model="parley/demo", tools=[], created_at=T0, updated_at=T0))
-        await s.commit()
+    await add_sessions(db, "s_a", "s_b")
     yield db
     await db.dispose()
 
