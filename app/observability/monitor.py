@@ -3,8 +3,8 @@
 - `LoopLag`: a ticker task that sleeps `interval` and records how late it woke (a bounded buffer), so a
   stall of the event loop (a synchronous tail, a slow serialization) shows up as lag.
 - `CommitCounter`: a SQLAlchemy `commit` listener on the app's engine that timestamps every commit and
-  notes which task made it: `batch` (the write-behind: event log and text flushes), `turn` (a turn's own
-  durable writes) or `request` (everything else, e.g. a POST storing a message). The most commits of each
+  notes which task made it: `batch` (the write-behind's interval flush of text and events), `urgent` (its
+  immediate flush of a first delta or a lone event), `turn` (a turn's own durable writes) or `request` (everything else, e.g. a POST storing a message). The most commits of each
   kind within any `window` seconds tell whether the write-behind keeps its one-commit-per-interval budget.
 
 - `GcPauses`: how long the garbage collector stopped the process, per generation (a gen2 collection walks
@@ -202,7 +202,8 @@ class StallSampler:
 
 
 def commit_origin() -> str:
-    """Which kind of work commits: the write-behind's batch, a turn's own write, or a request."""
+    """Which kind of work commits: the write-behind's interval batch or urgent batch (the task names of
+    app.streaming.writer), a turn's own write, or a request."""
     try:
         task = asyncio.current_task()
     except RuntimeError:
@@ -210,6 +211,8 @@ def commit_origin() -> str:
     name = task.get_name() if task is not None else ""
     if name == "write-behind":
         return "batch"
+    if name == "write-behind:urgent":
+        return "urgent"
     if name.startswith("turn:"):
         return "turn"
     return "request"

@@ -7,10 +7,12 @@ tenth. Only after that commit are the events handed to the broker for delivery: 
 event the log could lose. The statements go to the driver in one executemany each, whatever the number
 of sessions in the batch.
 
-Batches are rate limited, not clocked: the first event after a quiet spell is committed at once (on the
-next turn of the loop, so a burst published together shares the commit), and while events keep coming
-commits are at least `interval` apart. So a lone client sees its first token without waiting for a
-tick, and under load the process makes at most one batch commit per `interval`.
+Batches are a group commit with two speeds. Urgent work (the first delta of a response, which also
+inserts its row, or an event published outside a turn's own write) is committed as soon as the previous
+commit returns: it waits for no tick, and under load batches grow instead of queueing. Text deltas of a
+message already open are not urgent: they ride the next commit, urgent or not, and on their own cause
+at most one commit per `interval`. So the first token reaches a client about one commit after the
+upstream sent it, whatever the load, and a stream of deltas costs at most one commit per `interval`.
 
 Everything else (user messages, response ends, tool results, turn ends) is written by the turn itself,
 because those moments must be durable when they are announced. It writes them in `transaction()`, which
@@ -69,6 +71,10 @@ class TextBuffer:
 
 Deliver = Callable[[Sequence[tuple[str, Frame]]], None]
 
+# The write-behind task's names, for observability.monitor: an interval batch, or an urgent one.
+BATCH_TASK = "write-behind"
+URGENT_TASK = "write-behind:urgent"
+
 
 class WriteBehind:
     def __init__(
@@ -100,9 +106,14 @@ class WriteBehind:
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._pending = asyncio.Event()
+        # Set when pending work must not wait for the interval (see the module docstring).
+        self._urgent = asyncio.Event()
+        # The session whose turn write is open: its events commit with that write, so they are not urgent.
+        self._writing_session: str | None = None
         self._last_commit = 0.0
-        # Batch commits (the periodic flush), and turn writes that carried pending events with them.
+        # Batch commits (interval flushes and urgent ones), and turn writes that carried pending events.
         self.batch_commits = 0
+        self.urgent_commits = 0
         self.turn_commits = 0
 
     def add(self, draft: Draft) -> None:
@@ -110,6 +121,8 @@ class WriteBehind:
         self._events.append(draft)
         if not self._pending.is_set():
             self._pending.set()
+        if draft.type != "text_delta" and draft.session_id != self._writing_session:
+            self._urgent.set()
 
     def publisher(self, session_id: str) -> Publisher:
         return Publisher(session_id, self.add)
@@ -120,8 +133,11 @@ class WriteBehind:
 
     def track(self, buffer: TextBuffer) -> None:
         self._texts[buffer.message_id] = buffer
-        if buffer.row is not None and not self._pending.is_set():
+        if buffer.row is not None:
+            # A response's first delta: its row and event go with the next commit, which comes at once.
             self._pending.set()
+            if buffer.session_id != self._writing_session:
+                self._urgent.set()
 
     def untrack(self, buffer: TextBuffer) -> None:
         """Inside `transaction`, which writes the buffer's final text: it leaves the write-behind once that
@@ -138,28 +154,44 @@ class WriteBehind:
             del self._texts[key]
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="write-behind")
+        self._task = asyncio.create_task(self._run(), name=BATCH_TASK)
 
     async def _run(self) -> None:
+        task = asyncio.current_task()
         while True:
             # Streamed text needs a flush every text_interval even when no event comes.
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._pending.wait(), timeout=self._text_interval)
-            # time.monotonic, not loop.time(): the loop's clock is read once per iteration, so after a long
-            # iteration it lags, and two commits could land in one interval. The millisecond covers a
-            # timer that fires a little early.
-            wait = self._last_commit + self._interval + 0.001 - time.monotonic()
-            # After a quiet spell: one turn of the loop, so events published together share the commit.
-            await asyncio.sleep(wait if wait > 0 else 0)
+            urgent = await self._until_due()
+            # One turn of the loop, so events published together share the commit.
+            await asyncio.sleep(0)
             self._pending.clear()
+            self._urgent.clear()
+            if task is not None:
+                # observability.monitor tells the two kinds of batch apart by the task's name.
+                task.set_name(URGENT_TASK if urgent else BATCH_TASK)
             try:
-                await self.flush(force_text=False)
+                await self.flush(force_text=False, urgent=urgent)
             except Exception:
                 log.exception("write-behind flush failed; will retry")
                 self._pending.set()
                 await asyncio.sleep(self._interval)
 
-    async def flush(self, *, force_text: bool = True) -> None:
+    async def _until_due(self) -> bool:
+        """Waits until the pending work is due: at once when it is urgent (True), else until `interval`
+        after the last commit (False), or until urgent work comes meanwhile."""
+        while not self._urgent.is_set():
+            # time.monotonic, not loop.time(): the loop's clock is read once per iteration, so after a long
+            # iteration it lags, and two commits could land in one interval. The millisecond covers a
+            # timer that fires a little early.
+            wait = self._last_commit + self._interval + 0.001 - time.monotonic()
+            if wait <= 0:
+                return False
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._urgent.wait(), timeout=wait)
+        return True
+
+    async def flush(self, *, force_text: bool = True, urgent: bool = False) -> None:
         async with self._lock:
             now = time.monotonic()
             texts = [
@@ -184,8 +216,13 @@ class WriteBehind:
                 await _commit(db)
                 # No await from the commit to the delivery: a cancellation comes after both (_commit).
                 numbers.committed()
-                self.batch_commits += 1
-                self._last_commit = time.monotonic()
+                if urgent:
+                    self.urgent_commits += 1
+                else:
+                    self.batch_commits += 1
+                    # Only interval batches pace the next one: an urgent commit took the deltas with it,
+                    # and the next interval batch comes no sooner than it would have.
+                    self._last_commit = time.monotonic()
                 del self._events[:taken]
                 self._mark(written, now)
                 if frames and self._deliver is not None:
@@ -204,6 +241,7 @@ class WriteBehind:
         async with self._lock:
             now = time.monotonic()
             finished = self._finished = []
+            self._writing_session = session_id
             numbers = self._sequencer.begin()
             frames: list[tuple[str, Frame]] = []
             try:
@@ -228,8 +266,14 @@ class WriteBehind:
                         self._events[:] = [d for d in self._events if id(d) not in taken]
                     if frames and self._deliver is not None:
                         self._deliver(frames)
+            except BaseException:
+                # Its events stay pending: the next batch must not wait for the interval to log them.
+                if any(d.session_id == session_id for d in self._events):
+                    self._urgent.set()
+                raise
             finally:
                 self._finished = None
+                self._writing_session = None
 
     async def _write_texts(self, db: AsyncSession, buffers: list[TextBuffer]) -> list[tuple[TextBuffer, int]]:
         """Inserts the rows of buffers that have none yet and updates the others' text; returns what was

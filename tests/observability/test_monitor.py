@@ -55,7 +55,7 @@ def test_commit_origin_outside_an_event_loop_is_other() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("task_name", "origin"),
-    [("write-behind", "batch"), ("turn:t_000000000001", "turn"), ("Task-7", "request"), ("turns", "request")],
+    [("write-behind", "batch"), ("write-behind:urgent", "urgent"), ("turn:t_000000000001", "turn"), ("Task-7", "request"), ("turns", "request")],
 )
 async def test_commit_origin_goes_by_the_task_name(task_name: str, origin: str) -> None:
     async def origin_in_task() -> str:
@@ -79,19 +79,25 @@ async def test_the_commit_counter_counts_each_commit_of_the_engine_by_origin(dat
             await db.commit()
 
     writer = WriteBehind(database)
-    writer.start()  # its batches commit in the task named "write-behind"
+    writer.start()  # its batches commit in the task named "write-behind" (or "write-behind:urgent")
     try:
         await request_commit()
         await asyncio.create_task(request_commit(), name="turn:t_000000000001")
-        writer.publisher("s_1").emit(AgentStatus, status="thinking")
+        events = writer.publisher("s_1")
+        events.text_delta("m_1", "Hi")  # a delta: an interval batch
         deadline = asyncio.get_running_loop().time() + 5
         while writer.batch_commits == 0:
             assert asyncio.get_running_loop().time() < deadline, "no batch committed"
             await asyncio.sleep(0.01)
+        events.emit(AgentStatus, status="thinking")  # published outside a turn's write: an urgent batch
+        while writer.urgent_commits == 0:
+            assert asyncio.get_running_loop().time() < deadline, "no urgent batch committed"
+            await asyncio.sleep(0.01)
         snapshot = counter.snapshot(window=60.0)
-        assert (snapshot["total"], snapshot["by_origin"]) == (3, {"batch": 1, "request": 1, "turn": 1})
-        assert snapshot["max_per_window"] == 3
-        assert snapshot["max_per_window_by_origin"] == {"batch": 1, "request": 1, "turn": 1}
+        origins = {"batch": 1, "request": 1, "turn": 1, "urgent": 1}
+        assert (snapshot["total"], snapshot["by_origin"]) == (4, origins)
+        assert snapshot["max_per_window"] == 4
+        assert snapshot["max_per_window_by_origin"] == origins
 
         counter.reset()
         counter.detach()

@@ -1,5 +1,6 @@
-"""The write-behind against a real migrated SQLite file: rate-limited batches, and a turn's own transaction
-that commits and delivers its session's pending events with its rows."""
+"""The write-behind against a real migrated SQLite file: its group commit (urgent work at once, streamed
+deltas at most once per interval), and a turn's own transaction that commits and delivers its session's
+pending events with its rows."""
 
 from __future__ import annotations
 
@@ -44,9 +45,28 @@ class Delivered:
         return [item for batch in self.batches for item in batch]
 
 
-def frame(expected_seq: int) -> Draft:
-    """An event to publish; `expected_seq` is the number the writer must give it (asserted by the tests)."""
-    return Draft("", "agent_status", f',"expected":{expected_seq}}}')
+def frame(expected_seq: int, kind: str = "agent_status") -> Draft:
+    """An event to publish; `expected_seq` is the number the writer must give it (asserted by the tests).
+    An agent_status published outside a turn's write is urgent; a text_delta is not."""
+    return Draft("", kind, f',"expected":{expected_seq}}}')
+
+
+def delta(expected_seq: int) -> Draft:
+    return frame(expected_seq, "text_delta")
+
+
+def first_text(session_id: str, message_id: str) -> TextBuffer:
+    return TextBuffer(
+        ChatMessageRow(
+            id=message_id,
+            session_id=session_id,
+            turn_id="t",
+            type="text",
+            role="assistant",
+            content="Hi",
+            timestamp=T0,
+        )
+    )
 
 
 def sink_of(writer: WriteBehind) -> Callable[[str, Draft], None]:
@@ -94,9 +114,9 @@ async def test_the_first_event_after_a_quiet_spell_commits_without_waiting_for_a
         await writer.stop()
 
 
-async def test_a_steady_stream_of_events_commits_at_most_once_per_interval(database: Database) -> None:
+async def test_a_steady_stream_of_deltas_commits_at_most_once_per_interval(database: Database) -> None:
     """How 'at most one batch commit per interval under load' is proven: commits are counted with an
-    SQLAlchemy listener while events arrive every 2 ms for 0.6 s with a 0.1 s interval."""
+    SQLAlchemy listener while text deltas arrive every 2 ms for 0.6 s with a 0.1 s interval."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=0.1, deliver=delivered)
     commits = count_commits(database)
@@ -106,7 +126,7 @@ async def test_a_steady_stream_of_events_commits_at_most_once_per_interval(datab
     try:
         sink = sink_of(writer)
         for seq in range(1, 301):
-            sink("s_a" if seq % 2 else "s_b", frame((seq + 1) // 2))
+            sink("s_a" if seq % 2 else "s_b", delta((seq + 1) // 2))
             await asyncio.sleep(0.002)
         await wait_for(lambda: len(delivered.seqs) == 300)
         took = loop.time() - began
@@ -122,6 +142,108 @@ async def test_a_steady_stream_of_events_commits_at_most_once_per_interval(datab
     # Every event once, in order per session.
     for sid in ("s_a", "s_b"):
         assert [s for x, s in delivered.seqs if x == sid] == list(range(1, 151))
+
+
+async def test_a_first_delta_commits_at_once_while_other_deltas_wait_for_the_interval(
+    database: Database,
+) -> None:
+    """The group commit: a batch of deltas has just committed and the interval (5 s) has not passed, yet a
+    response's first delta (its row not inserted) commits as soon as it comes, with its row, and takes the
+    other session's waiting deltas along. Deltas alone then wait for the interval."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=5.0, deliver=delivered)
+    commits = count_commits(database)
+    writer.start()
+    try:
+        sink = sink_of(writer)
+        sink("s_b", delta(1))  # after a quiet spell: commits at once, and starts the 5 s interval
+        await wait_for(lambda: delivered.seqs == [("s_b", 1)], timeout=2.0)
+        sink("s_b", delta(2))  # not urgent: waits for the interval
+        await asyncio.sleep(0.2)
+        assert delivered.seqs == [("s_b", 1)]
+        buffer = first_text("s_a", "m_first")
+        writer.track(buffer)
+        sink("s_a", delta(1))  # the first delta's event
+        await wait_for(lambda: len(delivered.seqs) == 3, timeout=2.0)  # 2 s: well inside the 5 s interval
+        assert delivered.batches[-1] == [("s_b", 2), ("s_a", 1)]
+        async with database.session() as db:
+            stored = [(r.id, r.content) for r in await repository.list_messages(db, "s_a")]
+        assert stored == [("m_first", "Hi")]
+        assert (writer.batch_commits, writer.urgent_commits) == (1, 1)
+        assert len(commits) == 2
+    finally:
+        await writer.stop()
+
+
+async def test_urgent_work_under_a_stream_of_deltas_keeps_deltas_to_one_batch_per_interval(
+    database: Database,
+) -> None:
+    """Deltas every 2 ms and a status event every 30 ms for 0.6 s: each status commits without waiting
+    for the interval (none waits near 0.1 s), while the interval batches stay at least 0.1 s apart."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=0.1, deliver=delivered)
+    loop = asyncio.get_running_loop()
+    published: dict[int, float] = {}
+    arrived: dict[int, float] = {}
+
+    def deliver(committed: Sequence[tuple[str, Frame]]) -> None:
+        delivered(committed)
+        for sid, f in committed:
+            if sid == "s_b":
+                arrived[f.seq] = loop.time()
+
+    writer.deliver_to(deliver)
+    batches: list[float] = []
+    original = writer.flush
+
+    async def flush(*, force_text: bool = True, urgent: bool = False) -> None:
+        if not urgent and not force_text:  # the loop's interval batches (stop() forces a last one)
+            batches.append(loop.time())
+        await original(force_text=force_text, urgent=urgent)
+
+    writer.flush = flush  # type: ignore[method-assign]
+    writer.start()
+    try:
+        sink = sink_of(writer)
+        status = 0
+        for n in range(1, 301):
+            sink("s_a", delta(n))
+            if n % 15 == 0:
+                status += 1
+                published[status] = loop.time()
+                sink("s_b", frame(status))
+            await asyncio.sleep(0.002)
+        await wait_for(lambda: len(delivered.seqs) == 300 + status)
+    finally:
+        await writer.stop()
+    assert status == 20 and sorted(arrived) == list(range(1, 21))
+    waits = sorted(arrived[n] - published[n] for n in arrived)
+    # The median status waits for one commit, not for half an interval (50 ms).
+    assert waits[len(waits) // 2] < 0.04, waits
+    gaps = [b - a for a, b in itertools.pairwise(batches)]
+    assert gaps and min(gaps) >= 0.09, gaps
+    assert [s for x, s in delivered.seqs if x == "s_a"] == list(range(1, 301))
+
+
+async def test_events_published_inside_a_turn_write_do_not_trigger_a_batch(database: Database) -> None:
+    """A turn's own write commits its events: they must not wake an urgent batch afterwards (it would
+    commit other sessions' deltas early, one more commit per turn write)."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=5.0, deliver=delivered)
+    writer.start()
+    try:
+        sink = sink_of(writer)
+        sink("s_b", delta(1))
+        await wait_for(lambda: delivered.seqs == [("s_b", 1)], timeout=2.0)
+        sink("s_b", delta(2))
+        async with writer.transaction("s_a"):
+            sink("s_a", frame(1))
+        assert delivered.seqs[-1] == ("s_a", 1)
+        await asyncio.sleep(0.3)
+        assert delivered.seqs == [("s_b", 1), ("s_a", 1)]  # s_b's delta still waits for its interval
+        assert writer.urgent_commits == 0
+    finally:
+        await writer.stop()
 
 
 async def test_a_turn_transaction_commits_and_delivers_its_sessions_pending_events_with_its_rows(
