@@ -4,8 +4,9 @@
   stall of the event loop (a synchronous tail, a slow serialization) shows up as lag.
 - `CommitCounter`: a SQLAlchemy `commit` listener on the app's engine that timestamps every commit and
   notes which task made it: `batch` (the write-behind's interval flush of text and events), `urgent` (its
-  immediate flush of a first delta or a lone event), `turn` (a turn's own durable writes) or `request` (everything else, e.g. a POST storing a message). The most commits of each
-  kind within any `window` seconds tell whether the write-behind keeps its one-commit-per-interval budget.
+  immediate flush of a first delta or a lone event), `turn` (a turn's own durable writes) or `request`
+  (everything else, e.g. a POST storing a message). The most commits of each kind within any `window`
+  seconds tell whether the write-behind keeps its one-commit-per-interval budget.
 
 - `GcPauses`: how long the garbage collector stopped the process, per generation (a gen2 collection walks
   every object, litellm's included, so it is the usual suspect behind a long lag).

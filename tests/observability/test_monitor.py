@@ -55,7 +55,13 @@ def test_commit_origin_outside_an_event_loop_is_other() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("task_name", "origin"),
-    [("write-behind", "batch"), ("write-behind:urgent", "urgent"), ("turn:t_000000000001", "turn"), ("Task-7", "request"), ("turns", "request")],
+    [
+        ("write-behind", "batch"),
+        ("write-behind:urgent", "urgent"),
+        ("turn:t_000000000001", "turn"),
+        ("Task-7", "request"),
+        ("turns", "request"),
+    ],
 )
 async def test_commit_origin_goes_by_the_task_name(task_name: str, origin: str) -> None:
     async def origin_in_task() -> str:
