@@ -124,26 +124,43 @@ class TooManyRequests(ApiError):
         super().__init__(message, code=code, details=details, headers={"Retry-After": str(retry_after)})
 
 
+class StorageUnavailable(Unavailable):
+    """The database refused work: its write lock held past the busy timeout (`storage_busy`), its disk
+    full (`storage_full`) or an I/O error (`storage_error`). A request gets it as a 503 with Retry-After; a
+    turn that meets it ends with an `error` of the same code once storage works again."""
+
+
 # SQLite's primary result codes (the low byte of an extended one, as sqlite3 reports it).
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_FULL = 5, 6, 13
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL = 5, 6, 10, 13
 # Seconds a client is told to wait: a write lock is usually held for milliseconds, while a full disk waits
 # for someone to free space.
 STORAGE_BUSY_RETRY_AFTER = 1
 STORAGE_FULL_RETRY_AFTER = 30
 
 
-def _storage_refusal(error: sqlite3.Error) -> Unavailable | None:
-    """The 503 for SQLite refusing work: its write lock held past the busy timeout (`storage_busy`) or its
-    disk full (`storage_full`). None for any other SQLite error."""
+def _storage_refusal(error: sqlite3.Error) -> StorageUnavailable | None:
+    """The 503 for SQLite refusing work. None for any other SQLite error (a constraint, a bug)."""
     primary = getattr(error, "sqlite_errorcode", -1) & 0xFF
     text = str(error).lower()
     if primary in (_SQLITE_BUSY, _SQLITE_LOCKED) or "is locked" in text:
         message = "The database is busy; retry in a moment."
-        return Unavailable(message, code="storage_busy", retry_after=STORAGE_BUSY_RETRY_AFTER)
+        return StorageUnavailable(message, code="storage_busy", retry_after=STORAGE_BUSY_RETRY_AFTER)
     if primary == _SQLITE_FULL or "database or disk is full" in text:
         message = "The server's storage is full; retry later."
-        return Unavailable(message, code="storage_full", retry_after=STORAGE_FULL_RETRY_AFTER)
+        return StorageUnavailable(message, code="storage_full", retry_after=STORAGE_FULL_RETRY_AFTER)
+    if primary == _SQLITE_IOERR or "disk i/o error" in text:
+        message = "The server's storage failed; retry later."
+        return StorageUnavailable(message, code="storage_error", retry_after=STORAGE_FULL_RETRY_AFTER)
     return None
+
+
+def storage_refusal(exc: BaseException) -> StorageUnavailable | None:
+    """What `exc` means when storage refused the work (busy, full, failing), or None when it is anything
+    else. Looks through SQLAlchemy's wrapping and exception groups to the driver's error."""
+    if isinstance(exc, StorageUnavailable):
+        return exc
+    error = _sqlite_error(exc)
+    return _storage_refusal(error) if error is not None else None
 
 
 def _sqlite_error(exc: BaseException) -> sqlite3.Error | None:
@@ -202,14 +219,13 @@ def server_error(request: Request, exc: Exception) -> JSONResponse:
     outside every middleware, answers only what escapes that middleware itself. The detail goes to the
     log, never to the client.
     """
-    error = _sqlite_error(exc)
-    refusal = _storage_refusal(error) if error is not None else None
+    refusal = storage_refusal(exc)
     if refusal is None:
         _log(request, 500, "internal_error", level=logging.ERROR, exc=exc)
         return JSONResponse(error_body("internal_error", "Internal server error."), status_code=500)
     # An error only when someone must act.
-    level = logging.ERROR if refusal.code == "storage_full" else logging.WARNING
-    _log(request, refusal.status, refusal.code, level=level, cause=str(error))
+    level = logging.WARNING if refusal.code == "storage_busy" else logging.ERROR
+    _log(request, refusal.status, refusal.code, level=level, cause=str(_sqlite_error(exc) or exc))
     body = error_body(refusal.code, refusal.message, refusal.details)
     return JSONResponse(body, status_code=refusal.status, headers=refusal.headers)
 

@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager, suppress
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.errors import StorageUnavailable, storage_refusal
 from app.protocol.ids import new_message_id
 from app.storage import event_log, repository
 from app.storage.engine import Database
@@ -114,6 +115,9 @@ class WriteBehind:
         # Batch commits (interval flushes and urgent ones), and turn writes that carried pending events.
         self.batch_commits = 0
         self.urgent_commits = 0
+        # Set while batches fail because storage refuses them (full, busy, failing); None once one commits.
+        # Running turns read it to stop rather than stream on into memory that cannot be persisted.
+        self.failure: StorageUnavailable | None = None
         self.turn_commits = 0
 
     def add(self, draft: Draft) -> None:
@@ -172,10 +176,25 @@ class WriteBehind:
                 task.set_name(URGENT_TASK if urgent else BATCH_TASK)
             try:
                 await self.flush(force_text=False, urgent=urgent)
-            except Exception:
-                log.exception("write-behind flush failed; will retry")
+            except Exception as exc:
+                self._failed(exc)
                 self._pending.set()
                 await asyncio.sleep(self._interval)
+            else:
+                if self.failure is not None:
+                    log.warning("write-behind: storage works again; pending events committed")
+                    self.failure = None
+
+    def _failed(self, exc: Exception) -> None:
+        """A batch failed: its rows and events stay pending for the next. Storage refusing work is logged
+        once per spell, anything else with its traceback."""
+        refusal = storage_refusal(exc)
+        if refusal is None:
+            log.exception("write-behind flush failed; will retry")
+            return
+        if self.failure is None:
+            log.error("write-behind: %s (%s); retrying until storage works", refusal.code, exc)
+        self.failure = refusal
 
     async def _until_due(self) -> bool:
         """Waits until the pending work is due: at once when it is urgent (True), else until `interval`

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from app.errors import StorageUnavailable
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.storage.tables import ChatSessionRow, QueuedMessageRow
 from app.turns.live import LiveStatus
@@ -97,4 +98,15 @@ def accepted(session_id: str, message: QueuedMessage, turn_id: str | None) -> Me
         turn_id=turn_id,
         queued=turn_id is None,
         delivery=message.delivery,
+    )
+
+
+def end_not_stored(refusal: StorageUnavailable, *, stopping: bool) -> StorageUnavailable:
+    """The 503 of a cancel whose turn cannot write its end: storage refuses it (full, busy, failing)."""
+    what = "The turn is stopped" if stopping else "The turn has already ended"
+    return StorageUnavailable(
+        f"{what}, but its end cannot be stored yet: {refusal.message} It is written, in order, once "
+        "storage works again.",
+        code=refusal.code,
+        retry_after=int(refusal.headers["Retry-After"]) if refusal.headers else 1,
     )

@@ -4,6 +4,11 @@ It holds the turn's state and writes its rows with their events (one transaction
 turn every way a turn can end: completed, failed, stopped (its partial state committed, seed 004), or
 left open by a crash (recovery hands it the turn). The running part, agent events to rows, is
 turns.recorder.TurnRecorder, which extends it.
+
+Storage that refuses a write (a full disk, a lock held past the busy timeout, an I/O error) must not
+leave a turn half closed: every step of an end changes the turn's state only once its transaction has
+committed, so it can run again, and `end_durably` runs the end until storage takes it. Until then the
+turn stays this process's, so nothing starts after it and its end lands in order.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +24,7 @@ from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.errors import StorageUnavailable, storage_refusal
 from app.protocol.clock import now_iso
 from app.protocol.events import (
     AgentCancelled,
@@ -43,6 +49,8 @@ log = logging.getLogger(__name__)
 TOOL_INTERRUPTED_BY_USER = "[Tool execution interrupted by user]"
 TOOL_INTERRUPTED_BY_ERROR = "[Tool execution interrupted by an error]"
 TOOL_INTERRUPTED_BY_RESTART = "[Tool execution interrupted by server restart]"
+# Seconds between attempts to write a turn's end while storage refuses it: doubling, up to the most.
+END_RETRY_FIRST, END_RETRY_MOST = 0.05, 1.0
 
 
 @dataclass
@@ -85,6 +93,12 @@ class TurnLog:
     # The task has taken its first step: before it, a cancel would end it without running its body (and
     # the turn would never close), so a stop is only noted and the task acts on it when it begins.
     _begun: bool = False
+    # Steps of an end already committed, so that running the end again (end_durably) skips them.
+    _partial_done: bool = False
+    _error_done: bool = False
+    # What storage answered while the end cannot be written; None when it is not stuck.
+    stalled: StorageUnavailable | None = None
+    _stall: asyncio.Event = field(default_factory=asyncio.Event)
 
     def _row(self, type_: str, timestamp: str, **fields: Any) -> ChatMessageRow:
         return ChatMessageRow(
@@ -125,11 +139,11 @@ class TurnLog:
     async def commit_partial(self, tool_result: str, announce: Callable[[], None] | None = None) -> None:
         """Seed 004's partial-state commit: streamed text is kept and marked, and every call of the
         interrupted round ends with exactly one result (finished calls keep theirs). `announce` emits
-        the events that go out with this commit."""
-        buffer, self._text = self._text, None
-        open_tools, self._open_tools = self._open_tools, {}
+        the events that go out with this commit. The state is cleared only once the commit succeeded."""
+        if self._partial_done:
+            return
+        buffer, open_tools = self._text, self._open_tools
         unstarted = [c for c in self._round_calls if c.id not in self._started_calls]
-        self._round_calls = []
         at = now_iso()
         rows = [
             self._tool_row(call, at, result=tool_result, is_error=True, duration_ms=0) for call in unstarted
@@ -154,6 +168,8 @@ class TurnLog:
             self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
             if announce is not None:
                 announce()
+        self._partial_done = True
+        self._text, self._open_tools, self._round_calls = None, {}, []
 
     async def finish_cancelled(self) -> None:
         self._finishing = True
@@ -176,23 +192,64 @@ class TurnLog:
         await self.close("failed")
 
     async def fail(self, code: str, message: str) -> None:
+        if self._error_done:
+            return
         row = self._row("error", now_iso(), role="assistant", content=message, code=code, model=self.model)
         async with self._transaction() as db:
             await repository.insert_messages(db, [row], new_message_id)
             self._emit(
                 ErrorEvent, id=row.id, message=message, code=code, model=self.model, timestamp=row.timestamp
             )
+        self._error_done = True
 
     async def close(self, status: TurnStatus) -> None:
         if self.closed:
             return
         self._finishing = True
-        self.closed = True
         duration = round(time.monotonic() - self.started, 3)
         row = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
         async with self._transaction() as db:
             await repository.insert_messages(db, [row], new_message_id)
             self._announce_end(row)
+        self.closed = True
+
+    async def end_durably(self, end: Callable[[], Awaitable[None]]) -> None:
+        """Runs `end` (finish_cancelled, finish_failed, close) until storage takes it. While storage
+        refuses it, `stalled` says why (a cancel answers that) and the turn stays this process's: nothing
+        starts after it, and at a restart recovery closes it. Any other failure is raised."""
+        delay = END_RETRY_FIRST
+        while True:
+            try:
+                await end()
+            except Exception as exc:
+                refusal = storage_refusal(exc)
+                if refusal is None:
+                    raise
+                if self.stalled is None:
+                    log.error(
+                        "turn %s: its end cannot be written (%s: %s); retrying until storage works",
+                        self.turn_id,
+                        refusal.code,
+                        exc,
+                    )
+                self.stalled = refusal
+                self._stall.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, END_RETRY_MOST)
+            else:
+                if self.stalled is not None:
+                    log.warning("turn %s: its end is written, storage works again", self.turn_id)
+                    self.stalled = None
+                    self._stall.clear()
+                return
+
+    async def stall(self) -> StorageUnavailable:
+        """Returns once the turn's end is stuck on storage (see end_durably), with what storage said."""
+        while True:
+            await self._stall.wait()
+            if self.stalled is not None:
+                return self.stalled
+            self._stall.clear()
 
     def _announce_end(self, done: ChatMessageRow) -> None:
         if self.live.get(self.session_id).agent_status != "idle":
@@ -215,7 +272,7 @@ class TurnLog:
         `seen_text` gives it and marked, its calls without a result given TOOL_INTERRUPTED_BY_RESTART, and
         a turn_done interrupted. Its duration runs from its start to this close (downtime included: when
         the process died is not recorded)."""
-        self._finishing = self.closed = True
+        self._finishing = True
         at = now_iso()
         done = self._row(
             "turn_done", at, duration_seconds=_seconds_between(started_at, at), status="interrupted"
@@ -234,14 +291,16 @@ class TurnLog:
             await repository.insert_messages(db, [done], new_message_id)
             self._announce_cancelled()
             self._announce_end(done)
+        self.closed = True
 
     async def announce_lost_end(self, done: ChatMessageRow) -> None:
         """Announces a turn_done row whose event was lost (a log written by a version that committed a
         turn's end before its event)."""
-        self._finishing = self.closed = True
+        self._finishing = True
         async with self._transaction():
             self.set_status("idle")
             self._announce_end(done)
+        self.closed = True
 
 
 def _seconds_between(start: str, end: str) -> float:

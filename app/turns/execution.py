@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from app.llm.gateway import ModelGateway
@@ -19,7 +19,7 @@ from app.storage.tables import ChatSessionRow
 from app.tools.registry import ToolRegistry
 from app.turns.agent import AgentRun
 from app.turns.prompt import rebuild
-from app.turns.recorder import TurnRecorder
+from app.turns.recorder import TurnRecorder, failure_of
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +74,16 @@ async def run_turn(prepare: Coroutine[Any, Any, AgentRun], recorder: TurnRecorde
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        await _end_safely(recorder.finish_cancelled())
-    except Exception:
-        log.exception("turn %s could not run", recorder.turn_id)
-        await _end_safely(
-            recorder.finish_failed("internal_error", "The turn failed because of an internal error.")
-        )
+        await _end_safely(recorder, recorder.finish_cancelled)
+    except Exception as exc:
+        code, message = failure_of(exc, recorder.turn_id, logger=log, what="could not run")
+        await _end_safely(recorder, lambda: recorder.finish_failed(code, message))
 
 
-async def _end_safely(ending: Coroutine[Any, Any, None]) -> None:
-    """A failure while closing a turn is logged; the session must still become free for the next."""
+async def _end_safely(recorder: TurnRecorder, end: Callable[[], Awaitable[None]]) -> None:
+    """The turn's end, written even if storage refuses it for a while (end_durably). Any other failure
+    while closing is logged: the session must still become free for the next turn."""
     try:
-        await ending
+        await recorder.end_durably(end)
     except Exception:
-        log.exception("closing a turn failed")
+        log.exception("closing turn %s failed", recorder.turn_id)

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from app.errors import storage_refusal
 from app.llm.types import ProviderError
 from app.protocol.clock import now_iso
 from app.protocol.events import (
@@ -55,6 +56,20 @@ from app.turns.agent import (
 from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART, OpenTool, TurnLog
 
 log = logging.getLogger(__name__)
+
+
+def failure_of(
+    exc: Exception, turn_id: str, *, logger: logging.Logger = log, what: str = "failed"
+) -> tuple[str, str]:
+    """The code and message of the `error` that ends a turn an unexpected exception stopped: storage
+    refusing work says so (storage_full, storage_busy, storage_error), anything else is internal. The
+    cause goes to `logger`, never to clients."""
+    refusal = storage_refusal(exc)
+    if refusal is None:
+        logger.exception("turn %s %s", turn_id, what)
+        return "internal_error", "The turn failed because of an internal error."
+    logger.error("turn %s stopped: storage refused a write (%s: %s)", turn_id, refusal.code, exc)
+    return refusal.code, f"The turn stopped because the server could not store it: {refusal.message}"
 
 
 @dataclass
@@ -133,7 +148,8 @@ class TurnRecorder(TurnLog):
             self.set_status("thinking")
 
     async def record(self, agent: AgentRun) -> None:
-        """Runs the agent to the end of the turn; every way out closes the turn exactly once."""
+        """Runs the agent to the end of the turn; every way out closes the turn exactly once, and every
+        end is written even when storage refuses it for a while (end_durably)."""
         self.context_window = agent.model.context_window
         events = agent.run()
         try:
@@ -146,24 +162,28 @@ class TurnRecorder(TurnLog):
                 task.uncancel()
             # Close the agent first: that closes the provider stream and cancels running tools.
             await events.aclose()
-            await self.finish_cancelled()
+            await self.end_durably(self.finish_cancelled)
             return
         except (ProviderError, AgentError) as exc:
             self._finishing = True
             await events.aclose()
-            await self.finish_failed(exc.code, exc.message)
+            failed = (exc.code, exc.message)
+            await self.end_durably(lambda: self.finish_failed(*failed))
             return
-        except Exception:
-            log.exception("turn %s failed", self.turn_id)
+        except Exception as exc:
             self._finishing = True
             await events.aclose()
-            await self.finish_failed("internal_error", "The turn failed because of an internal error.")
+            code, message = failure_of(exc, self.turn_id)
+            await self.end_durably(lambda: self.finish_failed(code, message))
             return
-        await self.close("completed")
+        await self.end_durably(lambda: self.close("completed"))
 
     async def _on(self, event: AgentEvent) -> None:
         if type(event) is TextChunk:
             # The hot path. No write: the first delta's row is inserted by the next commit.
+            if self.writer.failure is not None:
+                # Storage refuses the batches: stop the model rather than stream on into memory.
+                raise self.writer.failure
             text = clean_text(event.text)
             buffer = self._text
             if buffer is None:

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from app.errors import storage_refusal
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
 from app.protocol.events import QueuedItem, QueueUpdated, UserMessage
@@ -37,6 +38,7 @@ from app.turns.control import (
     ShuttingDown,
     TurnRunning,
     accepted,
+    end_not_stored,
     queued_message,
 )
 from app.turns.execution import AgentFactory, run_turn
@@ -44,6 +46,9 @@ from app.turns.live import IDLE, LiveStatus, LiveStatusBoard
 from app.turns.recorder import TurnRecorder
 
 log = logging.getLogger(__name__)
+
+# Seconds before waiting messages that storage refused to take are tried again.
+TAKE_RETRY_SECONDS = 1.0
 
 
 @dataclass
@@ -88,6 +93,7 @@ class Runner:
         self._closing = False
         # Every turn of this process from before its first row is written until its task is done.
         self._turn_ends: dict[str, asyncio.Future[None]] = {}
+        self._retries: set[asyncio.Task[None]] = set()
 
     @property
     def closing(self) -> bool:
@@ -133,7 +139,7 @@ class Runner:
             delivery=delivery,
         )
         async with state.lock:
-            if state.task is None:
+            if state.task is None and not state.waiting:
                 turn_id = await self._start_turn(session, state, [message], from_queue=False)
                 return accepted(session.id, message, turn_id)
             if delivery == "reject":
@@ -158,6 +164,12 @@ class Runner:
                 )
                 _announce_queue([*state.waiting.values(), message], events)
             state.waiting[message.id] = message
+            if state.task is None:
+                # Messages are waiting with no turn to take them (taking them failed): they go first.
+                await self._take_waiting(session.id, state)
+                taker = state.recorder
+                if taker is not None and message.id in taker.taken_ids:
+                    return accepted(session.id, message, taker.turn_id)
         if delivery == "interrupt":
             await self.cancel(session.id)
             taker = state.recorder
@@ -234,8 +246,21 @@ class Runner:
             if state.waiting and not self._closing and not state.closed:
                 try:
                     await self._take_waiting(session_id, state)
-                except Exception:
-                    log.exception("taking the waiting messages of session %s failed", session_id)
+                except Exception as exc:
+                    if storage_refusal(exc) is None:
+                        log.exception("taking the waiting messages of session %s failed", session_id)
+                        return
+                    # They stay waiting, first in line: the next post takes them, and so does this retry.
+                    log.error("session %s: its waiting messages wait for storage (%s)", session_id, exc)
+                    asyncio.get_running_loop().call_later(
+                        TAKE_RETRY_SECONDS, self._retry_take, session_id, state
+                    )
+
+    def _retry_take(self, session_id: str, state: SessionState) -> None:
+        if state.task is None and state.waiting and self._states.get(session_id) is state:
+            task = asyncio.create_task(self._after_turn(session_id, state), name=f"take:{session_id}")
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
 
     async def _take_waiting(self, session_id: str, state: SessionState) -> None:
         async with self._database.session() as db:
@@ -306,8 +331,15 @@ class Runner:
             return CancelResult(cancelled=False, withdrawn=withdrawn)
         task, recorder = state.task, state.recorder
         stopping = recorder.request_stop()
-        # Either way the turn is ending: wait until its end (and the taking of waiting messages) is done.
-        await asyncio.wait({task})
+        # Either way the turn is ending: wait until its end (and the taking of waiting messages) is done,
+        # or until storage refuses to take that end (then the answer says so, not that it was stopped).
+        stalled = asyncio.ensure_future(recorder.stall())
+        try:
+            await asyncio.wait({task, stalled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stalled.cancel()
+        if not task.done() and recorder.stalled is not None:
+            raise end_not_stored(recorder.stalled, stopping=stopping)
         if not stopping:
             return CancelResult(cancelled=False, withdrawn=withdrawn)
         return CancelResult(

@@ -13,6 +13,7 @@ A provider error mid-stream (the stream is cut) is checked the same way, without
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -513,8 +514,12 @@ async def test_stop_after_the_model_asked_for_tools_before_they_start(
     """The response with two tool calls is complete and being recorded (its usage is being written); no
     tool has started. Both calls get the interrupted result, and the response's text is kept."""
     original = repository.add_usage
+    # Set by the server's thread once the response is being recorded: the stop lands inside that write
+    # however slowly a loaded machine gets there (a fixed sleep after the upstream's end did not).
+    recording = threading.Event()
 
     async def slow_usage(*args: Any, **kwargs: Any) -> Any:
+        recording.set()
         await asyncio.sleep(0.5)
         return await original(*args, **kwargs)
 
@@ -528,9 +533,8 @@ async def test_stop_after_the_model_asked_for_tools_before_they_start(
     )
     async with open_session(server) as session:
         turn_id = await _start(session)
-        first = await request_number(upstream, 1)
-        await upstream.await_request(lambda r: r is first and r.done, within=5)
-        await asyncio.sleep(0.1)
+        await request_number(upstream, 1)
+        assert await asyncio.to_thread(recording.wait, 20), "the response was never recorded"
         _, body, next_turn = await _stop(session, "cancel", turn_id)
         cancelled = assert_stop_events(session, turn_id)
         assert cancelled["interrupted_tool_call_ids"] == ["call_a", "call_b"]

@@ -155,7 +155,7 @@ async def test_a_failure_while_closing_a_failed_turn_is_logged_and_never_raised(
     with caplog.at_level(logging.ERROR, logger="app.turns.execution"):
         await run_turn(unreadable_history(), turn.recorder)
     messages = [r.getMessage() for r in caplog.records if r.name == "app.turns.execution"]
-    assert messages == [f"turn {TURN} could not run", "closing a turn failed"]
+    assert messages == [f"turn {TURN} could not run", f"closing turn {TURN} failed"]
 
 
 async def test_a_failure_while_closing_a_stopped_turn_is_logged_and_never_raised(
@@ -165,4 +165,4 @@ async def test_a_failure_while_closing_a_stopped_turn_is_logged_and_never_raised
     with caplog.at_level(logging.ERROR, logger="app.turns.execution"):
         await run_stopped(turn.recorder, never_prepared())
     messages = [r.getMessage() for r in caplog.records if r.name == "app.turns.execution"]
-    assert messages == ["closing a turn failed"]
+    assert messages == [f"closing turn {TURN} failed"]
