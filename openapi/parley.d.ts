@@ -127,7 +127,8 @@ export interface paths {
         put?: never;
         /**
          * Cancel
-         * @description Stop the running turn now, keeping its partial output; 200 with cancelled=false when idle.
+         * @description Stop the running turn now, keeping its partial output; 200 with cancelled=false when idle; 503
+         *     (`storage_full`, `storage_busy`, `storage_error`) when storage refuses the turn's end for now.
          */
         post: operations["cancel_v1_sessions__session_id__cancel_post"];
         delete?: never;
@@ -1805,6 +1806,17 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Unavailable: not ready, or storage refuses writes for now (`storage_busy`, `storage_full`, `storage_error`); retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again (storage refusals). */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     stream_events_v1_sessions__session_id__events_get: {
@@ -1885,9 +1897,11 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Not ready */
+            /** @description Unavailable: not ready, or storage refuses writes for now (`storage_busy`, `storage_full`, `storage_error`); retry after Retry-After seconds */
             503: {
                 headers: {
+                    /** @description Seconds to wait before trying again (storage refusals). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2079,9 +2093,11 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Not ready */
+            /** @description Unavailable: not ready, or storage refuses writes for now (`storage_busy`, `storage_full`, `storage_error`); retry after Retry-After seconds */
             503: {
                 headers: {
+                    /** @description Seconds to wait before trying again (storage refusals). */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {

@@ -92,7 +92,7 @@ async def list_messages(
     status_code=status.HTTP_202_ACCEPTED,
     responses={
         200: {"model": CancelResult, "description": "Nothing was running"},
-        **v1_errors(404, 413, 415, 422),
+        **v1_errors(404, 413, 415, 422, 503),
     },
 )
 async def cancel(
@@ -102,7 +102,8 @@ async def cancel(
     response: Response,
     body: CancelRequest | None = None,
 ) -> CancelResult:
-    """Stop the running turn now, keeping its partial output; 200 with cancelled=false when idle."""
+    """Stop the running turn now, keeping its partial output; 200 with cancelled=false when idle; 503
+    (`storage_full`, `storage_busy`, `storage_error`) when storage refuses the turn's end for now."""
     result = await messages.cancel(principal, session_id, clear_queue=body.clear_queue if body else False)
     if not result.cancelled:
         response.status_code = status.HTTP_200_OK

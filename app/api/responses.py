@@ -15,7 +15,8 @@ _DESCRIPTIONS = {
     415: "Unsupported media type",
     422: "Validation error",
     429: "Too many requests: wait for Retry-After seconds",
-    503: "Not ready",
+    503: "Unavailable: not ready, or storage refuses writes for now (`storage_busy`, `storage_full`, "
+    "`storage_error`); retry after Retry-After seconds",
 }
 
 _HEADERS: dict[int, dict[str, Any]] = {
@@ -28,6 +29,12 @@ _HEADERS: dict[int, dict[str, Any]] = {
     429: {
         "Retry-After": {
             "description": "Seconds to wait before trying again.",
+            "schema": {"type": "integer", "minimum": 1},
+        }
+    },
+    503: {
+        "Retry-After": {
+            "description": "Seconds to wait before trying again (storage refusals).",
             "schema": {"type": "integer", "minimum": 1},
         }
     },
