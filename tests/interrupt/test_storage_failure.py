@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.pool import Pool
 
+from app.storage import repository
 from tests.fakes.script import Script
 from tests.fakes.upstream import FakeUpstream
 from tests.interrupt.session import assert_strictly_valid, open_session, request_number
@@ -132,3 +134,37 @@ async def test_a_disk_that_fills_mid_turn_leaves_an_ordered_closed_history(
     # provider (the interrupted answer included).
     assert "A message while the disk is full." not in [m.get("content") for m in history]
     assert_strictly_valid(upstream)
+
+
+async def test_messages_whose_take_storage_refused_go_before_a_later_message(
+    server: LiveServer, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn ends with a message waiting, and storage refuses the write that takes it (once). The
+    message stays first in line: a message posted next is taken after it, never before it, and nothing
+    is left waiting."""
+    upstream.enqueue(Script.words(60, delay=0.01), Script.text("Second."), Script.text("Third."))
+    original = repository.dequeue
+    refused: list[bool] = []
+
+    async def dequeue_once_refused(*args: Any, **kwargs: Any) -> Any:
+        if not refused:
+            refused.append(True)
+            raise sqlite3.OperationalError("database or disk is full")
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(repository, "dequeue", dequeue_once_refused)
+    async with open_session(server) as session:
+        first = await session.accepted("first")
+        queued = await session.accepted("queued", "queue")
+        assert queued["turn_id"] is None
+        await session.turn_done(first["turn_id"], timeout=20)
+        await _eventually(lambda: _true(bool(refused)))
+        await session.accepted("third", "queue")
+        await session.wait_idle(timeout=20)
+        assert await session.user_texts() == ["first", "queued", "third"]
+        assert await session.queue() == []
+    assert_strictly_valid(upstream)
+
+
+async def _true(value: bool) -> bool:
+    return value
