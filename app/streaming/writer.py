@@ -254,8 +254,10 @@ class WriteBehind:
         The session's streamed text rows not inserted yet are inserted first, so the block can update
         them and later rows keep the history's order. Events published inside the block are part of the
         commit. Batches of other sessions wait for the block (it holds the writer's lock), so this
-        session's frames are still delivered in order. If the block or its commit fails, its rows, events
-        and the text buffers it finished (`untrack`) stay pending for the next batch.
+        session's frames are still delivered in order. If the block or its commit fails, the events it
+        published are dropped with the rows they announce (whoever retries the write announces them
+        again), while the session's streamed text and the events published before the block, and the
+        text buffers the block finished (`untrack`), stay pending for the next batch.
         """
         async with self._lock:
             now = time.monotonic()
@@ -263,12 +265,16 @@ class WriteBehind:
             self._writing_session = session_id
             numbers = self._sequencer.begin()
             frames: list[tuple[str, Frame]] = []
+            mark: int | None = None
             try:
                 async with self._database.session() as db:
                     pending = [
                         b for b in self._texts.values() if b.session_id == session_id and b.row is not None
                     ]
                     written = await self._write_texts(db, pending)
+                    # Only appended to while the block runs (batches wait for the lock): what lies past the
+                    # mark for this session was published inside the block.
+                    mark = len(self._events)
                     yield db
                     mine = [d for d in self._events if d.session_id == session_id]
                     if session_id not in self._forgotten:
@@ -286,7 +292,10 @@ class WriteBehind:
                     if frames and self._deliver is not None:
                         self._deliver(frames)
             except BaseException:
-                # Its events stay pending: the next batch must not wait for the interval to log them.
+                if mark is not None:
+                    events = self._events
+                    events[mark:] = [d for d in events[mark:] if d.session_id != session_id]
+                # What stays pending must not wait for the interval to be logged.
                 if any(d.session_id == session_id for d in self._events):
                     self._urgent.set()
                 raise

@@ -272,23 +272,30 @@ async def test_a_turn_transaction_commits_and_delivers_its_sessions_pending_even
     assert delivered.batches[-1] == [("s_b", 1)]
 
 
-async def test_a_failed_transaction_keeps_its_events_for_the_next_batch(database: Database) -> None:
+async def test_a_failed_transaction_drops_its_own_events_and_keeps_the_ones_before_it(
+    database: Database,
+) -> None:
+    """The block's row is rolled back, so the event announcing it must not go out (the write, retried,
+    announces it again: without this a retried end showed two `error` events). Events published before
+    the block are not the block's: they stay pending for the next batch."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=60.0, deliver=delivered)
     sink = sink_of(writer)
+    sink("s_a", delta(1))  # before the block
     bad = ChatMessageRow(id="m_x", session_id="s_missing", turn_id="t", type="turn_done", timestamp=T0)
 
     async def turn_write() -> None:
         async with writer.transaction("s_a") as db:
-            sink("s_a", frame(1))
+            sink("s_a", frame(99))  # announces the row below
+            sink("s_b", frame(1))  # another session's event, published meanwhile
             await repository.insert_messages(db, [bad])
 
     with pytest.raises(Exception, match="FOREIGN KEY"):
         await turn_write()
     assert delivered.batches == []
     await writer.flush()
-    assert delivered.seqs == [("s_a", 1)]
-    assert await logged(database) == [("s_a", 1)]
+    assert delivered.seqs == [("s_a", 1), ("s_b", 1)]
+    assert await logged(database) == [("s_a", 1), ("s_b", 1)]
 
 
 async def test_a_failed_transaction_leaves_the_text_it_finished_to_the_next_batch(database: Database) -> None:
@@ -375,11 +382,12 @@ async def test_numbers_are_taken_in_the_logging_transaction_and_continue_from_th
 
     async def failing_write() -> None:
         async with writer.transaction("s_a") as db:
-            sink("s_a", frame(2))
+            sink("s_a", frame(0))  # dropped with the failed write: it takes no number
             await repository.insert_messages(db, [bad])
 
     with pytest.raises(Exception, match="FOREIGN KEY"):
         await failing_write()
+    sink("s_a", frame(2))
     sink("s_a", frame(3))
     await writer.flush()
     assert delivered.seqs == [("s_a", 1), ("s_a", 2), ("s_a", 3)]
