@@ -53,8 +53,8 @@ class Settings(BaseSettings):
         0.1,
         gt=0,
         le=1.0,
-        description="Least seconds between event-log batch commits (the first event after a quiet spell "
-        "commits at once): events reach clients once logged.",
+        description="Least seconds between the event-log commits that text deltas alone cause (a "
+        "response's first text and lone events commit at once): events reach clients once logged.",
     )
     shutdown_timeout: float = Field(
         5.0, gt=0, description="Seconds turns get at SIGTERM to commit their state before the streams close."
