@@ -148,6 +148,14 @@ def _storage_refusal(error: sqlite3.Error) -> Unavailable | None:
 
 def _sqlite_error(exc: BaseException) -> sqlite3.Error | None:
     """The driver's error behind `exc`, if any: SQLAlchemy raises its own errors `from` the driver's."""
+    found = _in_chain(exc, sqlite3.Error)
+    return found if isinstance(found, sqlite3.Error) else None
+
+
+def _in_chain(
+    exc: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """The first exception of `kinds` in `exc`, its causes and (groups) its members."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -155,12 +163,40 @@ def _sqlite_error(exc: BaseException) -> sqlite3.Error | None:
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, sqlite3.Error):
+        if isinstance(current, kinds):
             return current
         todo.append(current.__cause__)
         if isinstance(current, BaseExceptionGroup):
             todo.extend(current.exceptions)
     return None
+
+
+# Seconds a client is told to wait when PostgreSQL cannot be reached: the pool reconnects by itself.
+STORAGE_UNAVAILABLE_RETRY_AFTER = 2
+
+
+def _database_unavailable(exc: BaseException) -> Unavailable | None:
+    """The 503 for PostgreSQL out of reach: the connection refused or cut (a restart, a failover, the
+    network), no pooled connection free within the pool timeout, or a statement past the statement timeout.
+    None for any other error."""
+    # Imported here: the error model must not load a driver the SQLite deployment never uses.
+    import psycopg
+    from sqlalchemy import exc as sa_exc
+
+    kinds = (psycopg.OperationalError, psycopg.InterfaceError, sa_exc.TimeoutError, sa_exc.OperationalError)
+    if _in_chain(exc, kinds) is None:
+        return None
+    message = "The database is unavailable; retry in a moment."
+    return Unavailable(message, code="storage_unavailable", retry_after=STORAGE_UNAVAILABLE_RETRY_AFTER)
+
+
+def storage_unavailable(exc: BaseException) -> Unavailable | None:
+    """The 503 for a storage failure the client should retry (SQLite refusing work, PostgreSQL out of
+    reach), or None: for the turns, which end with an error event instead of a response."""
+    error = _sqlite_error(exc)
+    if error is not None:
+        return _storage_refusal(error)
+    return _database_unavailable(exc)
 
 
 def _log(
@@ -195,21 +231,22 @@ def _respond(
 
 
 def server_error(request: Request, exc: Exception) -> JSONResponse:
-    """The answer to an exception no handler took: 503 when SQLite refused the work, else 500.
+    """The answer to an exception no handler took: 503 when SQLite refused the work or PostgreSQL is out of
+    reach, else 500.
 
     RequestContextMiddleware calls it inside the request's context, so that the body, the X-Request-ID
     header and the log line carry the request id. The app's `Exception` handler, which Starlette runs
     outside every middleware, answers only what escapes that middleware itself. The detail goes to the
     log, never to the client.
     """
-    error = _sqlite_error(exc)
-    refusal = _storage_refusal(error) if error is not None else None
+    refusal = storage_unavailable(exc)
     if refusal is None:
         _log(request, 500, "internal_error", level=logging.ERROR, exc=exc)
         return JSONResponse(error_body("internal_error", "Internal server error."), status_code=500)
     # An error only when someone must act.
     level = logging.ERROR if refusal.code == "storage_full" else logging.WARNING
-    _log(request, refusal.status, refusal.code, level=level, cause=str(error))
+    cause = _sqlite_error(exc) or exc
+    _log(request, refusal.status, refusal.code, level=level, cause=f"{type(cause).__name__}: {cause}")
     body = error_body(refusal.code, refusal.message, refusal.details)
     return JSONResponse(body, status_code=refusal.status, headers=refusal.headers)
 

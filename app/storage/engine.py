@@ -4,6 +4,7 @@ timeout, and optionally no server-side prepared statements (for PgBouncer in tra
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -140,6 +143,15 @@ class Database:
     async def session(self) -> AsyncIterator[AsyncSession]:
         async with self._factory() as db:
             yield db
+
+    async def ping(self, timeout: float = 2.0) -> bool:
+        """Whether a statement runs within `timeout` seconds (a pooled connection, or a new one)."""
+        try:
+            async with asyncio.timeout(timeout), self.engine.connect() as connection:
+                await connection.exec_driver_sql("SELECT 1")
+        except (TimeoutError, DBAPIError, SQLAlchemyTimeout, OSError):
+            return False
+        return True
 
     async def dispose(self) -> None:
         await self.engine.dispose()

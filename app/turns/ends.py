@@ -128,12 +128,28 @@ class TurnLog:
         the events that go out with this commit."""
         buffer, self._text = self._text, None
         open_tools, self._open_tools = self._open_tools, {}
-        unstarted = [c for c in self._round_calls if c.id not in self._started_calls]
-        self._round_calls = []
+        round_calls, self._round_calls = self._round_calls, []
+        unstarted = [c for c in round_calls if c.id not in self._started_calls]
         at = now_iso()
         rows = [
             self._tool_row(call, at, result=tool_result, is_error=True, duration_ms=0) for call in unstarted
         ]
+        try:
+            await self._write_partial(buffer, open_tools, rows, tool_result, unstarted, announce)
+        except Exception:
+            # Not written (the database went away): kept, so that the ending can run again once it is back.
+            self._text, self._open_tools, self._round_calls = buffer, open_tools, round_calls
+            raise
+
+    async def _write_partial(
+        self,
+        buffer: TextBuffer | None,
+        open_tools: dict[str, OpenTool],
+        rows: list[ChatMessageRow],
+        tool_result: str,
+        unstarted: list[CallRequest],
+        announce: Callable[[], None] | None,
+    ) -> None:
         async with self._transaction() as db:
             if buffer is not None:
                 self.writer.untrack(buffer)
@@ -168,6 +184,12 @@ class TurnLog:
             interrupted_message_ids=self.interrupted_message_ids,
             interrupted_tool_call_ids=self.interrupted_tool_call_ids,
         )
+
+    async def finish_after_outage(self) -> None:
+        """The turn's own write failed because the database was out of reach, and so did its ending: once
+        the database is back, the turn ends failed, with an error event, as any failed turn does."""
+        self.closed = False
+        await self.finish_failed("storage_unavailable", "The turn failed: the database was out of reach.")
 
     async def finish_failed(self, code: str, message: str) -> None:
         self._finishing = True

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from app.errors import storage_unavailable
 from app.llm.gateway import ModelGateway
 from app.settings import Settings
 from app.storage import repository
@@ -62,8 +63,11 @@ class AgentFactory:
         )
 
 
-async def run_turn(prepare: Coroutine[Any, Any, AgentRun], recorder: TurnRecorder) -> None:
-    """Prepares the agent and records it to the turn's end."""
+async def run_turn(
+    prepare: Coroutine[Any, Any, AgentRun], recorder: TurnRecorder, database: Database | None = None
+) -> None:
+    """Prepares the agent and records it to the turn's end; if the database went away meanwhile, the turn
+    ends failed once `database` answers again."""
     try:
         if recorder.begin():
             prepare.close()  # stopped before the task took its first step: nothing ran
@@ -75,7 +79,13 @@ async def run_turn(prepare: Coroutine[Any, Any, AgentRun], recorder: TurnRecorde
         if task is not None:
             task.uncancel()
         await _end_safely(recorder.finish_cancelled())
-    except Exception:
+    except Exception as exc:
+        if database is not None and storage_unavailable(exc) is not None:
+            log.warning(
+                "turn %s: the database is out of reach; it ends failed once it is back", recorder.turn_id
+            )
+            await _end_after_outage(recorder, database)
+            return
         log.exception("turn %s could not run", recorder.turn_id)
         await _end_safely(
             recorder.finish_failed("internal_error", "The turn failed because of an internal error.")
@@ -88,3 +98,24 @@ async def _end_safely(ending: Coroutine[Any, Any, None]) -> None:
         await ending
     except Exception:
         log.exception("closing a turn failed")
+
+
+# Seconds between two checks whether the database is back (doubling from the first).
+OUTAGE_POLL = (0.25, 5.0)
+
+
+async def _end_after_outage(recorder: TurnRecorder, database: Database) -> None:
+    """Ends the turn failed (error event, turn_done) as soon as the database takes the write. Nothing the
+    turn acknowledged is lost meanwhile: it is in the database already, or pending in the write-behind."""
+    delay, longest = OUTAGE_POLL
+    while True:
+        if await database.ping():
+            try:
+                await recorder.finish_after_outage()
+                return
+            except Exception as exc:
+                if storage_unavailable(exc) is None:
+                    log.exception("closing turn %s after the database came back failed", recorder.turn_id)
+                    return
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, longest)

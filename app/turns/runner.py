@@ -222,7 +222,7 @@ class Runner:
     async def _turn_task(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
         try:
             prepare = self._agent.prepare(session, recorder.turn_id, should_pause=state.wants_breakpoint)
-            await run_turn(prepare, recorder)
+            await run_turn(prepare, recorder, self._database)
         finally:
             await self._after_turn(session.id, state)
 
