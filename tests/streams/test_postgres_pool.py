@@ -48,7 +48,7 @@ def server_connections(database: ScratchDatabase) -> int:
             "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
             (database.name,),
         ).fetchone()
-    return int(found[0]) if found else 0
+    return int(str(found[0])) if found else 0
 
 
 def read(

@@ -96,7 +96,7 @@ class ScratchDatabase:
                 " WHERE datname = %s AND pid <> pg_backend_pid()",
                 (self.name,),
             ).fetchone()
-        return int(found[0]) if found else 0
+        return int(str(found[0])) if found else 0
 
 
 @pytest.fixture(scope="session")

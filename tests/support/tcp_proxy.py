@@ -48,7 +48,9 @@ class TcpProxy:
 
     async def _listen(self) -> None:
         if self._server is None:
-            self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port, reuse_address=True)
+            self._server = await asyncio.start_server(
+                self._accept, "127.0.0.1", self.port, reuse_address=True
+            )
 
     async def _cut(self) -> None:
         if self._server is not None:
