@@ -188,8 +188,9 @@ async def _insert(
         await db.commit()
 
 
-async def seed(path: Path, *, messages: int, events: int, idle: int) -> Seeded:
-    database = Database(f"sqlite+aiosqlite:///{path}")
+async def seed(target: Path | str, *, messages: int, events: int, idle: int) -> Seeded:
+    """Into the SQLite file `target`, or the database whose URL it is (PostgreSQL)."""
+    database = Database(target if isinstance(target, str) else f"sqlite+aiosqlite:///{target}")
     at = now_iso()
     try:
         history_id, replay_id = new_session_id(), new_session_id()
