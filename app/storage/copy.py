@@ -68,6 +68,11 @@ def copy_all(source: Engine, target: Engine) -> list[TableCopy]:
                 copied += _insert(writing, table, rows)
             _advance_sequences(writing, table)
             done.append(TableCopy(table.name, _count(reading, table), copied, _count(writing, table)))
+    if target.dialect.name == "postgresql":
+        # The planner's statistics of the bulk load now, rather than at autovacuum's next pass: until
+        # then a long history reads as a few rows (a sort where an index scan belongs).
+        with target.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            connection.exec_driver_sql("ANALYZE")
     return done
 
 

@@ -20,6 +20,10 @@ async def last_event_seq(db: AsyncSession, session_id: str) -> int:
 
 
 _INSERT_EVENTS = "INSERT INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
+_INSERT_EVENTS_UNNEST = (
+    "INSERT INTO events (session_id, seq, type, data)"
+    " SELECT * FROM unnest(?::varchar[], ?::integer[], ?::varchar[], ?::varchar[])"
+)
 
 
 async def insert_events(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
@@ -31,8 +35,16 @@ async def log_events(db: AsyncSession, params: Sequence[tuple[str, int, str, str
 
     A plain insert: numbers are taken in the transaction that logs them (streaming.sequencing), so a
     duplicate is a bug to surface, never a case to ignore."""
-    if params:
-        await (await raw(db)).executemany(_INSERT_EVENTS, params)
+    if not params:
+        return
+    conn = await raw(db)
+    if conn.dialect == "postgresql":
+        # One statement over four arrays: psycopg adapts a list in C, where an executemany handles every
+        # row in Python (measured: the event log was most of PostgreSQL's extra CPU per streamed chunk).
+        columns = [list(column) for column in zip(*params, strict=True)]
+        await conn.execute(_INSERT_EVENTS_UNNEST, columns)
+    else:
+        await conn.executemany(_INSERT_EVENTS, params)
 
 
 async def events_after(db: AsyncSession, session_id: str, after: int, limit: int) -> list[EventRow]:

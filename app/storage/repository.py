@@ -223,8 +223,17 @@ async def update_message(db: AsyncSession, message_id: str, values: dict[str, An
 
 async def set_message_texts(db: AsyncSession, texts: Sequence[tuple[str, str]]) -> None:
     """(message id, content) pairs: streamed text written behind, in one statement for all of them."""
-    if texts:
-        await (await raw(db)).executemany(
+    if not texts:
+        return
+    conn = await raw(db)
+    if conn.dialect == "postgresql":  # one statement over two arrays (event_log.log_events says why)
+        await conn.execute(
+            "UPDATE chat_messages SET content = t.content FROM unnest(?::varchar[], ?::varchar[])"
+            " AS t(id, content) WHERE chat_messages.id = t.id",
+            ([mid for mid, _ in texts], [text for _, text in texts]),
+        )
+    else:
+        await conn.executemany(
             "UPDATE chat_messages SET content = ? WHERE id = ?", [(text, mid) for mid, text in texts]
         )
 
