@@ -8,6 +8,8 @@ It also creates the listening socket itself, with TCP keepalive: connections acc
 options (Linux), so an idle connection (a `?wait=true` request, an event stream between heartbeats) is
 probed, and a client whose machine or network vanished is noticed and its wait or stream ended.
 
+`python -m app migrate-data --from URL --to URL` copies a database into another instead (app.storage.copy).
+
 And it loads the app before uvicorn runs, with the garbage collector paused (`load_app`): part of a cold
 start that /healthz waits for.
 """
@@ -19,6 +21,7 @@ import gc
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import uvicorn
 
@@ -43,7 +46,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["migrate-data"]:
+        return migrate_data(given[1:])
+    args = parse_args(given)
     settings = Settings()
     try:
         refusal = open_mode_refusal(settings, load_key_ring(settings), args.host)
@@ -72,6 +78,63 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         sock.close()
     return 0 if server.started else EXIT_STARTUP
+
+
+def migrate_data(argv: Sequence[str]) -> int:
+    """`python -m app migrate-data --from URL --to URL`: copies every row of one database into another
+    (SQLite into PostgreSQL), migrating the target first; idempotent; prints the counts, then compares."""
+    parser = argparse.ArgumentParser(
+        prog="python -m app migrate-data",
+        description="Copy a Parley database into another (e.g. SQLite into PostgreSQL).",
+    )
+    parser.add_argument("--from", dest="source", required=True, help="e.g. sqlite:///data/parley.db")
+    parser.add_argument(
+        "--to", dest="target", required=True, help="e.g. postgresql://postgres@127.0.0.1/parley"
+    )
+    args = parser.parse_args(argv)
+    # Imported here: serving never needs alembic or the copy.
+    from alembic import command
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from app.storage import copy
+    from app.storage.engine import sync_url
+
+    config = Config(str(Path(__file__).resolve().parents[1] / "alembic.ini"))
+    config.attributes["configure_logger"] = False
+    head = ScriptDirectory.from_config(config).get_current_head()
+    source, target = copy.open_engine(args.source), copy.open_engine(args.target)
+    try:
+        with source.connect() as connection:
+            found = copy.revision(connection)
+        if found != head:
+            print(
+                f"parley: the source is at migration {found}, not {head}: migrate it first "
+                f"(PARLEY_DATABASE_URL=<it> alembic upgrade head)",
+                file=sys.stderr,
+            )
+            return EXIT_CONFIG
+        config.attributes["url"] = sync_url(args.target)
+        command.upgrade(config, "head")
+        for done in copy.copy_all(source, target):
+            print(
+                f"{done.table:<18} {done.source_rows:>9} in source {done.copied:>9} copied"
+                f" {done.target_rows:>9} in target"
+            )
+        different = copy.differences(source, target)
+    finally:
+        source.dispose()
+        target.dispose()
+    if different:
+        for diff in different:
+            print(
+                f"parley: {diff.table} {diff.key}: source {diff.source} != target {diff.target}",
+                file=sys.stderr,
+            )
+        print("parley: the databases differ (rows above)", file=sys.stderr)
+        return 1
+    print("identical: every row of every table is the same in both databases")
+    return 0
 
 
 def load_app(config: uvicorn.Config) -> None:

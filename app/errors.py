@@ -126,7 +126,8 @@ class TooManyRequests(ApiError):
 
 class StorageUnavailable(Unavailable):
     """The database refused work: its write lock held past the busy timeout (`storage_busy`), its disk
-    full (`storage_full`) or an I/O error (`storage_error`). A request gets it as a 503 with Retry-After; a
+    full (`storage_full`), an I/O error (`storage_error`), or PostgreSQL out of reach
+    (`storage_unavailable`). A request gets it as a 503 with Retry-After; a
     turn that meets it ends with an `error` of the same code once storage works again."""
 
 
@@ -160,11 +161,21 @@ def storage_refusal(exc: BaseException) -> StorageUnavailable | None:
     if isinstance(exc, StorageUnavailable):
         return exc
     error = _sqlite_error(exc)
-    return _storage_refusal(error) if error is not None else None
+    if error is not None:
+        return _storage_refusal(error)
+    return _database_unavailable(exc)
 
 
 def _sqlite_error(exc: BaseException) -> sqlite3.Error | None:
     """The driver's error behind `exc`, if any: SQLAlchemy raises its own errors `from` the driver's."""
+    found = _in_chain(exc, sqlite3.Error)
+    return found if isinstance(found, sqlite3.Error) else None
+
+
+def _in_chain(
+    exc: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """The first exception of `kinds` in `exc`, its causes and (groups) its members."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -172,12 +183,33 @@ def _sqlite_error(exc: BaseException) -> sqlite3.Error | None:
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, sqlite3.Error):
+        if isinstance(current, kinds):
             return current
         todo.append(current.__cause__)
         if isinstance(current, BaseExceptionGroup):
             todo.extend(current.exceptions)
     return None
+
+
+# Seconds a client is told to wait when PostgreSQL cannot be reached: the pool reconnects by itself.
+STORAGE_UNAVAILABLE_RETRY_AFTER = 2
+
+
+def _database_unavailable(exc: BaseException) -> StorageUnavailable | None:
+    """The 503 for PostgreSQL out of reach: the connection refused or cut (a restart, a failover, the
+    network), no pooled connection free within the pool timeout, or a statement past the statement timeout.
+    None for any other error."""
+    # Imported here: the error model must not load a driver the SQLite deployment never uses.
+    import psycopg
+    from sqlalchemy import exc as sa_exc
+
+    kinds = (psycopg.OperationalError, psycopg.InterfaceError, sa_exc.TimeoutError, sa_exc.OperationalError)
+    if _in_chain(exc, kinds) is None:
+        return None
+    message = "The database is unavailable; retry in a moment."
+    return StorageUnavailable(
+        message, code="storage_unavailable", retry_after=STORAGE_UNAVAILABLE_RETRY_AFTER
+    )
 
 
 def _log(
@@ -212,7 +244,8 @@ def _respond(
 
 
 def server_error(request: Request, exc: Exception) -> JSONResponse:
-    """The answer to an exception no handler took: 503 when SQLite refused the work, else 500.
+    """The answer to an exception no handler took: 503 when SQLite refused the work or PostgreSQL is out of
+    reach, else 500.
 
     RequestContextMiddleware calls it inside the request's context, so that the body, the X-Request-ID
     header and the log line carry the request id. The app's `Exception` handler, which Starlette runs
@@ -223,9 +256,10 @@ def server_error(request: Request, exc: Exception) -> JSONResponse:
     if refusal is None:
         _log(request, 500, "internal_error", level=logging.ERROR, exc=exc)
         return JSONResponse(error_body("internal_error", "Internal server error."), status_code=500)
-    # An error only when someone must act.
-    level = logging.WARNING if refusal.code == "storage_busy" else logging.ERROR
-    _log(request, refusal.status, refusal.code, level=level, cause=str(_sqlite_error(exc) or exc))
+    # An error only when someone must act (a full or failing disk); busy or out of reach is transient.
+    level = logging.ERROR if refusal.code in ("storage_full", "storage_error") else logging.WARNING
+    cause = _sqlite_error(exc) or exc
+    _log(request, refusal.status, refusal.code, level=level, cause=f"{type(cause).__name__}: {cause}")
     body = error_body(refusal.code, refusal.message, refusal.details)
     return JSONResponse(body, status_code=refusal.status, headers=refusal.headers)
 

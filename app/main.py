@@ -27,7 +27,7 @@ from app.observability.monitor import DebugStats
 from app.protocol.openapi import install_openapi
 from app.settings import Settings
 from app.storage import event_log
-from app.storage.engine import Database
+from app.storage.engine import Database, pool_options
 from app.streaming.broker import RING_SIZE, Broker
 from app.streaming.frames import Frame
 from app.streaming.writer import WriteBehind
@@ -92,7 +92,11 @@ def _lifespan(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        database = Database(settings.database_url, busy_timeout_ms=settings.database_busy_timeout_ms)
+        database = Database(
+            settings.database_url,
+            busy_timeout_ms=settings.database_busy_timeout_ms,
+            pool=pool_options(settings),
+        )
         debug_stats = None
         if settings.debug_stats:
             debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)

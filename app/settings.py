@@ -16,12 +16,30 @@ DEMO_MODEL = "parley/demo"
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PARLEY_", extra="ignore")
 
-    database_url: str = "sqlite+aiosqlite:///./data/parley.db"
+    database_url: str = Field(
+        "sqlite+aiosqlite:///./data/parley.db",
+        description="sqlite+aiosqlite:///<file> (the default) or postgresql+psycopg://user@host/db.",
+    )
     database_busy_timeout_ms: int = Field(
         10_000,
         ge=1,
         description="Milliseconds a write waits for SQLite's write lock before it gives up: the request "
         "then gets 503 storage_busy.",
+    )
+    # PostgreSQL only: the connection pool, statement timeout and PgBouncer mode.
+    database_pool_size: int = Field(10, ge=1, description="Connections the PostgreSQL pool keeps open.")
+    database_max_overflow: int = Field(
+        10, ge=0, description="Connections the PostgreSQL pool may open beyond its size under load."
+    )
+    database_pool_timeout: float = Field(
+        10.0, gt=0, description="Seconds a request waits for a free connection; then 503 storage_unavailable."
+    )
+    database_statement_timeout_ms: int = Field(
+        30_000, ge=0, description="PostgreSQL's statement_timeout for every connection (0: none)."
+    )
+    database_pgbouncer: bool = Field(
+        False,
+        description="PostgreSQL behind PgBouncer in transaction mode: no server-side prepared statements.",
     )
     default_model: str = DEMO_MODEL
     models_file: Path | None = None
@@ -125,4 +143,8 @@ class Settings(BaseSettings):
     @cached_property
     def sync_database_url(self) -> str:
         """The same database for tools that need a synchronous driver (alembic)."""
-        return self.database_url.replace("+aiosqlite", "")
+        url = self.database_url.replace("+aiosqlite", "")
+        for bare in ("postgresql://", "postgres://"):
+            if url.startswith(bare):
+                return "postgresql+psycopg://" + url.removeprefix(bare)
+        return url

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.figure import LANGGRAPH, PEER, Figure, get
+from bench.postgres import figures as postgres_figures
 
 
 def _level(levels: list[dict[str, Any]] | None, wanted: int) -> dict[str, Any] | None:
@@ -144,7 +145,8 @@ def build(results: dict[str, Any]) -> list[Figure]:
         ),
     ]
     figures += _first_token(results, sweep, at50, c50)
-    figures += _demo(results) + _start(results) + _stop(results) + _storage(results) + _harness(results)
+    figures += _demo(results) + _start(results) + _stop(results) + _storage(results)
+    figures += postgres_figures(results) + _harness(results)
     return figures
 
 

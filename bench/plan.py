@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-STAGES = ("cold_start", "baselines", "sweep", "stop", "demo", "storage", "idle_streams")
+STAGES = ("cold_start", "baselines", "sweep", "stop", "demo", "storage", "idle_streams", "postgres")
 # "auto" is the server's default (a lean reader for OpenAI-compatible providers once it lands); "litellm"
 # forces litellm's stream for every model through PARLEY_STREAM_ADAPTER (ignored by servers without it).
 ADAPTERS = ("auto", "litellm")

@@ -1,10 +1,11 @@
 """`python -m bench.run` (`make bench`): the whole benchmark, then latest.json, latest.md and latest.png.
 
 Order: the upstream starts (core 1) and stays up for the whole run; cold starts; the raw-SDK baselines
-(core 0, while no server runs); then per stream adapter one server (core 0) for the concurrency sweep,
-the stop stage and, on the first, the demo model; last a server over a seeded database for storage and
-idle streams. A stage that fails is recorded (its figures stay empty) and the run goes on; the exit
-status is 1 if any stage failed, whatever the figures say: a missed target is a finding, not an error.
+(core 0, while no server runs); then per stream adapter one server (core 0) for the concurrency sweep, the
+stop stage and, on the first, the demo model; then a server over a seeded database for storage and idle
+streams; last the sweep and storage again on PostgreSQL (bench/postgres.py). A stage that fails is recorded
+(its figures stay empty) and the run goes on; the exit status is 1 if any stage failed, whatever the
+figures say: a missed target is a finding, not an error.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bench import summary
 from bench.context import Context, say
 from bench.figures import build, load_runs
 from bench.plan import Config, config_from, parser
+from bench.postgres import postgres
 from bench.procs import ROOT, Cores, UpstreamProcess, pin_self, raise_nofile
 from bench.report import machine, write
 from bench.startup import baselines, cold_start
@@ -92,6 +94,8 @@ async def _stages(ctx: Context, results: dict[str, Any]) -> None:
         results["storage"] = await guarded(
             results, "storage", lambda: storage(ctx, with_idle_streams=with_streams)
         )
+    if "postgres" in stages:
+        results["postgres"] = await guarded(results, "postgres", lambda: postgres(ctx))
 
 
 def _turn_errors(results: dict[str, Any]) -> int:

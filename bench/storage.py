@@ -120,18 +120,25 @@ async def idle_streams(server: ServerProcess, seeded: Seeded, settle_s: float) -
     }
 
 
-async def storage(ctx: Context, *, with_idle_streams: bool) -> dict[str, Any]:
+async def storage(
+    ctx: Context, *, with_idle_streams: bool, database_url: str | None = None
+) -> dict[str, Any]:
+    """On a fresh SQLite copy, or on `database_url` (an empty migrated PostgreSQL database)."""
     config = ctx.config
     db = ctx.fresh_db("storage")
     idle = config.idle_streams if with_idle_streams else 0
     say(f"storage: seeding {config.messages} messages, {config.events} events, {idle} idle sessions")
     began = time.monotonic()
-    seeded = await seed(db, messages=config.messages, events=config.events, idle=idle)
+    seeded = await seed(database_url or db, messages=config.messages, events=config.events, idle=idle)
     seeded_s = time.monotonic() - began
     # Retention above the seeded log, so that after=0 replays it rather than answering a resync.
     retention = str(max(10_000, 2 * seeded.replay_events))
     result: dict[str, Any] = {"seed": {"method": "direct (bench/seed.py)", "seconds": round(seeded_s, 2)}}
-    with ctx.server("storage", db=db, extra={"PARLEY_EVENT_RETENTION": retention}) as server:
+    extra = {"PARLEY_EVENT_RETENTION": retention}
+    if database_url is not None:
+        extra["PARLEY_DATABASE_URL"] = database_url
+    label = "storage" if database_url is None else "storage-postgres"
+    with ctx.server(label, db=db, extra=extra) as server:
         result["pages_ms"] = await pages(server, seeded, config.page_size, config.page_calls)
         say(f"  GET messages?limit={config.page_size} p99 {result['pages_ms']['all']['p99']} ms")
         result["replay"] = await replay(server, seeded, config.replays)

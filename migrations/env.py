@@ -10,7 +10,7 @@ from sqlmodel import SQLModel
 
 import app.storage.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 from app.settings import Settings
-from app.storage.engine import ensure_sqlite_dir
+from app.storage.engine import ensure_sqlite_dir, sync_url
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
@@ -31,7 +31,7 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    url = _url().replace("+aiosqlite", "")
+    url = sync_url(_url())
     ensure_sqlite_dir(url)
     engine = create_engine(url, poolclass=pool.NullPool)
     with engine.connect() as connection:

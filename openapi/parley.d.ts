@@ -33,7 +33,7 @@ export interface paths {
         };
         /**
          * Readyz
-         * @description Ready: the model layer is loaded, so turns start without waiting.
+         * @description Ready: the model layer is loaded, so turns start without waiting, and the database answers.
          */
         get: operations["readyz_readyz_get"];
         put?: never;
@@ -719,6 +719,15 @@ export interface components {
             /** Timestamp */
             timestamp: string;
         };
+        /** Readiness */
+        Readiness: {
+            /** Database Ready */
+            database_ready: boolean;
+            /** Models Ready */
+            models_ready: boolean;
+            /** Status */
+            status: string;
+        };
         /** ResponseDone */
         ResponseDone: {
             /** Duration Ms */
@@ -1372,16 +1381,16 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["Health"];
+                    "application/json": components["schemas"]["Readiness"];
                 };
             };
-            /** @description The model layer is still loading */
+            /** @description The model layer is still loading, or the database is out of reach */
             503: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["Health"];
+                    "application/json": components["schemas"]["Readiness"];
                 };
             };
         };

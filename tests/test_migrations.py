@@ -1,5 +1,6 @@
-"""Alembic migrations (migrations/, beside app/) against the tables in app.storage.tables: the head builds
-exactly the models, down and up again, 0004 keeps every row, and the files are named by date and slug."""
+"""Alembic migrations (migrations/, beside app/) against the tables in app.storage.tables, on SQLite and on
+PostgreSQL (one history for both): the head builds exactly the models, down and up again, 0004 keeps every
+row, and the files are named by date and slug."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sqlalchemy import Engine, create_engine, inspect, text
 from sqlmodel import SQLModel
 
 import app.storage.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+from tests.support.postgres import ScratchDatabase
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSIONS = ROOT / "migrations" / "versions"
@@ -27,8 +29,15 @@ FILE_NAME = re.compile(
 APP_TABLES = {"chat_sessions", "chat_messages", "queued_messages", "events", "idempotency_keys"}
 
 
+pytestmark = pytest.mark.both_backends
+
+
 @pytest.fixture
-def sync_url(tmp_path: Path) -> str:
+def sync_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """An empty database: a SQLite file, or a PostgreSQL database of the test's own."""
+    if backend == "postgresql":
+        database: ScratchDatabase = request.getfixturevalue("empty_postgres_database")
+        return database.url
     return f"sqlite:///{tmp_path / 'migrations.db'}"
 
 

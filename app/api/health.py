@@ -24,13 +24,29 @@ async def healthz(services: ServicesDep) -> Health:
     return Health(status="ok", models_ready=services.models.is_ready)
 
 
-@router.get("/readyz", responses={503: {"model": Health, "description": "The model layer is still loading"}})
-async def readyz(services: ServicesDep, response: Response) -> Health:
-    """Ready: the model layer is loaded, so turns start without waiting."""
-    ready = services.models.is_ready
-    if not ready:
+class Readiness(Health):
+    database_ready: bool
+
+
+@router.get(
+    "/readyz",
+    responses={
+        503: {
+            "model": Readiness,
+            "description": "The model layer is still loading, or the database is out of reach",
+        }
+    },
+)
+async def readyz(services: ServicesDep, response: Response) -> Readiness:
+    """Ready: the model layer is loaded, so turns start without waiting, and the database answers."""
+    models_ready = services.models.is_ready
+    database_ready = await services.sessions.storage_ready()
+    if not (models_ready and database_ready):
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    return Health(status="ok" if ready else "loading", models_ready=ready)
+    state = (
+        "ok" if database_ready and models_ready else ("loading" if database_ready else "database_unavailable")
+    )
+    return Readiness(status=state, models_ready=models_ready, database_ready=database_ready)
 
 
 @router.get("/v1/models", tags=["models"], responses=v1_errors())

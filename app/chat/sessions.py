@@ -37,6 +37,10 @@ class Sessions:
         self._tools = tools
         self._idempotency = idempotency
 
+    async def storage_ready(self) -> bool:
+        """Whether the database answers now (for /readyz: PostgreSQL may be out of reach)."""
+        return await self._database.ping()
+
     async def create(
         self, principal: str, body: SessionCreate, *, idempotency_key: str | None = None
     ) -> tuple[SessionOut, bool]:

@@ -1,19 +1,53 @@
-"""The async engine: SQLite in WAL mode with a busy timeout and foreign keys on every connection."""
+"""The async engine, chosen by URL: SQLite (the embedded default) in WAL mode with a busy timeout and
+foreign keys on every connection, or PostgreSQL through psycopg 3 with a bounded pool and a statement
+timeout, and optionally no server-side prepared statements (for PgBouncer in transaction mode)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+if TYPE_CHECKING:
+    from app.settings import Settings
+
 # How long a write waits for SQLite's one write lock before it fails with "database is locked".
 BUSY_TIMEOUT_MS = 10_000
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """PostgreSQL's connection handling (SQLite's one file needs none of it)."""
+
+    size: int = 10
+    max_overflow: int = 10
+    # Seconds a session waits for a free connection before the request gets a 503.
+    timeout: float = 10.0
+    statement_timeout_ms: int = 30_000
+    connect_timeout: int = 5
+    # PgBouncer in transaction mode hands each transaction another server connection: no statement may
+    # be prepared on the server (psycopg prepares one after five runs unless prepare_threshold is None).
+    pgbouncer: bool = False
+
+
+def pool_options(settings: Settings) -> PoolOptions:
+    return PoolOptions(
+        size=settings.database_pool_size,
+        max_overflow=settings.database_max_overflow,
+        timeout=settings.database_pool_timeout,
+        statement_timeout_ms=settings.database_statement_timeout_ms,
+        pgbouncer=settings.database_pgbouncer,
+    )
 
 
 def _pragmas(busy_timeout_ms: int) -> Callable[[Any, Any], None]:
@@ -34,7 +68,34 @@ def ensure_sqlite_dir(url: str) -> None:
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
 
 
-def create_engine(url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> AsyncEngine:
+def async_url(url: str) -> str:
+    """The URL with its async driver: `postgresql://` and `postgres://` mean psycopg 3, `sqlite://`
+    aiosqlite."""
+    parsed = make_url(url)
+    driver = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+aiosqlite"}
+    name = parsed.get_backend_name()
+    if name == "postgres":
+        name = "postgresql"
+    if parsed.drivername in ("postgresql", "postgres", "sqlite"):
+        parsed = parsed.set(drivername=driver[name])
+    return parsed.render_as_string(hide_password=False)
+
+
+def sync_url(url: str) -> str:
+    """The same database for tools that need a synchronous driver (alembic): psycopg 3 is both."""
+    return async_url(url).replace("+aiosqlite", "")
+
+
+def is_postgres(url: str) -> bool:
+    return make_url(url).get_backend_name() in ("postgresql", "postgres")
+
+
+def create_engine(
+    url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, pool: PoolOptions | None = None
+) -> AsyncEngine:
+    url = async_url(url)
+    if is_postgres(url):
+        return _postgres_engine(url, pool or PoolOptions())
     ensure_sqlite_dir(url)
     engine = create_async_engine(
         url,
@@ -48,17 +109,49 @@ def create_engine(url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> AsyncE
     return engine
 
 
+def _postgres_engine(url: str, pool: PoolOptions) -> AsyncEngine:
+    connect_args: dict[str, Any] = {
+        "connect_timeout": pool.connect_timeout,
+        "options": f"-c statement_timeout={int(pool.statement_timeout_ms)}",
+    }
+    if pool.pgbouncer:
+        connect_args["prepare_threshold"] = None
+    return create_async_engine(
+        url,
+        connect_args=connect_args,
+        pool_size=pool.size,
+        max_overflow=pool.max_overflow,
+        pool_timeout=pool.timeout,
+        # A connection the server (or a proxy) closed is replaced at checkout, so the service recovers
+        # by itself once the database is back; the hot path's raw statements bypass SQLAlchemy's own
+        # detection of a dead connection.
+        pool_pre_ping=True,
+    )
+
+
 class Database:
     """Owns the engine and hands out short-lived database sessions (`db`)."""
 
-    def __init__(self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
-        self.engine = create_engine(url, busy_timeout_ms=busy_timeout_ms)
+    def __init__(
+        self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, pool: PoolOptions | None = None
+    ) -> None:
+        self.engine = create_engine(url, busy_timeout_ms=busy_timeout_ms, pool=pool)
+        self.dialect = self.engine.dialect.name
         self._factory = async_sessionmaker(self.engine, class_=AsyncSession, expire_on_commit=False)
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncSession]:
         async with self._factory() as db:
             yield db
+
+    async def ping(self, timeout: float = 2.0) -> bool:
+        """Whether a statement runs within `timeout` seconds (a pooled connection, or a new one)."""
+        try:
+            async with asyncio.timeout(timeout), self.engine.connect() as connection:
+                await connection.exec_driver_sql("SELECT 1")
+        except (TimeoutError, DBAPIError, SQLAlchemyTimeout, OSError):
+            return False
+        return True
 
     async def dispose(self) -> None:
         await self.engine.dispose()

@@ -12,7 +12,7 @@ from sqlalchemy.orm import configure_mappers
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage.sql import dialect_insert, driver
+from app.storage.sql import Raw, dialect_insert, raw
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
 
 # --- chat sessions ---------------------------------------------------------------------------------
@@ -53,8 +53,9 @@ async def insert_session(db: AsyncSession, row: ChatSessionRow, new_id: Callable
     values = {c.name: getattr(row, c.name) for c in ChatSessionRow.__table__.columns}  # type: ignore[attr-defined]
     while True:
         values["id"] = row.id
-        result = await db.exec(dialect_insert(db)(ChatSessionRow).values(**values).on_conflict_do_nothing())
-        if result.rowcount:
+        # RETURNING, not the row count: psycopg's adapter reports -1 for an INSERT ... ON CONFLICT.
+        statement = dialect_insert(db)(ChatSessionRow).values(**values).on_conflict_do_nothing()
+        if (await db.exec(statement.returning(col(ChatSessionRow.id)))).first() is not None:
             return
         row.id = new_id()
 
@@ -67,7 +68,7 @@ async def add_usage(
     db: AsyncSession, session_id: str, *, prompt: int, completion: int, window: int | None, at: str
 ) -> tuple[int, int]:
     """Adds one response's tokens; returns the session's (total_tokens, context_used)."""
-    found = await (await driver(db)).execute_fetchall(
+    found = await (await raw(db)).fetchall(
         "UPDATE chat_sessions SET total_tokens = total_tokens + ?, context_used = ?, context_window = ?,"
         " updated_at = ? WHERE id = ? RETURNING total_tokens, context_used",
         (prompt + completion, prompt, window, at, session_id),
@@ -86,7 +87,8 @@ async def delete_session(db: AsyncSession, session_id: str) -> bool:
 # --- chat messages ---------------------------------------------------------------------------------
 
 
-# The columns a chat message is inserted with (`position` is the rowid SQLite assigns).
+# The columns a chat message is inserted with (`position` is assigned by the database: SQLite's rowid,
+# PostgreSQL's sequence).
 _MESSAGE_COLUMNS = tuple(c.name for c in ChatMessageRow.__table__.columns if c.name != "position")  # type: ignore[attr-defined]
 _JSON_COLUMNS = frozenset(
     c.name
@@ -107,7 +109,8 @@ def _message_params(row: ChatMessageRow) -> tuple[Any, ...]:
 
 
 def _decoder(column: Any) -> Any:
-    """How SQLAlchemy would turn the stored value of `column` back into Python."""
+    """How SQLAlchemy would turn the value SQLite stores for `column` back into Python (psycopg returns
+    JSON and booleans decoded already)."""
     kind = column.type.__class__.__name__
     if kind == "JSON":
         return lambda v: None if v is None else json.loads(v)
@@ -117,8 +120,8 @@ def _decoder(column: Any) -> Any:
 
 
 class _Loader:
-    """Rows of one table read with plain SQL and built into its model: one trip to the driver's thread
-    (aiosqlite's execute_fetchall) where an ORM select makes four (cursor, execute, fetch, close)."""
+    """Rows of one table read with plain SQL and built into its model: one trip to the driver (on SQLite,
+    aiosqlite's execute_fetchall) where an ORM select makes four (cursor, execute, fetch, close)."""
 
     def __init__(self, model: Any) -> None:
         columns = list(model.__table__.columns)
@@ -135,8 +138,10 @@ class _Loader:
         self.new = sa_inspect(model).class_manager.new_instance
 
     async def all(self, db: AsyncSession, where: str, params: Sequence[Any]) -> list[Any]:
-        records = await (await driver(db)).execute_fetchall(f"{self.select} {where}", params)
-        names, decoders, new = self.names, self.decoders, self.new
+        conn = await raw(db)
+        records = await conn.fetchall(f"{self.select} {where}", params)
+        names, new = self.names, self.new
+        decoders = self.decoders if conn.dialect == "sqlite" else ()
         rows = []
         for record in records:
             values = list(record)
@@ -170,13 +175,13 @@ async def insert_messages(
                 renamed[row.id] = row.id = new_id()
             seen.add(row.id)
     while rows:
-        conn = await driver(db)
+        conn = await raw(db)
         params = [_message_params(row) for row in rows]
         if new_id is None:
             await conn.executemany(_INSERT_MESSAGE, params)
             return renamed
-        cursor = await conn.executemany(_INSERT_MESSAGE + " ON CONFLICT (id) DO NOTHING", params)
-        if cursor.rowcount == len(rows):
+        inserted_count = await conn.executemany(_INSERT_MESSAGE + " ON CONFLICT (id) DO NOTHING", params)
+        if inserted_count == len(rows):
             return renamed
         taken = await _taken_ids(conn, rows)
         if not taken:  # what did not go in is stored already, as it is (a row written twice)
@@ -192,11 +197,11 @@ async def insert_messages(
     return renamed
 
 
-async def _taken_ids(conn: Any, rows: list[ChatMessageRow]) -> set[str]:
+async def _taken_ids(conn: Raw, rows: list[ChatMessageRow]) -> set[str]:
     """The ids of `rows` that other rows hold: what is stored under the id is not the row."""
     taken = set()
     for row in rows:
-        found = await conn.execute_fetchall(
+        found = await conn.fetchall(
             "SELECT session_id, turn_id, type, timestamp FROM chat_messages WHERE id = ?", (row.id,)
         )
         if found and tuple(found[0]) != (row.session_id, row.turn_id, row.type, row.timestamp):
@@ -213,13 +218,22 @@ async def update_message(db: AsyncSession, message_id: str, values: dict[str, An
         raise ValueError(f"not updatable: {sorted(unknown)}")
     names = sorted(values)
     statement = f"UPDATE chat_messages SET {', '.join(f'{n} = ?' for n in names)} WHERE id = ?"
-    await (await driver(db)).execute(statement, [*(values[n] for n in names), message_id])
+    await (await raw(db)).execute(statement, [*(values[n] for n in names), message_id])
 
 
 async def set_message_texts(db: AsyncSession, texts: Sequence[tuple[str, str]]) -> None:
     """(message id, content) pairs: streamed text written behind, in one statement for all of them."""
-    if texts:
-        await (await driver(db)).executemany(
+    if not texts:
+        return
+    conn = await raw(db)
+    if conn.dialect == "postgresql":  # one statement over two arrays (event_log.log_events says why)
+        await conn.execute(
+            "UPDATE chat_messages SET content = t.content FROM unnest(?::varchar[], ?::varchar[])"
+            " AS t(id, content) WHERE chat_messages.id = t.id",
+            ([mid for mid, _ in texts], [text for _, text in texts]),
+        )
+    else:
+        await conn.executemany(
             "UPDATE chat_messages SET content = ? WHERE id = ?", [(text, mid) for mid, text in texts]
         )
 
@@ -292,8 +306,8 @@ async def turn_messages(db: AsyncSession, turn_id: str) -> list[ChatMessageRow]:
 async def enqueue(db: AsyncSession, row: QueuedMessageRow, new_id: Callable[[], str]) -> None:
     """Stores a message in the waiting line under an id no chat message or waiting message holds (it
     keeps that id when a turn takes it): a taken id is replaced by a fresh one from `new_id`."""
-    conn = await driver(db)
-    while await conn.execute_fetchall(
+    conn = await raw(db)
+    while await conn.fetchall(
         "SELECT 1 FROM chat_messages WHERE id = ? UNION ALL SELECT 1 FROM queued_messages WHERE id = ?",
         (row.id, row.id),
     ):
@@ -340,8 +354,8 @@ async def reserve_idempotency_key(db: AsyncSession, row: IdempotencyKeyRow, *, e
     )
     values = {c.name: getattr(row, c.name) for c in IdempotencyKeyRow.__table__.columns}  # type: ignore[attr-defined]
     statement = dialect_insert(db)(IdempotencyKeyRow).values(**values).on_conflict_do_nothing()
-    result = await db.exec(statement)
-    return bool(result.rowcount)
+    inserted = await db.exec(statement.returning(col(IdempotencyKeyRow.key)))
+    return inserted.first() is not None
 
 
 async def prune_idempotency_keys(db: AsyncSession, *, created_before: float) -> None:

@@ -1,23 +1,123 @@
-"""What the storage modules share: the driver connection under a session, and the dialect's INSERT."""
+"""What the storage modules share: the driver connection under a session, and the dialect's SQL pieces.
+
+The hot path's statements skip SQLAlchemy's per-statement work (compile-cache lookups, parameter
+processing) and go to the driver under the session's own transaction through `raw(db)`: one small
+interface over aiosqlite (SQLite) and psycopg 3 (PostgreSQL). Statements are written once, with `?`
+placeholders and SQL both dialects read; `RawPostgres` turns the placeholders into psycopg's `%s`.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any, Protocol
 
+from sqlalchemy import ColumnElement, cast, func
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 
+class Raw(Protocol):
+    """The driver connection of a session's transaction. Errors are the driver's own (sqlite3's or
+    psycopg's), not SQLAlchemy's wrappers of them."""
+
+    dialect: str
+
+    async def fetchall(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    async def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
+        """Runs one statement; returns its row count."""
+        ...
+
+    async def executemany(self, statement: str, params: Sequence[Sequence[Any]]) -> int:
+        """Runs one statement per parameter tuple; returns the total row count."""
+        ...
+
+
+class RawSqlite:
+    dialect = "sqlite"
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    async def fetchall(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return list(await self.connection.execute_fetchall(statement, params))
+
+    async def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
+        cursor = await self.connection.execute(statement, params)
+        return int(cursor.rowcount)
+
+    async def executemany(self, statement: str, params: Sequence[Sequence[Any]]) -> int:
+        cursor = await self.connection.executemany(statement, params)
+        return int(cursor.rowcount)
+
+
+@lru_cache(maxsize=256)
+def _pyformat(statement: str) -> str:
+    """`?` placeholders as psycopg's `%s` (a literal `%` doubled). The storage modules' statements hold no
+    `?` or `%` inside string literals."""
+    return statement.replace("%", "%%").replace("?", "%s")
+
+
+class RawPostgres:
+    dialect = "postgresql"
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    async def fetchall(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        async with self.connection.cursor() as cursor:
+            await cursor.execute(_pyformat(statement), params)
+            return list(await cursor.fetchall())
+
+    async def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
+        async with self.connection.cursor() as cursor:
+            await cursor.execute(_pyformat(statement), params)
+            return int(cursor.rowcount)
+
+    async def executemany(self, statement: str, params: Sequence[Sequence[Any]]) -> int:
+        if not params:
+            return 0
+        async with self.connection.cursor() as cursor:
+            # psycopg 3 sums the row counts of an executemany (and pipelines its statements).
+            await cursor.executemany(_pyformat(statement), params)
+            return int(cursor.rowcount)
+
+
 async def driver(db: AsyncSession) -> Any:
-    """The aiosqlite connection under the session's transaction: the hot path's statements skip
-    SQLAlchemy's per-statement work (compile-cache lookups, parameter processing, a cursor per call)."""
+    """The driver's own connection under the session's transaction (aiosqlite's or psycopg's)."""
     connection = await db.connection()
-    driver = (await connection.get_raw_connection()).driver_connection
-    assert driver is not None
-    return driver
+    found = (await connection.get_raw_connection()).driver_connection
+    assert found is not None
+    return found
+
+
+async def raw(db: AsyncSession) -> Raw:
+    """The session's transaction as a `Raw` of its dialect."""
+    connection = await driver(db)
+    if dialect_name(db) == "postgresql":
+        return RawPostgres(connection)
+    return RawSqlite(connection)
+
+
+def dialect_name(db: AsyncSession) -> str:
+    return db.get_bind().dialect.name
 
 
 def dialect_insert(db: AsyncSession) -> Any:
     """The dialect's INSERT, which has ON CONFLICT (SQLite and PostgreSQL alike)."""
-    bind = db.get_bind()
-    return postgresql.insert if bind.dialect.name == "postgresql" else sqlite.insert
+    return postgresql.insert if dialect_name(db) == "postgresql" else sqlite.insert
+
+
+def json_text_field(db: AsyncSession, column: Any, key: str) -> ColumnElement[Any]:
+    """The text of `key` in the JSON object that the text `column` holds (`column` is not a JSON column)."""
+    if dialect_name(db) == "postgresql":
+        return cast(column, postgresql.JSON).op("->>")(key)
+    return func.json_extract(column, f"$.{key}")
+
+
+def json_text_sql(dialect: str, expression: str, key: str) -> str:
+    """The same as `json_text_field`, as SQL text for hand-written statements."""
+    if dialect == "postgresql":
+        return f"(CAST({expression} AS json) ->> '{key}')"
+    return f"json_extract({expression}, '$.{key}')"

@@ -67,7 +67,10 @@ async def test_health_history_and_streams_answer_while_the_model_layer_loads(
             health = await client.get("/healthz")
             assert (health.status_code, health.json()) == (200, {"status": "ok", "models_ready": False})
             ready = await client.get("/readyz")
-            assert (ready.status_code, ready.json()) == (503, {"status": "loading", "models_ready": False})
+            assert (ready.status_code, ready.json()) == (
+                503,
+                {"status": "loading", "models_ready": False, "database_ready": True},
+            )
 
             history = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
             assert history[0]["type"] == "turn_start"
@@ -82,5 +85,5 @@ async def test_health_history_and_streams_answer_while_the_model_layer_loads(
                 assert ready.status_code == 503, ready.text
                 assert time.monotonic() < deadline, "the model layer never finished loading"
                 await asyncio.sleep(0.02)
-            assert ready.json() == {"status": "ok", "models_ready": True}
+            assert ready.json() == {"status": "ok", "models_ready": True, "database_ready": True}
             assert (await client.get("/healthz")).json() == {"status": "ok", "models_ready": True}

@@ -17,6 +17,7 @@ MESSAGE_ID = re.compile(r"^m_[0-9a-f]{12}$")
 TURN_ID = re.compile(r"^t_[0-9a-f]+$")
 
 
+@pytest.mark.both_backends
 async def test_time_question_runs_a_tool_round(server: LiveServer) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         created = await client.post("/v1/sessions", json={"title": "demo"})

@@ -30,8 +30,12 @@ def results() -> dict[str, Any]:
 def test_every_figure_is_built_from_a_full_run(results: dict[str, Any]) -> None:
     figures = build(results)
     assert [figure.key for figure in figures] == list(FIGURE_KEYS)
-    # The committed run measured every stage: a None means a figure no longer finds its data.
-    assert [figure.key for figure in figures if figure.value is None] == []
+    # The committed run measured every stage: a None means a figure no longer finds its data. (Its
+    # PostgreSQL figures come with the first full run that has the postgres stage: bench/postgres.py.)
+    missing = [figure.key for figure in figures if figure.value is None]
+    if "postgres" not in results:
+        missing = [key for key in missing if not key.startswith("postgres_")]
+    assert missing == []
 
 
 def test_run_totals_match_the_committed_run(results: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ markdown summary and the plot were written.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.figures import FIGURE_KEYS
+from tests.support.postgres import unreachable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +27,12 @@ pytestmark = pytest.mark.slow
 def test_smoke_run_reports_every_figure(tmp_path: Path) -> None:
     out, work = tmp_path / "results", tmp_path / "work"
     command = [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out), "--work", str(work)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    # The postgres stage needs a PostgreSQL (tests/support/postgres.py): without one it is left out here,
+    # except under CI=true, where the run then fails as the other PostgreSQL tests do.
+    without_postgres = unreachable_reason() is not None and os.environ.get("CI") != "true"
+    if without_postgres:
+        command += ["--skip", "postgres"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=360, check=False)
     assert done.returncode == 0, done.stderr[-6000:]
 
     document = json.loads((out / "latest.json").read_text(encoding="utf-8"))
@@ -39,7 +46,8 @@ def test_smoke_run_reports_every_figure(tmp_path: Path) -> None:
         figure = figures[key]
         assert {"name", "unit", "target", "passed", "baselines", "peers", "ratios", "note"} <= set(figure)
         # Produced, whatever its value: a None here means a stage measured nothing.
-        assert figure["value"] is not None, key
+        if not (without_postgres and key.startswith("postgres_")):
+            assert figure["value"] is not None, key
     for field in ("cores", "cpu_model", "python", "litellm", "git_commit", "date"):
         assert field in document["machine"]
     assert set(document["sweep"]) == {"auto", "litellm"}

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from app.chat.idempotency import Idempotency, fingerprint
 from app.storage.engine import Database
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 
 class Answer(BaseModel):

@@ -70,6 +70,7 @@ async def _completed(session: Session, turn_id: str) -> None:
 # --- steer -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.both_backends
 async def test_steer_is_taken_at_the_breakpoint_after_the_tool_round(
     server: LiveServer, upstream: FakeUpstream, slow_tool: SlowTool
 ) -> None:

@@ -122,6 +122,7 @@ async def test_stop_before_the_first_token(server: LiveServer, upstream: FakeUps
         assert seen == [{"role": "user", "content": "go\n\nand now?"}]
 
 
+@pytest.mark.both_backends
 @HOW
 async def test_stop_mid_text_keeps_the_partial_text(
     server: LiveServer, upstream: FakeUpstream, how: str

@@ -1,12 +1,15 @@
-"""The database engine (app.storage.engine): the pragmas every app connection gets, and WAL kept in the
-file."""
+"""The database engine (app.storage.engine): the pragmas every SQLite connection gets and WAL kept in the
+file; PostgreSQL's bounded pool, statement timeout and PgBouncer mode."""
 
 from __future__ import annotations
 
 import pytest
+import sqlalchemy.exc
 from sqlalchemy import create_engine, text
 
-from app.storage.engine import BUSY_TIMEOUT_MS, Database
+from app.storage.engine import BUSY_TIMEOUT_MS, Database, PoolOptions
+from app.storage.sql import driver, raw
+from tests.support.postgres import ScratchDatabase
 
 pytestmark = pytest.mark.anyio
 
@@ -43,3 +46,53 @@ async def test_wal_mode_persists_in_the_file(database_url: str) -> None:
             assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     finally:
         plain.dispose()
+
+
+async def test_postgres_connections_get_the_pool_bounds_and_statement_timeout(
+    postgres_database: ScratchDatabase,
+) -> None:
+    database = Database(
+        postgres_database.url, pool=PoolOptions(size=3, max_overflow=1, statement_timeout_ms=1234)
+    )
+    try:
+        async with database.session() as db:
+            timeout = (await db.exec(text("SHOW statement_timeout"))).scalar()  # type: ignore[call-overload]
+            threshold = (await driver(db)).prepare_threshold
+        pool = database.engine.pool
+        assert (pool.size(), pool._max_overflow) == (3, 1)  # type: ignore[attr-defined]
+    finally:
+        await database.dispose()
+    assert timeout == "1234ms"
+    assert threshold == 5  # psycopg's default: statements run five times are prepared on the server
+
+
+async def test_behind_pgbouncer_no_statement_is_prepared_on_the_server(
+    postgres_database: ScratchDatabase,
+) -> None:
+    """PgBouncer in transaction mode gives each transaction another server connection, where a prepared
+    statement does not exist: with `pgbouncer` psycopg prepares none, however often a statement runs."""
+    database = Database(postgres_database.url, pool=PoolOptions(pgbouncer=True))
+    try:
+        async with database.session() as db:
+            for _ in range(10):
+                await (await raw(db)).fetchall("SELECT count(*) FROM chat_sessions WHERE id = ?", ("s",))
+            conn = await driver(db)
+            prepared = await (await raw(db)).fetchall("SELECT count(*) FROM pg_prepared_statements")
+    finally:
+        await database.dispose()
+    assert conn.prepare_threshold is None
+    assert prepared == [(0,)]
+
+
+async def test_a_session_that_waits_for_a_full_pool_times_out(postgres_database: ScratchDatabase) -> None:
+    """The pool is bounded: past size + overflow a session waits `timeout` seconds, then fails (the request
+    gets 503: tests/api/test_postgres_outage.py), instead of opening connections without end."""
+    database = Database(postgres_database.url, pool=PoolOptions(size=1, max_overflow=0, timeout=0.2))
+    try:
+        async with database.session() as held:
+            await held.connection()
+            async with database.session() as db:
+                with pytest.raises(sqlalchemy.exc.TimeoutError):
+                    await db.connection()
+    finally:
+        await database.dispose()

@@ -1,4 +1,5 @@
-"""app.storage.repository against a real, migrated SQLite file (foreign keys on)."""
+"""app.storage.repository against a real, migrated database: a SQLite file (foreign keys on) and
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
@@ -21,7 +23,10 @@ from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
 from tests.support.server import ROOT
 
-pytestmark = pytest.mark.anyio
+# The raw statements' errors are the driver's own: sqlite3's or psycopg's.
+DRIVER_INTEGRITY_ERRORS = (sqlite3.IntegrityError, psycopg.IntegrityError)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 _n = itertools.count(1)
 
@@ -418,7 +423,7 @@ async def test_a_number_is_logged_once(database: Database) -> None:
         await event_log.insert_events(db, [event("s_a", 1, '"first"')])
         await db.commit()
     async with database.session() as db:
-        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+        with pytest.raises(DRIVER_INTEGRITY_ERRORS, match=r"(?i)unique|duplicate key"):
             await event_log.insert_events(db, [event("s_a", 1, '"again"')])
     async with database.session() as db:
         assert [(e.seq, e.data) for e in await event_log.events_after(db, "s_a", 0, 10)] == [(1, '"first"')]
@@ -472,10 +477,10 @@ async def test_deleting_a_session_cascades(database: Database) -> None:
 async def test_foreign_keys_are_enforced(database: Database) -> None:
     async with database.session() as db:
         # The hot path's raw statements raise the driver's error, not SQLAlchemy's wrapper of it.
-        with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        with pytest.raises(DRIVER_INTEGRITY_ERRORS, match=r"(?i)foreign key"):
             await repository.insert_messages(db, [message("s_missing", "t_1", "turn_start")])
         await db.rollback()
     async with database.session() as db:
-        with pytest.raises(IntegrityError, match="FOREIGN KEY"):
+        with pytest.raises(IntegrityError, match=r"(?i)foreign key"):
             await repository.enqueue(db, queued_row("s_missing", "m_q", "x"), new_message_id)
         await db.rollback()

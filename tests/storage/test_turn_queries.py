@@ -12,7 +12,7 @@ from app.storage import repository, turn_queries
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 SID, OTHER = "s_turns", "s_other"
 T0 = "2026-02-28T06:30:00.000+00:00"

@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 ANNOUNCED = {"turn_start": "turn_start", "tool_group": "tool_exec_start", "turn_done": "turn_done"}
 
 
+@pytest.mark.both_backends
 async def test_kill_9_right_after_the_202s_loses_no_announcement(database_url: str, tmp_path: Path) -> None:
     env = {"PARLEY_DATABASE_URL": database_url, "PARLEY_DEMO_TOKEN_DELAY": "0.05"}
     paused = ServerProcess(env, tmp_path / "paused.log", app="tests.support.paused_writer_app:app")

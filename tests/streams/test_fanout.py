@@ -93,6 +93,7 @@ async def test_a_subscriber_that_reads_nothing_slows_nobody_and_resumes(small_qu
         assert resumed.connects == 1
 
 
+@pytest.mark.both_backends
 async def test_every_subscriber_gets_every_event_in_order(server: LiveServer) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         sid = await new_session(client)

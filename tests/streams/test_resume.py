@@ -15,6 +15,7 @@ from tests.support.stream import StreamClient, assert_contiguous
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.both_backends
 async def test_after_and_the_header_resume_mid_turn_and_the_header_wins(paced: LiveServer) -> None:
     async with httpx.AsyncClient(base_url=paced.base_url, timeout=30) as client:
         sid = await new_session(client)
@@ -45,6 +46,7 @@ async def test_after_and_the_header_resume_mid_turn_and_the_header_wins(paced: L
     assert by_after.retry == by_header.retry == full.retry == paced.settings.sse_retry_ms
 
 
+@pytest.mark.both_backends
 async def test_reconnecting_at_random_moments_loses_and_repeats_nothing(paced: LiveServer) -> None:
     rng = random.Random(20261122)
     async with httpx.AsyncClient(base_url=paced.base_url, timeout=30) as client:

@@ -16,6 +16,7 @@ from alembic.config import Config
 
 from app.main import create_app
 from app.settings import Settings
+from app.storage.engine import sync_url
 from app.tools.registry import ToolRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ def free_port() -> int:
 
 def migrate(database_url: str) -> None:
     config = Config(str(ROOT / "alembic.ini"))
-    config.attributes["url"] = database_url.replace("+aiosqlite", "")
+    config.attributes["url"] = sync_url(database_url)
     config.attributes["configure_logger"] = False
     command.upgrade(config, "head")
 
