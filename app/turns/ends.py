@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.observability.context import current_trace_id
 from app.protocol.clock import now_iso
 from app.protocol.events import (
     AgentCancelled,
@@ -66,6 +67,7 @@ class TurnLog:
     stop_tool_result: str = TOOL_INTERRUPTED_BY_USER
     started: float = field(default_factory=time.monotonic)
     closed: bool = False
+    closed_status: TurnStatus | None = None  # how close() ended it (metrics, the turn's span)
     _response_id: str | None = None
     _text: TextBuffer | None = None
     _text_timestamp: str = ""
@@ -180,7 +182,13 @@ class TurnLog:
         async with self._transaction() as db:
             await repository.insert_messages(db, [row], new_message_id)
             self._emit(
-                ErrorEvent, id=row.id, message=message, code=code, model=self.model, timestamp=row.timestamp
+                ErrorEvent,
+                id=row.id,
+                message=message,
+                code=code,
+                model=self.model,
+                timestamp=row.timestamp,
+                trace_id=current_trace_id(),
             )
 
     async def close(self, status: TurnStatus) -> None:
@@ -188,6 +196,7 @@ class TurnLog:
             return
         self._finishing = True
         self.closed = True
+        self.closed_status = status
         duration = round(time.monotonic() - self.started, 3)
         row = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
         async with self._transaction() as db:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from app.llm.gateway import ModelGateway
+from app.observability.hooks import message_queued, observe_turn, turn_cancelled
 from app.protocol.clock import now_iso
 from app.protocol.events import QueuedItem, QueueUpdated, UserMessage
 from app.protocol.ids import new_message_id, new_turn_id
@@ -158,6 +159,7 @@ class Runner:
                 )
                 _announce_queue([*state.waiting.values(), message], events)
             state.waiting[message.id] = message
+            message_queued(len(state.waiting))
         if delivery == "interrupt":
             await self.cancel(session.id)
             taker = state.recorder
@@ -221,8 +223,10 @@ class Runner:
 
     async def _turn_task(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
         try:
-            prepare = self._agent.prepare(session, recorder.turn_id, should_pause=state.wants_breakpoint)
-            await run_turn(prepare, recorder)
+            with observe_turn(session.id, recorder.turn_id, session.model) as observed:
+                prepare = self._agent.prepare(session, recorder.turn_id, should_pause=state.wants_breakpoint)
+                await run_turn(prepare, recorder)
+                observed.status = recorder.closed_status
         finally:
             await self._after_turn(session.id, state)
 
@@ -306,6 +310,8 @@ class Runner:
             return CancelResult(cancelled=False, withdrawn=withdrawn)
         task, recorder = state.task, state.recorder
         stopping = recorder.request_stop()
+        if stopping:
+            turn_cancelled()
         # Either way the turn is ending: wait until its end (and the taking of waiting messages) is done.
         await asyncio.wait({task})
         if not stopping:
