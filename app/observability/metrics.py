@@ -33,7 +33,11 @@ class Metrics:
     """Every metric of the service; the hooks (hooks.py) update them, `render` answers a scrape."""
 
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._turns_and_models(self.registry)
+        self._tools_streams_and_storage(self.registry)
+
+    def _turns_and_models(self, r: CollectorRegistry) -> None:
         self.turns_started = Counter("parley_turns_started", "Turns started.", registry=r)
         self.turns_ended = Counter("parley_turns_ended", "Turns ended, by status.", ["status"], registry=r)
         self.turn_seconds = Histogram(
@@ -73,6 +77,8 @@ class Metrics:
         self.provider_errors = Counter(
             "parley_provider_errors", "Failed model calls, by error code.", ["model", "code"], registry=r
         )
+
+    def _tools_streams_and_storage(self, r: CollectorRegistry) -> None:
         self.tool_calls = Counter(
             "parley_tool_calls",
             "Tool calls by tool, source and outcome (ok, error, cancelled).",

@@ -14,6 +14,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.api.metrics import router
+from app.main import create_app
+from app.observability.metrics import Metrics
 from app.settings import Settings
 from tests.support.server import LiveServer, live_server
 
@@ -22,9 +25,7 @@ TOKEN = "scrape-token-0123456789"
 
 @pytest.fixture
 def metrics_server(database_url: str) -> Iterator[LiveServer]:
-    settings = Settings(
-        database_url=database_url, demo_token_delay=0.005, metrics=True, metrics_token=TOKEN
-    )
+    settings = Settings(database_url=database_url, demo_token_delay=0.005, metrics=True, metrics_token=TOKEN)
     with live_server(settings) as running:
         yield running
 
@@ -97,9 +98,10 @@ def test_open_streams_and_resumes_are_counted(metrics_server: LiveServer) -> Non
         session_id = client.post("/v1/sessions", json={}).json()["id"]
         with client.stream("GET", f"/v1/sessions/{session_id}/events?after=0&format=ndjson") as stream:
             client.post(f"/v1/sessions/{session_id}/messages?wait=true", json={"content": "hi"})
-            for line in stream.iter_lines():
-                if line and json.loads(line)["type"] == "turn_done":
-                    break
+            # Held, not left by a `for ... break`: a dropped line iterator closes the connection.
+            lines = stream.iter_lines()
+            while not (line := next(lines)) or json.loads(line)["type"] != "turn_done":
+                pass
             during = scrape(client)
         assert value(during, "parley_open_streams") == 1
         assert value(during, "parley_stream_resumes_total") == 1
@@ -114,3 +116,16 @@ def test_a_scrape_without_a_token_setting_is_open(database_url: str, tmp_path: P
         response = httpx.get(f"{running.base_url}/metrics")
     assert response.status_code == 200
     assert "parley_turns_started_total 0.0" in response.text
+
+
+def test_metrics_are_not_part_of_the_published_api(database_url: str) -> None:
+    spec = create_app(Settings(database_url=database_url, metrics=True)).openapi()
+    assert [route.path for route in router.routes] == ["/metrics"]
+    assert "/metrics" not in spec["paths"]
+
+
+def test_every_metric_is_in_the_scrape_before_anything_happened() -> None:
+    """Scrapers see every family at once (no gaps in dashboards until the first event of each)."""
+    text = Metrics().render()[0].decode()
+    for name in ("parley_turns_started", "parley_open_streams", "parley_db_commit_seconds"):
+        assert f"# TYPE {name}" in text
