@@ -22,7 +22,7 @@ from app.chat.sessions import Sessions
 from app.chat.turn_view import Turns
 from app.llm.gateway import ModelGateway
 from app.observability.access_log import install_access_log_redaction
-from app.observability.context import install_request_id_logging
+from app.observability.context import SessionIdMiddleware, install_request_id_logging
 from app.observability.monitor import DebugStats
 from app.observability.setup import install_tracing, start_observability, stop_observability
 from app.protocol.openapi import install_openapi
@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         app.include_router(debug.router)
     if settings.metrics:
         app.include_router(metrics.router)
+    app.add_middleware(SessionIdMiddleware)
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,

@@ -87,6 +87,9 @@ class ModelGateway:
             self._http = new_http_client()
             await asyncio.to_thread(_settle, module)
             self._litellm = module
+        except asyncio.CancelledError as exc:  # stopped while loading (a shutdown): nothing failed
+            self._load_error = exc
+            raise
         except BaseException as exc:
             log.exception("loading the model layer failed")
             self._load_error = exc

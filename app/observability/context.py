@@ -8,6 +8,7 @@ OpenTelemetry span's (none unless tracing is on).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -18,6 +19,28 @@ from opentelemetry import trace
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 session_id_var: ContextVar[str | None] = ContextVar("session_id", default=None)
 turn_id_var: ContextVar[str | None] = ContextVar("turn_id", default=None)
+
+
+_SESSION_PATH = re.compile(r"^/v1/sessions/([^/]+)")
+
+
+class SessionIdMiddleware:
+    """Log records made while a request under /v1/sessions/{session_id} is served carry that id (pure ASGI:
+    the contextvar is set in the request's own task, so the access line sees it too)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        found = _SESSION_PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        token = session_id_var.set(found[1][:100])
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            session_id_var.reset(token)
 
 
 def current_trace_id() -> str | None:
