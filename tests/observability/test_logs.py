@@ -38,9 +38,10 @@ def test_a_traceback_stays_inside_its_one_line() -> None:
 
 
 def test_the_services_loggers_get_a_handler_in_both_formats() -> None:
-    saved = {
-        name: (logging.getLogger(name).handlers[:], logging.getLogger(name).level) for name in APP_LOGGERS
-    }
+    loggers = [
+        logging.getLogger(name) for name in (*APP_LOGGERS, "uvicorn", "uvicorn.error", "uvicorn.access")
+    ]
+    saved = {logger.name: (logger.handlers[:], logger.level, logger.propagate) for logger in loggers}
     try:
         for log_format in ("human", "json"):
             logging.config.dictConfig(log_config(log_format, "info", trace_ids=True))
