@@ -1,8 +1,11 @@
 # Parley — developer entry points.  GNU make; recipes are tab-indented.
 #
-# Every target that needs Python tools depends on the virtualenv, which is
-# created from requirements-dev.lock (exact versions + hashes) and refreshed
-# only when that lock file changes.
+# `make run` (and `migrate`) need only what running needs: the virtualenv gets
+# requirements.lock (exact versions + hashes). `make test`, `lint` and the other
+# developer targets need the test and lint tools too: the same virtualenv gets
+# requirements-dev.lock, a superset of the runtime lock with the same pins, so
+# one venv serves both and `make run` after `make test` installs nothing.
+# Each install is refreshed only when its lock file changes.
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -26,6 +29,11 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev
 # re-runs exactly when requirements-dev.lock differs from what was installed.
 LOCK_SHA := $(shell sha256sum $(DEV_LOCK) 2>/dev/null | cut -c1-16)
 STAMP    := $(VENV)/.installed-$(LOCK_SHA)
+# The runtime install's stamp. ensure-venv.sh keeps one stamp at a time (it prunes what its lock does not
+# list), so the venv holds either the runtime lock or the dev lock; the dev lock's stamp serves `run` too.
+RUN_LOCK_SHA := $(shell sha256sum $(LOCK) 2>/dev/null | cut -c1-16)
+RUN_STAMP    := $(VENV)/.installed-run-$(RUN_LOCK_SHA)
+RUN_DEPS     := $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))
 
 # --no-reuse-hashes: recollect hashes from every index pip sees (PyPI plus the
 # local extra-index/find-links mirrors), rather than trusting the old lock's.
@@ -42,13 +50,17 @@ help: ## List the targets
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 	@echo "Variables: HOST=$(HOST) PORT=$(PORT) PYTEST_ARGS='$(PYTEST_ARGS)' PYTHON=$(PYTHON)"
 
-setup: $(STAMP) ## Create/refresh .venv from requirements-dev.lock (hash-checked)
+setup: $(STAMP) ## Create/refresh .venv from requirements-dev.lock (hash-checked; test and lint tools included)
 
 $(STAMP): $(DEV_LOCK)
 	@PYTHON="$(PYTHON)" VENV="$(VENV)" LOCK="$(DEV_LOCK)" STAMP="$(STAMP)" \
 		bash scripts/ensure-venv.sh
 
-run: $(STAMP) ## Migrate the DB and serve on HOST:PORT (python -m app: refuses a keyless non-loopback bind)
+$(RUN_STAMP): $(LOCK)
+	@PYTHON="$(PYTHON)" VENV="$(VENV)" LOCK="$(LOCK)" STAMP="$(RUN_STAMP)" \
+		bash scripts/ensure-venv.sh
+
+run: $(RUN_DEPS) ## Migrate the DB and serve on HOST:PORT (runtime lock only; refuses a keyless non-loopback bind)
 	mkdir -p data
 	$(BIN)/alembic upgrade head
 	$(BIN)/python -m compileall -q app
@@ -81,7 +93,7 @@ fmt: $(STAMP) ## Apply ruff format and ruff's safe fixes
 	$(BIN)/ruff format app tests migrations bench
 	$(BIN)/ruff check --fix app tests migrations bench
 
-migrate: $(STAMP) ## alembic upgrade head
+migrate: $(RUN_DEPS) ## alembic upgrade head
 	mkdir -p data
 	$(BIN)/alembic upgrade head
 

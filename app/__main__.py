@@ -8,6 +8,10 @@ It also creates the listening socket itself, with TCP keepalive: connections acc
 options (Linux), so an idle connection (a `?wait=true` request, an event stream between heartbeats) is
 probed, and a client whose machine or network vanished is noticed and its wait or stream ended.
 
+Before it serves it reads `.env`, checks the models file (startup.py: one line for what is wrong, not a
+traceback) and logs one line that says what runs; LiteLLM's check of every model runs beside the start
+and stops the server if a model cannot be routed. Logs go out in the human or the JSON format
+(observability/logs.py), the service's own loggers included.
 `python -m app migrate-data --from URL --to URL` copies a database into another instead (app.storage.copy).
 
 And it loads the app before uvicorn runs, with the garbage collector paused (`load_app`): part of a cold
@@ -26,7 +30,10 @@ from pathlib import Path
 import uvicorn
 
 from app.chat.auth import ConfigError, load_key_ring, open_mode_refusal
+from app.observability.logs import log_config
+from app.observability.setup import tracing_configured
 from app.settings import Settings
+from app.startup import ModelCheck, check_models_file, container_advice, load_env_file, log_startup_line
 
 EXIT_CONFIG = 2
 EXIT_STARTUP = 3  # what uvicorn.run exits with when the server did not start
@@ -50,14 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if given[:1] == ["migrate-data"]:
         return migrate_data(given[1:])
     args = parse_args(given)
+    load_env_file()
     settings = Settings()
-    try:
-        refusal = open_mode_refusal(settings, load_key_ring(settings), args.host)
-    except ConfigError as exc:
-        print(f"parley: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    if refusal is not None:
-        print(f"parley: refusing to start. {refusal}", file=sys.stderr)
+    refused = check_access(settings, args.host)
+    if refused is not None:
+        return refused
+    catalog = check_models_file(settings)
+    if catalog is None:
         return EXIT_CONFIG
     config = uvicorn.Config(
         "app.main:app",
@@ -65,18 +71,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=args.port,
         log_level=args.log_level,
         access_log=not args.no_access_log,
+        log_config=log_config(settings.log_format, args.log_level, trace_ids=tracing_configured()),
         # No route is a websocket: "auto" would import the websockets library at every start for nothing.
         ws="none",
     )
     server = uvicorn.Server(config)
+    log_startup_line(settings, catalog, args.host, args.port)
     sock = listening_socket(config)
+    checker = ModelCheck(catalog, server)
     try:
         load_app(config)
+        checker.start()
         server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
         sock.close()
+    if checker.failed:
+        return EXIT_CONFIG
     return 0 if server.started else EXIT_STARTUP
 
 
@@ -135,6 +147,19 @@ def migrate_data(argv: Sequence[str]) -> int:
         return 1
     print("identical: every row of every table is the same in both databases")
     return 0
+
+
+def check_access(settings: Settings, host: str) -> int | None:
+    """The exit code when the access configuration forbids serving on `host`, else None."""
+    try:
+        refusal = open_mode_refusal(settings, load_key_ring(settings), host)
+    except ConfigError as exc:
+        print(f"parley: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if refusal is not None:
+        print(f"parley: refusing to start. {container_advice(refusal, host)}", file=sys.stderr)
+        return EXIT_CONFIG
+    return None
 
 
 def load_app(config: uvicorn.Config) -> None:

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app import errors
-from app.api import debug, events, health, messages, sessions, turns
+from app.api import debug, events, health, messages, metrics, sessions, turns
 from app.api.deps import Services
 from app.api.middleware import RequestContextMiddleware
 from app.chat.auth import KeyRing, load_key_ring
@@ -22,8 +22,9 @@ from app.chat.sessions import Sessions
 from app.chat.turn_view import Turns
 from app.llm.gateway import ModelGateway
 from app.observability.access_log import install_access_log_redaction
-from app.observability.context import install_request_id_logging
+from app.observability.context import SessionIdMiddleware, install_request_id_logging
 from app.observability.monitor import DebugStats
+from app.observability.setup import install_tracing, start_observability, stop_observability
 from app.protocol.openapi import install_openapi
 from app.settings import Settings
 from app.storage import event_log
@@ -66,6 +67,9 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(turns.router)
     if settings.debug_stats:
         app.include_router(debug.router)
+    if settings.metrics:
+        app.include_router(metrics.router)
+    app.add_middleware(SessionIdMiddleware)
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,
@@ -82,6 +86,8 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
             max_age=600,
         )
     install_openapi(app)
+    # Last: its middleware is then the outermost, so a request's span covers everything, CORS included.
+    install_tracing(app)
     return app
 
 
@@ -92,6 +98,7 @@ def _lifespan(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        exported = start_observability(settings)
         database = Database(
             settings.database_url,
             busy_timeout_ms=settings.database_busy_timeout_ms,
@@ -117,7 +124,7 @@ def _lifespan(
         models.start()
         try:
             with drain_on_signals(drain):
-                yield {"services": services, "debug_stats": debug_stats}
+                yield {"services": services, "debug_stats": debug_stats, "metrics": exported}
         finally:
             await drain.run()
             await writer.stop()
@@ -125,6 +132,7 @@ def _lifespan(
             await database.dispose()
             if debug_stats is not None:
                 await debug_stats.stop()
+            stop_observability()
 
     return lifespan
 

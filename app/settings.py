@@ -14,7 +14,9 @@ DEMO_MODEL = "parley/demo"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PARLEY_", extra="ignore")
+    # A .env file in the working directory is read too (the environment wins over it); `python -m app`
+    # also loads it into the environment, for the provider keys and OTEL_* variables it holds.
+    model_config = SettingsConfigDict(env_prefix="PARLEY_", extra="ignore", env_file=".env")
 
     database_url: str = Field(
         "sqlite+aiosqlite:///./data/parley.db",
@@ -115,6 +117,28 @@ class Settings(BaseSettings):
     )
     messages_per_minute: int = Field(
         60, ge=0, description="Messages a principal may post a minute, in bursts of as many (0: no limit)."
+    )
+
+    # --- operations --------------------------------------------------------------------------------------
+    missing_key: Literal["warn", "error"] = Field(
+        "warn",
+        description="What the launcher does when a models file entry's api_key_env variable is unset: "
+        "`warn` (a warning line; its calls go without a configured key) or `error` (refuse to start).",
+    )
+    log_format: Literal["human", "json"] = Field(
+        "human",
+        description="`human`: uvicorn's lines; `json`: one JSON object per line with request, session, "
+        "turn and trace ids (`python -m app`).",
+    )
+    metrics: bool = Field(False, description="Serve GET /metrics in the Prometheus text format.")
+    metrics_token: str = Field(
+        "",
+        repr=False,
+        description="When set, /metrics needs `Authorization: Bearer <token>` (outside the API keys).",
+    )
+    trace_content: bool = Field(
+        False,
+        description="Put prompts and completions into the model call spans (off: only sizes and names).",
     )
 
     # --- benchmarking ------------------------------------------------------------------------------------

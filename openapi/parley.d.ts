@@ -472,6 +472,12 @@ export interface components {
             /** Timestamp */
             timestamp: string;
             /**
+             * Trace Id
+             * @description The turn's OpenTelemetry trace id when tracing is on: follow it in the traces.
+             * @default null
+             */
+            trace_id: string | null;
+            /**
              * @description discriminator enum property added by openapi-typescript
              * @enum {string}
              */
@@ -902,6 +908,12 @@ export interface components {
             context_used: number;
             /** Context Window */
             context_window: number | null;
+            /**
+             * Estimated
+             * @description The latest response's usage was counted by LiteLLM's tokenizer (no usage sent).
+             * @default false
+             */
+            estimated: boolean;
             /** Model */
             model: string;
             /**
@@ -1259,6 +1271,12 @@ export interface components {
         Usage: {
             /** Completion Tokens */
             completion_tokens: number;
+            /**
+             * Estimated
+             * @description Counted by LiteLLM's tokenizer: the provider sent no usage for this response.
+             * @default false
+             */
+            estimated: boolean;
             /** Prompt Tokens */
             prompt_tokens: number;
             /** Total Tokens */

@@ -1,10 +1,15 @@
 """The README's reference tables follow the code: every route with its query parameters, every event with
 every field, every setting with its environment variable and default. A route, a field or a setting added
-without its row fails here."""
+without its row fails here. And the README's scripted snippets (the `sh` blocks marked
+`<!-- readme-test: run -->`) run, in order, as one bash script with `set -euo pipefail` against a live
+server: a snippet that fails, or prints `null` where it promised a value, fails here."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import types
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
@@ -16,6 +21,7 @@ from pydantic_core import PydanticUndefined
 from app.main import create_app
 from app.protocol.events import Event
 from app.settings import Settings
+from tests.support.server import live_server
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 COMMON = ("type", "seq", "session_id")  # every event has them: the section says so once
@@ -110,10 +116,22 @@ def test_the_configuration_table_lists_every_setting_with_its_default(name: str)
     assert meaning, f"{variable} has no meaning in the README"
 
 
+# Not settings of the app: `make run`'s (and its recipe's `python -m app --host/--port`) address.
+MAKE_VARIABLES = {"HOST": "`127.0.0.1`", "PORT": "`8000`"}
+
+
 def test_the_configuration_table_has_no_setting_the_code_does_not_know() -> None:
     rows = _rows(_section("Configuration"), "| variable | default | meaning |")
-    known = {f"PARLEY_{name.upper()}" for name in Settings.model_fields}
+    known = {f"PARLEY_{name.upper()}" for name in Settings.model_fields} | set(MAKE_VARIABLES)
     assert set(rows) <= known, sorted(set(rows) - known)
+
+
+def test_host_and_port_are_in_the_table_with_the_makefiles_defaults() -> None:
+    rows = _rows(_section("Configuration"), "| variable | default | meaning |")
+    makefile = (README.parent / "Makefile").read_text()
+    for name, default in MAKE_VARIABLES.items():
+        assert rows[name][0] == default
+        assert f"{name} ?= {default.strip('`')}" in makefile
 
 
 def _documented_routes() -> dict[tuple[str, str], set[str]]:
@@ -152,3 +170,50 @@ def test_the_api_table_lists_every_route_with_its_query_parameters() -> None:
         assert documented[route] == query, (
             f"README API table, {' '.join(route)}: the code takes {sorted(query)}"
         )
+
+
+SCRIPTED = re.compile(r"<!-- readme-test: run -->\n```sh\n(.*?)```", re.S)
+README_URL = "http://127.0.0.1:8000"
+
+
+def _scripted_snippets() -> str:
+    blocks = SCRIPTED.findall(README.read_text())
+    assert len(blocks) >= 4, "the README's scripted snippets are marked <!-- readme-test: run -->"
+    return "\n".join(blocks)
+
+
+def _without_httpie(script: str) -> str:
+    """httpie is not a dependency of the project: where it is not installed its lines are left out (and
+    under CI=true that is a failure)."""
+    if shutil.which("http") is not None:
+        return script
+    if os.environ.get("CI") == "true":
+        pytest.fail("httpie (`http`) is not installed: the README's httpie lines cannot be run")
+    return "\n".join(
+        ": httpie not installed" if line.startswith("http ") else line for line in script.splitlines()
+    )
+
+
+@pytest.mark.slow
+def test_the_scripted_snippets_run_as_a_script_against_a_live_server(database_url: str) -> None:
+    """How it proves it: `set -euo pipefail` stops at the first command that fails (curl -f on an HTTP
+    error, jq -e on a null), and the outputs the snippets print are checked: the stopped turn is
+    `cancelled` with its text marked interrupted, and a message was queued."""
+    missing = [tool for tool in ("bash", "curl", "jq") if shutil.which(tool) is None]
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the README snippets need {missing}")
+        pytest.skip(f"the README snippets need {missing}")
+    script = _without_httpie(_scripted_snippets())
+    settings = Settings(database_url=database_url)  # the demo model at its README pace
+    with live_server(settings) as server:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script.replace(README_URL, server.base_url)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    assert done.returncode == 0, f"{done.stderr}\n--- stdout:\n{done.stdout}"
+    assert "null" not in done.stdout.split(), done.stdout
+    assert '"status": "cancelled"' in done.stdout and '"interrupted": true' in done.stdout, done.stdout
+    assert '"queued":true' in done.stdout, done.stdout

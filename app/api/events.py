@@ -17,6 +17,7 @@ from app.api.responses import v1_errors
 from app.api.sse import EventStreamResponse
 from app.chat.limits import Lease
 from app.errors import ApiError
+from app.observability.hooks import events_sent, stream_closed, stream_opened
 from app.protocol.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
 from app.streaming.broker import Subscription
 from app.streaming.frames import Frame
@@ -141,6 +142,7 @@ async def stream_events(
         lease.release()
         raise
     settings = services.settings
+    stream_opened(resumed=position is not None)
     end = _StreamEnd(subscription, lease)
     body = (
         _body(subscription, end, _ndjson, _NDJSON_HEARTBEAT)
@@ -172,6 +174,7 @@ class _StreamEnd:
             self.done = True
             self.subscription.close()
             self.lease.release()
+            stream_closed()
 
 
 async def _body(
@@ -189,6 +192,8 @@ async def _body(
         async for batch in subscription.batches():
             if not batch:
                 yield heartbeat
+            else:
+                events_sent(len(batch), resync=batch[0].type == "resync")
             for start in range(0, len(batch), SEND_FRAMES):
                 yield encode(batch[start : start + SEND_FRAMES])
     finally:

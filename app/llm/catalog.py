@@ -117,4 +117,5 @@ class Catalog:
             api_base=configured.api_base,
             api_key=key,
             provider=configured.provider,
+            key_env=configured.api_key_env,
         )

@@ -22,8 +22,9 @@ from app.llm.demo import DEMO_MODEL, DemoAdapter
 from app.llm.litellm_adapter import LiteLLMAdapter
 from app.llm.litellm_import import frozen_afterwards, import_litellm
 from app.llm.litellm_process import LiteLLMProcess
+from app.llm.observed import ObservedAdapter
 from app.llm.routing import resolve_endpoint
-from app.llm.types import ModelAdapter, ResolvedModel
+from app.llm.types import ModelAdapter, ModelRequest, ResolvedModel
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ class ModelGateway:
             self._http = new_http_client()
             await asyncio.to_thread(_settle, module)
             self._litellm = module
+        except asyncio.CancelledError as exc:  # stopped while loading (a shutdown): nothing failed
+            self._load_error = exc
+            raise
         except BaseException as exc:
             log.exception("loading the model layer failed")
             self._load_error = exc
@@ -115,6 +119,34 @@ class ModelGateway:
         await self._process.stop()
         if self._http is not None:
             await self._http.close()
+
+    async def observed_adapter(self, model: ResolvedModel) -> ModelAdapter:
+        """What a turn calls the model through: `adapter(model)`, observed (spans, metrics) and completed
+        with estimated usage when the provider sends none (observed.py)."""
+        litellm = await self.ready()
+        inner = await self.adapter(model)
+        return ObservedAdapter(
+            inner, self._label(litellm, model.name), _provider(litellm, model), self._estimate
+        )
+
+    def _label(self, litellm: ModuleType, name: str) -> str:
+        """The model as a metric label: names the server knows, else "other" (a label set stays bounded
+        even when clients name any model behind a provider prefix)."""
+        known = name == DEMO_MODEL or self.catalog.get(name) is not None or name in litellm.model_cost
+        return name if known else "other"
+
+    def _estimate(self, model: str, request: ModelRequest, completion: str) -> tuple[int, int]:
+        """LiteLLM's token counter (tiktoken for models it has no tokenizer of); a rough count if it fails."""
+        litellm = self._litellm
+        try:
+            assert litellm is not None
+            prompt = int(litellm.token_counter(model=model, messages=list(request.messages)))
+            output = int(litellm.token_counter(model=model, text=completion)) if completion else 0
+        except Exception:
+            log.debug("token_counter failed for %s; counting characters", model, exc_info=True)
+            chars = sum(len(str(m.get("content") or "")) for m in request.messages)
+            return max(1, chars // 4), len(completion) // 4
+        return prompt, output
 
     async def adapter(self, model: ResolvedModel) -> ModelAdapter:
         """Demo in-process; otherwise the models file's `adapter` choice, unless PARLEY_STREAM_ADAPTER
@@ -162,3 +194,13 @@ class ModelGateway:
     def model_names(self) -> list[str]:
         names = [DEMO_MODEL, *self.catalog.names()]
         return list(dict.fromkeys(names))
+
+
+def _provider(litellm: ModuleType, model: ResolvedModel) -> str | None:
+    """The provider LiteLLM routes the model to (the spans' gen_ai.provider.name)."""
+    if model.name == DEMO_MODEL:
+        return "parley"
+    try:
+        return str(litellm.get_llm_provider(model=model.name, api_base=model.api_base)[1])
+    except Exception:
+        return model.provider

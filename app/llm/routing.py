@@ -106,10 +106,15 @@ def _bridged_to_responses(litellm: ModuleType, bare: str, api_base: str | None) 
 def _api_key(
     litellm: ModuleType, model: ResolvedModel, provider: str | None, dynamic: str | None
 ) -> str | None:
-    """The models file's key, or the placeholder for a base URL without one (as LiteLLMAdapter sends);
+    """The models file's key, or the placeholder for a base URL without a key variable (as LiteLLMAdapter
+    sends), or none when the entry's key variable is unset;
     otherwise LiteLLM's own lookup (OPENAI_API_KEY, HOSTED_VLLM_API_KEY, litellm.api_key)."""
     if configured := model.configured_key:
         return configured
+    if model.key_env:
+        # The entry names its key variable and it is unset: no stand-in key (LiteLLM's own, such as
+        # hosted_vllm's "fake-api-key"); the call fails as provider_auth_missing and the launcher said why.
+        return None
     if provider == "openai":
         key = litellm.OpenAIGPTConfig.get_api_key()
         return str(key) if key else None

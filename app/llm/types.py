@@ -27,6 +27,8 @@ class UsagePart:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # Counted by LiteLLM's tokenizer because the provider sent no usage (app/llm/observed.py).
+    estimated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +53,19 @@ class ResolvedModel:
     api_base: str | None = None
     api_key: str | None = field(default=None, repr=False)
     provider: str | None = None
+    # The models file's api_key_env: when it names a variable that is unset, no placeholder key is sent.
+    key_env: str | None = None
 
     @property
     def configured_key(self) -> str | None:
-        """The key to send as configured: the models file's, or PLACEHOLDER_KEY with a base URL but no key;
-        None leaves the key to the provider's own lookup (its environment variable)."""
-        if self.api_base:
-            return self.api_key or PLACEHOLDER_KEY
-        return self.api_key
+        """The key to send as configured: the models file's, or PLACEHOLDER_KEY with a base URL and no key
+        variable at all; None leaves the key to the provider's own lookup (its environment variable). An
+        entry whose api_key_env is unset never sends the placeholder: the launcher reports that variable."""
+        if self.api_key:
+            return self.api_key
+        if self.api_base and self.key_env is None:
+            return PLACEHOLDER_KEY
+        return None
 
 
 @dataclass(frozen=True, slots=True)

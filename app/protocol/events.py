@@ -84,6 +84,9 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    estimated: bool = Field(
+        False, description="Counted by LiteLLM's tokenizer: the provider sent no usage for this response."
+    )
 
 
 class ResponseInfo(BaseModel):
@@ -156,6 +159,9 @@ class TokenUsage(_Event):
     context_percent: float | None = Field(description="Null when the context window is unknown.")
     session_total_tokens: int
     model: str
+    estimated: bool = Field(
+        False, description="The latest response's usage was counted by LiteLLM's tokenizer (no usage sent)."
+    )
 
 
 class AgentCancelled(_Event):
@@ -188,6 +194,9 @@ class ErrorEvent(_Event):
     code: str
     model: str | None = None
     timestamp: str
+    trace_id: str | None = Field(
+        None, description="The turn's OpenTelemetry trace id when tracing is on: follow it in the traces."
+    )
 
 
 class Resync(_Event):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from app.errors import Unavailable
+from app.observability.hooks import streams_dropped
 from app.protocol.events import Resync
 from app.streaming.frames import Frame
 
@@ -114,6 +115,7 @@ class Channel:
             dropped = [sub for sub in self.subscribers if not sub.push(frame)]
             for sub in dropped:
                 self.subscribers.discard(sub)
+            streams_dropped(len(dropped))
 
     def recent_after(self, after: int) -> list[Frame]:
         """The ring's frames after `after`: contiguous, ending at delivered_seq."""

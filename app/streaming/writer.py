@@ -32,6 +32,7 @@ from contextlib import asynccontextmanager, suppress
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.errors import StorageUnavailable, storage_refusal
+from app.observability.hooks import commit_observed
 from app.protocol.ids import new_message_id
 from app.storage import event_log, repository
 from app.storage.engine import Database
@@ -232,7 +233,7 @@ class WriteBehind:
                 # Taken after the texts: a streamed message renamed on insert renames its drafts (_rename).
                 drafts = [d for d in self._events[:taken] if d.session_id not in forgotten]
                 frames = await self._log(db, numbers, drafts, exact=False)
-                await _commit(db)
+                await _commit(db, "urgent" if urgent else "batch")
                 # No await from the commit to the delivery: a cancellation comes after both (_commit).
                 numbers.committed()
                 if urgent:
@@ -279,7 +280,7 @@ class WriteBehind:
                     mine = [d for d in self._events if d.session_id == session_id]
                     if session_id not in self._forgotten:
                         frames = await self._log(db, numbers, mine, exact=True)
-                    await _commit(db)
+                    await _commit(db, "turn")
                     # No await from the commit to the delivery: a cancellation comes after both (_commit).
                     numbers.committed()
                     self._mark(written, now)
@@ -397,7 +398,7 @@ class WriteBehind:
         await self.flush()
 
 
-async def _commit(db: AsyncSession) -> None:
+async def _commit(db: AsyncSession, kind: str) -> None:
     """Commits, and knows whether it did even when the caller is cancelled meanwhile.
 
     The driver's thread finishes a commit that has begun whatever happens to the task awaiting it, so a
@@ -409,6 +410,8 @@ async def _commit(db: AsyncSession) -> None:
     caller = asyncio.current_task()
     # Named after its caller: the commit is that caller's work (observability.monitor counts it so).
     commit = asyncio.get_running_loop().create_task(db.commit(), name=caller.get_name() if caller else None)
+    started = time.monotonic()
+    commit.add_done_callback(lambda _: commit_observed(kind, time.monotonic() - started))
     try:
         await asyncio.shield(commit)
     except asyncio.CancelledError:

@@ -257,6 +257,11 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
+    def source(self, name: str) -> str:
+        """Where a tool comes from, for metrics and spans: `builtin` for what this registry holds
+        (MCP and HTTP tools name their own source), `unknown` for a name it does not hold."""
+        return "builtin" if name in self._tools else "unknown"
+
     def schemas(self, names: Sequence[str]) -> list[dict[str, Any]]:
         """Schemas of the named tools, in the given order (duplicates dropped: providers reject them).
 

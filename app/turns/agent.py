@@ -26,6 +26,7 @@ from app.llm.types import (
     ToolCallPart,
     UsagePart,
 )
+from app.observability.hooks import observe_tool
 from app.tools.registry import ToolContext, ToolOutcome, ToolRegistry
 
 
@@ -214,9 +215,18 @@ class AgentRun:
     async def _execute(self, call: CallRequest) -> tuple[CallRequest, ToolOutcome, int]:
         started = time.monotonic()
         ctx = ToolContext(session_id=self.session_id, turn_id=self.turn_id, tool_call_id=call.id)
-        outcome = await self.tools.execute(
-            call.name, call.arguments_text, ctx, default_timeout=self.tool_timeout, allowed=self.tool_names
-        )
+        # A name the model made up is not a label: metrics keep a bounded set of tools.
+        known = call.name in self.tool_names and self.tools.get(call.name) is not None
+        tool = call.name if known else "unknown"
+        with observe_tool(tool, self.tools.source(tool), call.id) as observed:
+            outcome = await self.tools.execute(
+                call.name,
+                call.arguments_text,
+                ctx,
+                default_timeout=self.tool_timeout,
+                allowed=self.tool_names,
+            )
+            observed.outcome = "error" if outcome.is_error else "ok"
         return call, outcome, round((time.monotonic() - started) * 1000)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.errors import StorageUnavailable, storage_refusal
+from app.observability.context import current_trace_id
 from app.protocol.clock import now_iso
 from app.protocol.events import (
     AgentCancelled,
@@ -74,6 +75,7 @@ class TurnLog:
     stop_tool_result: str = TOOL_INTERRUPTED_BY_USER
     started: float = field(default_factory=time.monotonic)
     closed: bool = False
+    closed_status: TurnStatus | None = None  # how close() ended it (metrics, the turn's span)
     _response_id: str | None = None
     _text: TextBuffer | None = None
     _text_timestamp: str = ""
@@ -198,7 +200,13 @@ class TurnLog:
         async with self._transaction() as db:
             await repository.insert_messages(db, [row], new_message_id)
             self._emit(
-                ErrorEvent, id=row.id, message=message, code=code, model=self.model, timestamp=row.timestamp
+                ErrorEvent,
+                id=row.id,
+                message=message,
+                code=code,
+                model=self.model,
+                timestamp=row.timestamp,
+                trace_id=current_trace_id(),
             )
         self._error_done = True
 
@@ -212,6 +220,7 @@ class TurnLog:
             await repository.insert_messages(db, [row], new_message_id)
             self._announce_end(row)
         self.closed = True
+        self.closed_status = status
 
     async def end_durably(self, end: Callable[[], Awaitable[None]]) -> None:
         """Runs `end` (finish_cancelled, finish_failed, close) until storage takes it. While storage

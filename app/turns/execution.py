@@ -43,7 +43,7 @@ class AgentFactory:
         async with self._database.session() as db:
             rows = await repository.list_messages(db, session.id)
         model = await self._models.resolve(session.model)
-        adapter = await self._models.adapter(model)
+        adapter = await self._models.observed_adapter(model)
         settings = self._settings
         return AgentRun(
             adapter=adapter,

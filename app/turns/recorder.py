@@ -269,6 +269,7 @@ class TurnRecorder(TurnLog):
                     prompt_tokens=usage.prompt_tokens,
                     completion_tokens=usage.completion_tokens,
                     total_tokens=usage.prompt_tokens + usage.completion_tokens,
+                    estimated=usage.estimated,
                 )
                 if usage is not None
                 else None,
@@ -284,6 +285,7 @@ class TurnRecorder(TurnLog):
                 context_percent=round(used * 100 / window, 1) if window else None,
                 session_total_tokens=total,
                 model=self.model,
+                estimated=usage is not None and usage.estimated,
             )
 
     # --- tools ---------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from app.errors import storage_refusal
 from app.llm.gateway import ModelGateway
+from app.observability.hooks import message_queued, observe_turn, turn_cancelled
 from app.protocol.clock import now_iso
 from app.protocol.events import QueuedItem, QueueUpdated, UserMessage
 from app.protocol.ids import new_message_id, new_turn_id
@@ -164,6 +165,7 @@ class Runner:
                 )
                 _announce_queue([*state.waiting.values(), message], events)
             state.waiting[message.id] = message
+            message_queued(len(state.waiting))
             if state.task is None:
                 # Messages are waiting with no turn to take them (taking them failed): they go first.
                 await self._take_waiting(session.id, state)
@@ -233,8 +235,10 @@ class Runner:
 
     async def _turn_task(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
         try:
-            prepare = self._agent.prepare(session, recorder.turn_id, should_pause=state.wants_breakpoint)
-            await run_turn(prepare, recorder)
+            with observe_turn(session.id, recorder.turn_id, session.model) as observed:
+                prepare = self._agent.prepare(session, recorder.turn_id, should_pause=state.wants_breakpoint)
+                await run_turn(prepare, recorder)
+                observed.status = recorder.closed_status
         finally:
             await self._after_turn(session.id, state)
 
@@ -331,6 +335,8 @@ class Runner:
             return CancelResult(cancelled=False, withdrawn=withdrawn)
         task, recorder = state.task, state.recorder
         stopping = recorder.request_stop()
+        if stopping:
+            turn_cancelled()
         # Either way the turn is ending: wait until its end (and the taking of waiting messages) is done,
         # or until storage refuses to take that end (then the answer says so, not that it was stopped).
         stalled = asyncio.ensure_future(recorder.stall())

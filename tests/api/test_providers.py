@@ -134,7 +134,12 @@ async def test_text_with_usage_and_the_configured_window(
     _, reader = await _turn(server, "hi")
     assert "".join(d["text"] for d in reader.of_type("text_delta")) == "Hello from the fake upstream."
     done = reader.of_type("response_done")[0]
-    assert done["response"]["usage"] == {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}
+    assert done["response"]["usage"] == {
+        "prompt_tokens": 100,
+        "completion_tokens": 7,
+        "total_tokens": 107,
+        "estimated": False,
+    }
     assert done["response"]["finish_reason"] == "stop"
     usage = reader.of_type("token_usage")[0]
     assert (usage["context_used"], usage["context_window"], usage["context_percent"]) == (100, 1000, 10.0)
@@ -162,6 +167,7 @@ async def test_a_long_answer_keeps_every_chunk_and_the_providers_usage(
         "prompt_tokens": 321,
         "completion_tokens": len(words),
         "total_tokens": 321 + len(words),
+        "estimated": False,
     }
     assert reader.of_type("token_usage")[0]["context_used"] == 321
     texts = [m for m in await _history(server, sid) if m["type"] == "text" and m.get("model")]

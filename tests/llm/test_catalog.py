@@ -78,6 +78,7 @@ def test_api_base_provider_and_key_resolve(catalog: Catalog, monkeypatch: pytest
         api_base="http://127.0.0.1:9/v1",
         api_key="sk-house-123",
         provider="house",
+        key_env=KEY_ENV,
     )
     listed = catalog.resolve("list-a", None)
     assert (listed.api_base, listed.provider, listed.api_key) == ("http://127.0.0.1:10/v1", "listed", None)
@@ -245,6 +246,7 @@ async def test_resolve_through_the_layer(layer: ModelGateway, monkeypatch: pytes
         api_base="http://127.0.0.1:9/v1",
         api_key="sk-chain",
         provider="house",
+        key_env=KEY_ENV,
     )
     assert await layer.resolve("gpt-4o-mini") == ResolvedModel(
         name="gpt-4o-mini", context_window=litellm_window("gpt-4o-mini")

@@ -71,12 +71,17 @@ def test_a_models_file_entry_is_called_at_its_base_with_its_key(
     assert found.finish_reason("eos") == "stop"  # LiteLLM's normalization
 
 
-def test_a_models_file_entry_whose_key_is_unset_sends_the_placeholder(
-    litellm: ModuleType, tmp_path: Path
+def test_a_models_file_entry_whose_key_variable_is_unset_never_sends_the_placeholder(
+    litellm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The entry asked for a key: sending `Bearer no-key` would hide the missing variable behind the
+    server's 401. No key is sent (the launcher names the variable at startup; a call fails with
+    provider_auth_missing, which says what is wrong)."""
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv("HOSTED_VLLM_API_KEY", raising=False)
     found = endpoint(litellm, from_models_file(tmp_path, "hosted_vllm/qwen"))
-    assert found.api_key == PLACEHOLDER_KEY
-    assert found.headers["authorization"] == f"Bearer {PLACEHOLDER_KEY}"
+    assert found.api_key is None
+    assert "authorization" not in found.headers
 
 
 def test_a_provider_prefix_takes_the_providers_base_and_environment(
