@@ -17,7 +17,11 @@ class SessionCreate(_Strict):
     model: str | None = Field(None, description="A model from GET /v1/models; the default model if omitted.")
     title: str | None = Field(None, max_length=200)
     system_prompt: str | None = Field(None, max_length=100_000)
-    tools: list[str] | None = Field(None, description="Tool names; all built-in tools if omitted.")
+    tools: list[str] | None = Field(
+        None,
+        description="Tool names (GET /v1/tools lists them), or an MCP server's name (`github` or `github/*`) "
+        "for all its tools; all built-in tools if omitted.",
+    )
 
 
 class SessionUpdate(_Strict):

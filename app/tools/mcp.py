@@ -25,6 +25,7 @@ import contextlib
 import fnmatch
 import json
 import logging
+import secrets
 from collections.abc import Collection, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, Literal
@@ -40,6 +41,7 @@ from mcp.shared.exceptions import MCPError
 from app.tools.config import McpServerConfig
 from app.tools.context import ToolContext, ToolOutcome
 from app.tools.external import ExternalTool, cap_result, clean_name
+from app.tools.process_group import MARKER_VARIABLE, find_group, kill_group
 
 __all__ = ["McpServer", "McpServers"]
 
@@ -90,6 +92,8 @@ class McpServer:
         self._client: Client | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Set in the stdio server's environment, to find its process group among this process's children.
+        self._marker = f"{name}-{secrets.token_hex(8)}"
 
     # --- the holder task ------------------------------------------------------------------------------
 
@@ -105,12 +109,16 @@ class McpServer:
 
     async def _hold(self) -> None:
         delay = self._backoff
+        group: int | None = None
+        config_marker = None if self.config.command is None else self._marker
         while True:
             self.state = "connecting"
             try:
                 async with AsyncExitStack() as stack:
                     client = await stack.enter_async_context(self._client_for(stack))
                     self._client = client
+                    if config_marker is not None:
+                        group = find_group(config_marker)
                     await self._refresh(client)
                     self.state, self.error, delay = "connected", None, self._backoff
                     self.connects += 1
@@ -125,6 +133,11 @@ class McpServer:
             finally:
                 self._client = None
                 self.tools = []
+                # The SDK kills the group only when the server outlives its stdin; a server that died
+                # leaves its children behind. They go with their group here.
+                if group is not None:
+                    kill_group(group)
+                    group = None
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff_max)
 
@@ -139,9 +152,8 @@ class McpServer:
             target = streamable_http_client(config.url, http_client=http)
         else:
             assert config.command is not None
-            target = StdioServerParameters(
-                command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
-            )
+            env = {**config.env, MARKER_VARIABLE: self._marker}
+            target = StdioServerParameters(command=config.command, args=config.args, env=env, cwd=config.cwd)
         return Client(target, client_info=_CLIENT_INFO, message_handler=self._on_message)
 
     async def _on_message(self, message: Any) -> None:

@@ -253,7 +253,12 @@ class ToolRegistry:
 
         return decorator if func is None else decorator(func)
 
-    def get(self, name: str) -> Tool | ExternalTool | None:
+    def get(self, name: str) -> Tool | None:
+        """A built-in tool."""
+        return self._tools.get(name)
+
+    def lookup(self, name: str) -> Tool | ExternalTool | None:
+        """Any tool available now: built-in, MCP or HTTP."""
         return self._tools.get(name) or self._external().get(name)
 
     def names(self) -> list[str]:
@@ -335,7 +340,7 @@ class ToolRegistry:
         `allowed` restricts the call to a session's tools; others are reported as unknown.
         Cancellation (`asyncio.CancelledError`) propagates into the tool and back out.
         """
-        tool = self.get(name)
+        tool = self.lookup(name)
         if allowed is not None:
             allowed = self.expand(list(allowed))
         if tool is None or (allowed is not None and name not in allowed):
