@@ -181,6 +181,11 @@ class ToolGroupMessage(BaseModel):
     interrupted: bool = Field(
         False, description="True when a stop, a failure or a restart cut the call short."
     )
+    source: str | None = Field(
+        None,
+        description="Who ran the tool: `builtin`, `mcp`, `http` or `client`; null for a call never started.",
+    )
+    truncated: bool = Field(False, description="The result was cut to its cap, with a marker for the model.")
 
 
 class TurnDoneMessage(BaseModel):

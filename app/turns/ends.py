@@ -49,6 +49,7 @@ TOOL_INTERRUPTED_BY_RESTART = "[Tool execution interrupted by server restart]"
 class OpenTool:
     row_id: str
     name: str
+    source: str = "builtin"
 
 
 @dataclass
