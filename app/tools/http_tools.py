@@ -195,7 +195,7 @@ class HttpTools:
             text += f"\n[truncated: the response was longer than {config.max_response_bytes} bytes]"
         if 300 <= status < 400:
             return ToolOutcome(
-                f"HTTP tool '{name}' answered a redirect ({status}), not followed", is_error=True
+                f"HTTP tool '{name}' answered a redirect ({status}): not followed", is_error=True
             )
         if status >= 400:
             text, cut = cap_result(text, 2000)
