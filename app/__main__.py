@@ -24,6 +24,7 @@ import uvicorn
 
 from app.chat.auth import ConfigError, load_key_ring, open_mode_refusal
 from app.settings import Settings
+from app.tools.config import ToolsConfigError, load_tools_config
 
 EXIT_CONFIG = 2
 EXIT_STARTUP = 3  # what uvicorn.run exits with when the server did not start
@@ -47,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings()
     try:
         refusal = open_mode_refusal(settings, load_key_ring(settings), args.host)
-    except ConfigError as exc:
+        load_tools_config(settings.tools_file)
+    except (ConfigError, ToolsConfigError) as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if refusal is not None:
