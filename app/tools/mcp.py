@@ -112,7 +112,8 @@ class McpServer:
         group: int | None = None
         config_marker = None if self.config.command is None else self._marker
         while True:
-            self.state = "connecting"
+            if self.state != "error":
+                self.state = "connecting"
             try:
                 async with AsyncExitStack() as stack:
                     client = await stack.enter_async_context(self._client_for(stack))
@@ -128,8 +129,11 @@ class McpServer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.state, self.error = "error", _reason(exc)
-                logger.warning("MCP server %r: %s; retrying in %.1f s", self.name, self.error, delay)
+                reason = _reason(exc)
+                # Once per new reason: a server that stays down does not fill the log every backoff.
+                level = logging.DEBUG if (self.state, self.error) == ("error", reason) else logging.WARNING
+                self.state, self.error = "error", reason
+                logger.log(level, "MCP server %r: %s; retrying in %.1f s", self.name, reason, delay)
             finally:
                 self._client = None
                 self.tools = []
