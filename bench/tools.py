@@ -25,15 +25,24 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
+import httpx2
 import yaml
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+    uvloop = None  # type: ignore[assignment]
 
 from bench.procs import ROOT, cpu_seconds, descendants, free_port, migrate
 
@@ -93,31 +102,69 @@ def _tools_file(work: Path, mcp_port: int, receiver_port: int) -> Path:
     return path
 
 
-async def _alone_mcp(target: Any, calls: int) -> list[float]:
-    times: list[float] = []
-    async with Client(target) as client:
-        for n in range(calls + 20):
-            started = time.perf_counter()
-            await client.call_tool("echo", ARGUMENTS)
-            if n >= 20:
-                times.append((time.perf_counter() - started) * 1000)
-    return times
+class Alone:
+    """Bare clients of the same tool servers, in a thread of their own, so their calls interleave with
+    the server's turns (the machine's load then weighs on both alike). One task enters and leaves the
+    MCP clients, as the SDK needs; calls are handed to it through a queue."""
+
+    def __init__(self, mcp_url: str, receiver_url: str) -> None:
+        self._mcp_url, self._receiver_url = mcp_url, receiver_url
+        # The loop the server runs on (uvicorn picks uvloop when it is installed), so that the two
+        # differ by what the server does around a call, not by their event loops.
+        self._loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="alone", daemon=True)
+        self._thread.start()
+        self._jobs: asyncio.Queue[tuple[str, int, Future[list[float]]] | None] = asyncio.Queue()
+        self._ready: Future[None] = Future()
+        self._served = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
+        self._ready.result(timeout=60)
+
+    async def _serve(self) -> None:
+        stdio = StdioServerParameters(command=sys.executable, args=[str(MCP_SERVER), "stdio"])
+        # The transport exactly as Parley builds it (app/tools/mcp.py).
+        http = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=300.0), follow_redirects=False)
+        async with (
+            http,
+            Client(streamable_http_client(self._mcp_url, http_client=http)) as http_client,
+            Client(stdio) as stdio_client,
+            aiohttp.ClientSession() as session,
+            # As Parley's clients do: a listen stream open beside the calls.
+            http_client.listen(tools_list_changed=True),
+            stdio_client.listen(tools_list_changed=True),
+        ):
+            clients = {"mcp_http": http_client, "mcp_stdio": stdio_client}
+            self._ready.set_result(None)
+            while (job := await self._jobs.get()) is not None:
+                kind, count, done = job
+                times: list[float] = []
+                for _ in range(count):
+                    started = time.perf_counter()
+                    if kind == "http":
+                        await _post_signed(session, self._receiver_url)
+                    else:
+                        await clients[kind].call_tool("echo", ARGUMENTS)
+                    times.append((time.perf_counter() - started) * 1000)
+                done.set_result(times)
+
+    def calls(self, kind: str, count: int) -> list[float]:
+        done: Future[list[float]] = Future()
+        self._loop.call_soon_threadsafe(self._jobs.put_nowait, (kind, count, done))
+        return done.result(timeout=300)
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._jobs.put_nowait, None)
+        self._served.result(timeout=60)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
 
 
-async def _alone_http(url: str, calls: int) -> list[float]:
-    times: list[float] = []
-    async with aiohttp.ClientSession() as session:
-        for n in range(calls + 20):
-            body = json.dumps(ARGUMENTS).encode()
-            stamp = str(int(time.time()))
-            signature = hmac.new(SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
-            headers = {"X-Parley-Timestamp": stamp, "X-Parley-Signature": f"sha256={signature}"}
-            started = time.perf_counter()
-            async with session.post(url, data=body, headers=headers) as response:
-                await response.read()
-            if n >= 20:
-                times.append((time.perf_counter() - started) * 1000)
-    return times
+async def _post_signed(session: aiohttp.ClientSession, url: str) -> None:
+    body = json.dumps(ARGUMENTS).encode()
+    stamp = str(int(time.time()))
+    signature = hmac.new(SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    headers = {"X-Parley-Timestamp": stamp, "X-Parley-Signature": f"sha256={signature}"}
+    async with session.post(url, data=body, headers=headers) as response:
+        await response.read()
 
 
 def _stdio_pid(server_pid: int) -> int | None:
@@ -130,19 +177,21 @@ def _stdio_pid(server_pid: int) -> int | None:
     return None
 
 
-def _turns(api: str, tool: str, arguments: dict[str, Any], count: int) -> tuple[str, float]:
-    """Runs `count` turns that each call `tool` once; the session, and the seconds they took."""
+def _session(api: str, tool: str) -> str:
     with httpx.Client(base_url=api, timeout=60) as client:
-        sid = client.post("/sessions", json={"tools": [tool]}).raise_for_status().json()["id"]
-        content = f"[call:{tool} {json.dumps(arguments)}]"
-        started = time.monotonic()
+        return str(client.post("/sessions", json={"tools": [tool]}).raise_for_status().json()["id"])
+
+
+def _turns(api: str, sid: str, tool: str, arguments: dict[str, Any], count: int) -> None:
+    """Runs `count` turns that each call `tool` once, one after another."""
+    content = f"[call:{tool} {json.dumps(arguments)}]"
+    with httpx.Client(base_url=api, timeout=60) as client:
         for _ in range(count):
             done = client.post(
                 f"/sessions/{sid}/messages", params={"wait": "true"}, json={"content": content}
             )
             if done.status_code != 200 or done.json()["status"] != "completed":
                 raise RuntimeError(f"a {tool} turn failed: {done.text[:300]}")
-        return sid, time.monotonic() - started
 
 
 def _call_times(api: str, sid: str) -> list[float]:
@@ -192,28 +241,11 @@ def measure(work: Path, calls: int = 200) -> dict[str, Any]:
                 break
             time.sleep(0.1)
         pids = {**{k: p.pid for k, p in procs.items()}, "mcp_stdio": _stdio_pid(server.pid)}
-        for kind, (tool, arguments) in KINDS.items():
-            _turns(api, tool, arguments, 20)  # warm-up
-            tool_pid = pids.get(kind)
-            cpu0, tool0 = cpu_seconds(server.pid), cpu_seconds(tool_pid) if tool_pid else 0.0
-            sid, seconds = _turns(api, tool, arguments, calls)
-            cpu1, tool1 = cpu_seconds(server.pid), cpu_seconds(tool_pid) if tool_pid else 0.0
-            results["kinds"][kind] = {
-                "tool": tool,
-                "call_ms": _percentiles(_call_times(api, sid)),
-                "server_cpu_ms": round((cpu1 - cpu0) * 1000 / calls, 3),
-                "tool_cpu_ms": round((tool1 - tool0) * 1000 / calls, 3) if tool_pid else None,
-                "turn_ms": round(seconds * 1000 / calls, 2),
-            }
-        alone = {
-            "mcp_http": asyncio.run(_alone_mcp(f"http://127.0.0.1:{mcp_port}/mcp", calls)),
-            "mcp_stdio": asyncio.run(
-                _alone_mcp(
-                    StdioServerParameters(command=sys.executable, args=[str(MCP_SERVER), "stdio"]), calls
-                )
-            ),
-            "http": asyncio.run(_alone_http(f"http://127.0.0.1:{receiver_port}/tool", calls)),
-        }
+        alone = Alone(f"http://127.0.0.1:{mcp_port}/mcp", f"http://127.0.0.1:{receiver_port}/tool")
+        try:
+            results["kinds"] = _interleaved(api, server.pid, pids, alone, calls)
+        finally:
+            alone.close()
     finally:
         for process in (server, *procs.values()):
             process.terminate()
@@ -222,13 +254,50 @@ def measure(work: Path, calls: int = 200) -> dict[str, Any]:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-    builtin_cpu = results["kinds"]["builtin"]["server_cpu_ms"]
-    for kind, found in results["kinds"].items():
-        found["beyond_builtin_ms"] = round(found["server_cpu_ms"] - builtin_cpu, 3)
-        if kind in alone:
-            found["alone_ms"] = _percentiles(alone[kind])
-            found["added_ms_p50"] = round(found["call_ms"]["p50"] - found["alone_ms"]["p50"], 3)
     return results
+
+
+def _interleaved(
+    api: str, server_pid: int, pids: dict[str, int | None], alone: Alone, calls: int, rounds: int = 5
+) -> dict[str, Any]:
+    """Each kind in `rounds` blocks, the kinds and the bare clients taking turns, so a busy spell of the
+    machine weighs on every kind alike rather than on the one measured at that moment."""
+    block = max(1, calls // rounds)
+    sessions: dict[str, str] = {}
+    cpu = dict.fromkeys(KINDS, 0.0)
+    tool_cpu = dict.fromkeys(KINDS, 0.0)
+    alone_ms: dict[str, list[float]] = {kind: [] for kind in KINDS if kind != "builtin"}
+    for kind, (tool, arguments) in KINDS.items():
+        sessions[kind] = _session(api, tool)
+        _turns(api, sessions[kind], tool, arguments, 20)  # warm-up
+        if kind != "builtin":
+            alone.calls(kind, 20)
+    for _ in range(rounds):
+        for kind, (tool, arguments) in KINDS.items():
+            tool_pid = pids.get(kind)
+            cpu0, tool0 = cpu_seconds(server_pid), cpu_seconds(tool_pid) if tool_pid else 0.0
+            _turns(api, sessions[kind], tool, arguments, block)
+            cpu[kind] += cpu_seconds(server_pid) - cpu0
+            tool_cpu[kind] += (cpu_seconds(tool_pid) - tool0) if tool_pid else 0.0
+            if kind != "builtin":
+                alone_ms[kind] += alone.calls(kind, block)
+    found: dict[str, Any] = {}
+    total = block * rounds
+    for kind, (tool, _) in KINDS.items():
+        times = _call_times(api, sessions[kind])[20:]  # the warm-up's first
+        entry: dict[str, Any] = {
+            "tool": tool,
+            "call_ms": _percentiles(times),
+            "server_cpu_ms": round(cpu[kind] * 1000 / total, 3),
+            "tool_cpu_ms": round(tool_cpu[kind] * 1000 / total, 3) if pids.get(kind) else None,
+        }
+        if kind in alone_ms:
+            entry["alone_ms"] = _percentiles(alone_ms[kind])
+            entry["added_ms_p50"] = round(entry["call_ms"]["p50"] - entry["alone_ms"]["p50"], 3)
+        found[kind] = entry
+    for entry in found.values():
+        entry["beyond_builtin_ms"] = round(entry["server_cpu_ms"] - found["builtin"]["server_cpu_ms"], 3)
+    return found
 
 
 def markdown(results: dict[str, Any]) -> str:
