@@ -12,16 +12,19 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp import web
 
+from app.settings import Settings
 from app.tools.config import HttpToolConfig
 from app.tools.context import ToolContext
 from app.tools.http_tools import HttpTools
 from app.tools.registry import ToolRegistry, build_default_registry
-from tests.support.server import free_port
+from tests.support.server import free_port, live_server
 
 pytestmark = pytest.mark.anyio
 SECRET = "s3cret-s3cret-s3cret"
@@ -165,3 +168,25 @@ async def test_unreachable_receiver_is_an_error_result() -> None:
     async with registry_with(HttpTools({"gone": config}, ["127.0.0.1"])) as registry:
         content, is_error, _ = await run(registry, "gone", {"number": "1"})
         assert is_error and content.startswith("HTTP tool 'gone' failed")
+
+
+async def test_through_a_real_server_the_stream_says_http(settings: Settings, tmp_path: Path) -> None:
+    """The model (the demo, by its [call:...] trigger) calls the HTTP tool through a real uvicorn server:
+    the history's tool row says source http, and the receiver got exactly one signed call with its id."""
+    async with receiver() as got:
+        tools = tmp_path / "tools.json"
+        entry = {"url": got.url(), "description": "Order.", "parameters": SCHEMA, "secret": SECRET}
+        tools.write_text(json.dumps({"http_tools": {"order": entry}, "allow_private_hosts": ["127.0.0.1"]}))
+        with live_server(settings.model_copy(update={"tools_file": tools})) as server:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+                sid = (await client.post("/v1/sessions", json={"tools": ["order"]})).json()["id"]
+                content = '[call:order {"number": "A-7"}]'
+                done = await client.post(
+                    f"/v1/sessions/{sid}/messages", params={"wait": "true"}, json={"content": content}
+                )
+                assert done.json()["status"] == "completed"
+                history = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
+        [row] = [m for m in history if m["type"] == "tool_group"]
+        assert row["source"] == "http" and row["is_error"] is False
+        assert json.loads(row["result"]) == {"order": "A-7", "status": "shipped"}
+        assert got.requests == [{"id": row["tool_call_id"], "body": {"number": "A-7"}}]
