@@ -8,41 +8,55 @@ pool, `stop` ends both (stdio servers' process groups included), and `listing` i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.protocol.tools import McpServerInfo, ToolInfo, ToolList
 from app.tools.config import load_tools_config
 from app.tools.external import ExternalTool
-from app.tools.http_tools import HttpTools
-from app.tools.mcp import McpServers
 from app.tools.registry import Tool, ToolRegistry
+
+if TYPE_CHECKING:
+    from app.tools.http_tools import HttpTools
+    from app.tools.mcp import McpServers
 
 __all__ = ["ToolCatalog"]
 
 
 class ToolCatalog:
-    def __init__(self, registry: ToolRegistry, mcp: McpServers, http: HttpTools) -> None:
+    def __init__(self, registry: ToolRegistry, mcp: McpServers | None, http: HttpTools | None) -> None:
         self.registry = registry
         self.mcp = mcp
         self.http = http
-        registry.add_provider(mcp)
-        registry.add_provider(http)
+        for provider in (mcp, http):
+            if provider is not None:
+                registry.add_provider(provider)
 
     @classmethod
     def load(cls, registry: ToolRegistry, path: Path | None, *, retry_max: float = 30.0) -> ToolCatalog:
+        """The MCP SDK and aiohttp are imported only when the file uses them: the SDK alone would
+        double the server's cold start for every deployment without an MCP server."""
         config = load_tools_config(path)
-        return cls(
-            registry,
-            McpServers(config.mcp_servers, backoff_max=retry_max),
-            HttpTools(config.http_tools, config.allow_private_hosts),
-        )
+        mcp: McpServers | None = None
+        http: HttpTools | None = None
+        if config.mcp_servers:
+            from app.tools.mcp import McpServers
+
+            mcp = McpServers(config.mcp_servers, backoff_max=retry_max)
+        if config.http_tools:
+            from app.tools.http_tools import HttpTools
+
+            http = HttpTools(config.http_tools, config.allow_private_hosts)
+        return cls(registry, mcp, http)
 
     def start(self) -> None:
-        self.mcp.start()
-        self.http.start()
+        for provider in (self.mcp, self.http):
+            if provider is not None:
+                provider.start()
 
     async def stop(self) -> None:
-        await self.mcp.stop()
-        await self.http.stop()
+        for provider in (self.mcp, self.http):
+            if provider is not None:
+                await provider.stop()
 
     def listing(self) -> ToolList:
         tools: list[ToolInfo] = []
@@ -78,6 +92,6 @@ class ToolCatalog:
                 error=server.error,
                 tool_count=len(server.tools),
             )
-            for server in self.mcp.servers.values()
+            for server in (self.mcp.servers.values() if self.mcp is not None else ())
         ]
         return ToolList(tools=tools, mcp_servers=servers)

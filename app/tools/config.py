@@ -32,9 +32,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
@@ -122,6 +119,9 @@ class HttpToolConfig(_Entry):
     def _schema(cls, parameters: dict[str, Any]) -> dict[str, Any]:
         if parameters.get("type") != "object":
             raise ValueError('parameters must be a JSON schema of "type": "object"')
+        from jsonschema import Draft202012Validator  # only for a file that declares HTTP tools
+        from jsonschema.exceptions import SchemaError
+
         try:
             Draft202012Validator.check_schema(parameters)
         except SchemaError as exc:
@@ -163,6 +163,8 @@ def _describe(exc: ValidationError, source: str) -> str:
 
 
 def parse_tools_config(text: str, source: str = "tools file") -> ToolsConfig:
+    import yaml  # only when there is a file to read
+
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:

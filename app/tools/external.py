@@ -20,11 +20,12 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
-
-from jsonschema import Draft202012Validator
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from app.tools.context import ToolContext, ToolOutcome
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 __all__ = [
     "ExternalTool",
@@ -76,6 +77,8 @@ class ExternalTool:
     _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        from jsonschema import Draft202012Validator  # only once a tools file declares a tool
+
         object.__setattr__(self, "_validator", Draft202012Validator(self.parameters))
 
     def schema(self) -> dict[str, Any]:
