@@ -14,4 +14,4 @@ router = APIRouter(tags=["tools"])
 @router.get("/v1/tools", responses=v1_errors())
 async def list_tools(services: ServicesDep, _principal: PrincipalDep) -> ToolList:
     """Every tool a session may choose (built-in, MCP, HTTP) with its schema, and each MCP server's state."""
-    return services.tools.listing()
+    return ToolList.model_validate(services.tools.listing())

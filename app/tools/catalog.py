@@ -8,9 +8,8 @@ pool, `stop` ends both (stdio servers' process groups included), and `listing` i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from app.protocol.tools import McpServerInfo, ToolInfo, ToolList
 from app.tools.config import load_tools_config
 from app.tools.external import ExternalTool
 from app.tools.registry import Tool, ToolRegistry
@@ -58,40 +57,46 @@ class ToolCatalog:
             if provider is not None:
                 await provider.stop()
 
-    def listing(self) -> ToolList:
-        tools: list[ToolInfo] = []
+    def listing(self) -> dict[str, Any]:
+        """GET /v1/tools's body (app/protocol/tools.py `ToolList`): every tool, each MCP server's state."""
+        tools: list[dict[str, Any]] = []
         for name in self.registry.names():
             tool = self.registry.lookup(name)
             if isinstance(tool, Tool):
-                schema = tool.schema()["function"]
-                tools.append(
-                    ToolInfo(
-                        name=name,
-                        source="builtin",
-                        description=tool.description,
-                        parameters=schema["parameters"],
-                        requires_approval=False,
-                    )
-                )
+                parameters = tool.schema()["function"]["parameters"]
+                tools.append(_info(name, "builtin", tool.description, parameters, None, False))
             elif isinstance(tool, ExternalTool):
                 tools.append(
-                    ToolInfo(
-                        name=name,
-                        source=tool.source,
-                        description=tool.description,
-                        parameters=tool.parameters,
-                        server=tool.group,
-                        requires_approval=tool.requires_approval,
+                    _info(
+                        name,
+                        tool.source,
+                        tool.description,
+                        tool.parameters,
+                        tool.group,
+                        tool.requires_approval,
                     )
                 )
         servers = [
-            McpServerInfo(
-                name=server.name,
-                transport=server.config.transport,
-                state=server.state,
-                error=server.error,
-                tool_count=len(server.tools),
-            )
+            {
+                "name": server.name,
+                "transport": server.config.transport,
+                "state": server.state,
+                "error": server.error,
+                "tool_count": len(server.tools),
+            }
             for server in (self.mcp.servers.values() if self.mcp is not None else ())
         ]
-        return ToolList(tools=tools, mcp_servers=servers)
+        return {"tools": tools, "mcp_servers": servers}
+
+
+def _info(
+    name: str, source: str, description: str, parameters: Any, server: str | None, approval: bool
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "source": source,
+        "description": description,
+        "parameters": parameters,
+        "server": server,
+        "requires_approval": approval,
+    }

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.protocol.tools import ToolList
 from app.tools.catalog import ToolCatalog
 from app.tools.config import ToolsConfigError
 from app.tools.registry import build_default_registry
@@ -34,10 +35,10 @@ def test_listing_of_a_loaded_file(tmp_path: Path) -> None:
         catalog.start()
         try:
             for _ in range(200):
-                if catalog.listing().mcp_servers[0].state == "error":
+                if ToolList.model_validate(catalog.listing()).mcp_servers[0].state == "error":
                     break
                 await asyncio.sleep(0.05)
-            listing = catalog.listing()
+            listing = ToolList.model_validate(catalog.listing())
             assert [(t.name, t.source, t.requires_approval) for t in listing.tools] == [
                 ("calculate", "builtin", False),
                 ("current_time", "builtin", False),
