@@ -34,6 +34,7 @@ from app.observability.logs import log_config
 from app.observability.setup import tracing_configured
 from app.settings import Settings
 from app.startup import ModelCheck, check_models_file, container_advice, load_env_file, log_startup_line
+from app.tools.config import ToolsConfigError, load_tools_config
 
 EXIT_CONFIG = 2
 EXIT_STARTUP = 3  # what uvicorn.run exits with when the server did not start
@@ -62,6 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     refused = check_access(settings, args.host)
     if refused is not None:
         return refused
+    try:
+        load_tools_config(settings.tools_file)
+    except ToolsConfigError as exc:
+        print(f"parley: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     catalog = check_models_file(settings)
     if catalog is None:
         return EXIT_CONFIG

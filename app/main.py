@@ -14,6 +14,7 @@ from app import errors
 from app.api import debug, events, health, messages, metrics, sessions, turns
 from app.api.deps import Services
 from app.api.middleware import RequestContextMiddleware
+from app.api.tools import router as tools_router
 from app.chat.auth import KeyRing, load_key_ring
 from app.chat.idempotency import Idempotency
 from app.chat.limits import MessageRate, StreamSlots
@@ -32,6 +33,7 @@ from app.storage.engine import Database, pool_options
 from app.streaming.broker import RING_SIZE, Broker
 from app.streaming.frames import Frame
 from app.streaming.writer import WriteBehind
+from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.live import LocalLiveStatus
 from app.turns.recovery import close_open_turns
@@ -52,12 +54,16 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     settings = settings or Settings()
     # Here rather than in the lifespan: a keys file that cannot be used stops the server before it serves.
     keys = load_key_ring(settings)
+    # So is a tools file with a bad entry (ToolsConfigError).
+    catalog = ToolCatalog.load(
+        tools or build_default_registry(), settings.tools_file, retry_max=settings.mcp_retry_max
+    )
 
     app = FastAPI(
         title="Parley",
         version="0.1.0",
         summary="Agent sessions with queued messages, stop, and one enriched SSE stream per session.",
-        lifespan=_lifespan(settings, keys, tools),
+        lifespan=_lifespan(settings, keys, catalog),
     )
     errors.install(app)
     app.include_router(health.router)
@@ -65,6 +71,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(messages.router)
     app.include_router(events.router)
     app.include_router(turns.router)
+    app.include_router(tools_router)
     if settings.debug_stats:
         app.include_router(debug.router)
     if settings.metrics:
@@ -92,7 +99,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
 
 
 def _lifespan(
-    settings: Settings, keys: KeyRing, tools: ToolRegistry | None
+    settings: Settings, keys: KeyRing, catalog: ToolCatalog
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Any]]]:
     """Builds every component at startup, repairs what a crash left, and drains at shutdown."""
 
@@ -109,10 +116,10 @@ def _lifespan(
             debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)
         models = ModelGateway(settings)
         writer, broker = _event_log(settings, database)
-        registry = tools or build_default_registry()
+        registry = catalog.registry
         live = LocalLiveStatus()
         runner = Runner(settings, database, writer, models, registry, live, broker)
-        services = _services(settings, database, runner, models, registry, broker, keys)
+        services = _services(settings, database, runner, models, catalog, broker, keys)
         drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
         writer.start()
         await close_open_turns(database, writer, live)
@@ -122,11 +129,13 @@ def _lifespan(
         # Last: litellm's import holds the GIL for seconds in its thread, and every step above would share
         # the core with it; now the server starts serving at once, while it loads (/readyz says when).
         models.start()
+        catalog.start()
         try:
             with drain_on_signals(drain):
                 yield {"services": services, "debug_stats": debug_stats, "metrics": exported}
         finally:
             await drain.run()
+            await catalog.stop()
             await writer.stop()
             await models.stop()
             await database.dispose()
@@ -171,13 +180,13 @@ def _services(
     database: Database,
     runner: Runner,
     models: ModelGateway,
-    registry: ToolRegistry,
+    catalog: ToolCatalog,
     broker: Broker,
     keys: KeyRing,
 ) -> Services:
     """The use cases the routes call, and what the routes' dependencies read."""
     idempotency = Idempotency(database, ttl_seconds=settings.idempotency_ttl_hours * 3600)
-    sessions = Sessions(settings, database, runner, models, registry, idempotency)
+    sessions = Sessions(settings, database, runner, models, catalog.registry, idempotency)
     messages = Messages(settings, database, sessions, runner, broker, idempotency)
     return Services(
         settings=settings,
@@ -189,6 +198,7 @@ def _services(
         keys=keys,
         message_rate=MessageRate(settings.messages_per_minute),
         streams=StreamSlots(settings.max_streams_per_principal),
+        tools=catalog,
     )
 
 

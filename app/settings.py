@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     )
     default_model: str = DEMO_MODEL
     models_file: Path | None = None
+    tools_file: Path | None = Field(
+        None, description="YAML or JSON file of MCP servers and HTTP tools (README: Tools)."
+    )
+    mcp_retry_max: float = Field(
+        30.0, gt=0, description="Longest wait in seconds between reconnects to an MCP server that is down."
+    )
 
     demo_token_delay: float = Field(0.02, ge=0, description="Seconds the demo model waits before each token.")
     max_tool_rounds: int = Field(25, ge=1, description="Model calls allowed in one turn before it fails.")

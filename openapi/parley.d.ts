@@ -315,6 +315,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tools": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Tools
+         * @description Every tool a session may choose (built-in, MCP, HTTP) with its schema, and each MCP server's state.
+         */
+        get: operations["list_tools_v1_tools_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -567,6 +587,31 @@ export interface components {
              */
             timestamp: string;
         };
+        /** McpServerInfo */
+        McpServerInfo: {
+            /**
+             * Error
+             * @description Why it is not connected; it is retried with backoff.
+             */
+            error?: string | null;
+            /**
+             * Name
+             * @description A session may name it (`github` or `github/*`) for all its tools.
+             */
+            name: string;
+            /**
+             * State
+             * @enum {string}
+             */
+            state: "connecting" | "connected" | "error";
+            /** Tool Count */
+            tool_count: number;
+            /**
+             * Transport
+             * @enum {string}
+             */
+            transport: "http" | "stdio";
+        };
         /** MessageAccepted */
         MessageAccepted: {
             /**
@@ -807,7 +852,7 @@ export interface components {
             title?: string | null;
             /**
              * Tools
-             * @description Tool names; all built-in tools if omitted.
+             * @description Tool names (GET /v1/tools lists them), or an MCP server's name (`github` or `github/*`) for all its tools; all built-in tools if omitted.
              */
             tools?: string[] | null;
         };
@@ -959,9 +1004,20 @@ export interface components {
             seq: number;
             /** Session Id */
             session_id: string;
+            /**
+             * Source
+             * @description Who runs the tool: `builtin` (the service), `mcp` (an MCP server), `http` (an HTTP tool) or `client`.
+             * @enum {string}
+             */
+            source: "builtin" | "mcp" | "http" | "client";
             /** Timestamp */
             timestamp: string;
             tool_result: components["schemas"]["ToolResult"];
+            /**
+             * Truncated
+             * @description The result was longer than its cap and was cut, with a marker the model reads.
+             */
+            truncated: boolean;
             /**
              * @description discriminator enum property added by openapi-typescript
              * @enum {string}
@@ -984,6 +1040,12 @@ export interface components {
             seq: number;
             /** Session Id */
             session_id: string;
+            /**
+             * Source
+             * @description Who runs the tool: `builtin` (the service), `mcp` (an MCP server), `http` (an HTTP tool) or `client`.
+             * @enum {string}
+             */
+            source: "builtin" | "mcp" | "http" | "client";
             /** Timestamp */
             timestamp: string;
             tool_call: components["schemas"]["ToolCall"];
@@ -1022,6 +1084,11 @@ export interface components {
              * @constant
              */
             role: "assistant";
+            /**
+             * Source
+             * @description Who ran the tool: `builtin`, `mcp`, `http` or `client`; null for a call never started.
+             */
+            source?: string | null;
             /** Timestamp */
             timestamp: string;
             /** Tool Call Id */
@@ -1029,11 +1096,56 @@ export interface components {
             /** Tool Name */
             tool_name: string;
             /**
+             * Truncated
+             * @description The result was cut to its cap, with a marker for the model.
+             * @default false
+             */
+            truncated: boolean;
+            /**
              * Type
              * @default tool_group
              * @constant
              */
             type: "tool_group";
+        };
+        /** ToolInfo */
+        ToolInfo: {
+            /** Description */
+            description: string;
+            /**
+             * Name
+             * @description The name a session's `tools` lists and the model calls.
+             */
+            name: string;
+            /**
+             * Parameters
+             * @description The JSON schema of the arguments.
+             */
+            parameters: {
+                [key: string]: unknown;
+            };
+            /**
+             * Requires Approval
+             * @description `approval: always` in the tools file.
+             */
+            requires_approval: boolean;
+            /**
+             * Server
+             * @description The MCP server it belongs to.
+             */
+            server?: string | null;
+            /**
+             * Source
+             * @enum {string}
+             */
+            source: "builtin" | "mcp" | "http" | "client";
+        };
+        /** ToolList */
+        ToolList: {
+            /** Mcp Servers */
+            mcp_servers: components["schemas"]["McpServerInfo"][];
+            /** Tools */
+            tools: components["schemas"]["ToolInfo"][];
         };
         /**
          * ToolNode
@@ -2376,6 +2488,37 @@ export interface operations {
             /** @description With wait=true: the wait's limit passed first (code `wait_timeout`). The turn goes on; `details.turn_id` (null while the message waits for a turn) lets the client wait again. */
             504: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_tools_v1_tools_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ToolList"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {

@@ -17,6 +17,7 @@ from app.errors import Unauthorized
 from app.llm.gateway import ModelGateway
 from app.settings import Settings
 from app.streaming.broker import EventFanOut
+from app.tools.catalog import ToolCatalog
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Services:
     keys: KeyRing
     message_rate: MessageLimit
     streams: StreamLimit
+    tools: ToolCatalog
 
 
 # Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request.

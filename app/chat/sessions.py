@@ -71,7 +71,7 @@ class Sessions:
     async def _create(self, principal: str, body: SessionCreate, session_id: str) -> SessionOut:
         model = body.model or self._settings.default_model
         window = await self._check_model(model)
-        tools = list(dict.fromkeys(body.tools)) if body.tools is not None else self._tools.names()
+        tools = list(dict.fromkeys(body.tools)) if body.tools is not None else self._tools.builtin_names()
         self._check_tools(tools)
         at = now_iso()
         row = ChatSessionRow(
@@ -99,7 +99,7 @@ class Sessions:
         return await self._models.context_window(model)
 
     def _check_tools(self, names: list[str]) -> None:
-        unknown = [n for n in names if self._tools.get(n) is None]
+        unknown = self._tools.unknown(names)
         if unknown:
             raise UnknownTool(
                 f"Unknown tool(s): {', '.join(unknown)}. Available: {', '.join(self._tools.names())}.",

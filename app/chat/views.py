@@ -46,6 +46,8 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
             duration_ms=row.duration_ms,
             model=row.model or "",
             interrupted=bool(row.interrupted),
+            source=row.source,
+            truncated=bool(row.truncated),
         )
     if row.type == "error":
         return ErrorMessage(

@@ -20,6 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 TurnStatus = Literal["completed", "cancelled", "failed", "interrupted"]
 AgentState = Literal["idle", "thinking", "tool_calling"]
+# Who runs a tool: the service itself, an MCP server, an HTTP endpoint, or the client (the browser).
+ToolSource = Literal["builtin", "mcp", "http", "client"]
+_SOURCE = (
+    "Who runs the tool: `builtin` (the service), `mcp` (an MCP server), `http` (an HTTP tool) or `client`."
+)
 
 
 class _Event(BaseModel):
@@ -118,6 +123,7 @@ class ToolExecStart(_Event):
     tool_call: ToolCall
     timestamp: str
     model: str
+    source: ToolSource = Field(description=_SOURCE)
 
 
 class ToolResult(BaseModel):
@@ -134,6 +140,10 @@ class ToolExecEnd(_Event):
     tool_result: ToolResult
     timestamp: str
     duration_ms: int = Field(description="Measured by the server.")
+    source: ToolSource = Field(description=_SOURCE)
+    truncated: bool = Field(
+        description="The result was longer than its cap and was cut, with a marker the model reads."
+    )
 
 
 class TurnDone(_Event):

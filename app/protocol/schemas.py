@@ -17,7 +17,11 @@ class SessionCreate(_Strict):
     model: str | None = Field(None, description="A model from GET /v1/models; the default model if omitted.")
     title: str | None = Field(None, max_length=200)
     system_prompt: str | None = Field(None, max_length=100_000)
-    tools: list[str] | None = Field(None, description="Tool names; all built-in tools if omitted.")
+    tools: list[str] | None = Field(
+        None,
+        description="Tool names (GET /v1/tools lists them), or an MCP server's name (`github` or `github/*`) "
+        "for all its tools; all built-in tools if omitted.",
+    )
 
 
 class SessionUpdate(_Strict):
@@ -177,6 +181,11 @@ class ToolGroupMessage(BaseModel):
     interrupted: bool = Field(
         False, description="True when a stop, a failure or a restart cut the call short."
     )
+    source: str | None = Field(
+        None,
+        description="Who ran the tool: `builtin`, `mcp`, `http` or `client`; null for a call never started.",
+    )
+    truncated: bool = Field(False, description="The result was cut to its cap, with a marker for the model.")
 
 
 class TurnDoneMessage(BaseModel):

@@ -55,6 +55,9 @@ class ChatMessageRow(SQLModel, table=True):
     response_id: str | None = None
     tool_call_id: str | None = None
     tool_name: str | None = None
+    # Who ran the tool (builtin, mcp, http, client), and whether its result was cut to its cap.
+    source: str | None = Field(default=None, max_length=20)
+    truncated: bool | None = None
     arguments: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
     result: str | None = None
     is_error: bool | None = None

@@ -28,6 +28,8 @@ from typing import Any, TypeVar, overload
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from app.tools.builtins import BUILTINS
+from app.tools.context import ToolContext, ToolOutcome
+from app.tools.external import ExternalTool, ToolProvider, ToolSource, run_external
 
 __all__ = ["Tool", "ToolContext", "ToolOutcome", "ToolRegistry", "UnknownToolError", "build_default_registry"]
 
@@ -42,23 +44,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MAX_ERROR_CHARS = 500
 # The model thinks in JSON terms: "got array", not "got list".
 _JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
-
-
-@dataclass(frozen=True, slots=True)
-class ToolContext:
-    """Who is calling: injected into tools that declare a parameter annotated `ToolContext`."""
-
-    session_id: str
-    turn_id: str
-    tool_call_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolOutcome:
-    """Result of one tool call, as the model will read it."""
-
-    content: str
-    is_error: bool
 
 
 class UnknownToolError(LookupError):
@@ -204,6 +189,23 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self._providers: list[ToolProvider] = []
+
+    def add_provider(self, provider: ToolProvider) -> None:
+        """Offer a provider's tools (MCP servers, HTTP tools) beside the built-in ones."""
+        self._providers.append(provider)
+
+    def _external(self) -> dict[str, ExternalTool]:
+        found: dict[str, ExternalTool] = {}
+        for provider in self._providers:
+            for tool in provider.tools():
+                # A built-in keeps its name; the first provider to offer a name keeps it.
+                if tool.name not in self._tools:
+                    found.setdefault(tool.name, tool)
+        return found
+
+    def _groups(self) -> set[str]:
+        return {group for provider in self._providers for group in provider.groups()}
 
     @overload
     def register(
@@ -252,25 +254,83 @@ class ToolRegistry:
         return decorator if func is None else decorator(func)
 
     def get(self, name: str) -> Tool | None:
+        """A built-in tool."""
         return self._tools.get(name)
 
+    def lookup(self, name: str) -> Tool | ExternalTool | None:
+        """Any tool available now: built-in, MCP or HTTP."""
+        return self._tools.get(name) or self._external().get(name)
+
     def names(self) -> list[str]:
+        """Every tool available now: the built-ins, then what the providers offer."""
+        return sorted(self._tools) + sorted(self._external())
+
+    def builtin_names(self) -> list[str]:
+        """The built-in tools: what a session gets when it names none."""
         return sorted(self._tools)
 
     def source(self, name: str) -> str:
-        """Where a tool comes from, for metrics and spans: `builtin` for what this registry holds
-        (MCP and HTTP tools name their own source), `unknown` for a name it does not hold."""
-        return "builtin" if name in self._tools else "unknown"
+        """Where a tool comes from, for metrics and spans: `builtin`, `mcp` or `http`, and `unknown` for a
+        name no provider holds (a bounded label either way)."""
+        if name in self._tools or name in self._external():
+            return self.source_of(name)
+        return "unknown"
+
+    def expand(self, names: Sequence[str]) -> list[str]:
+        """The tools `names` stand for now, in order: a server's name (`github`, `github/*`) is its tools."""
+        groups = self._groups()
+        external = self._external()
+        out: list[str] = []
+        for name in names:
+            group = name.removesuffix("/*")
+            if group in groups and group not in self._tools:
+                out.extend(t.name for t in external.values() if t.group == group)
+            else:
+                out.append(name)
+        return list(dict.fromkeys(out))
+
+    def unknown(self, names: Sequence[str]) -> list[str]:
+        """Names that are no tool, no server and no tool of a configured server (`server__...`)."""
+        groups = self._groups()
+        external = self._external()
+
+        def known(name: str) -> bool:
+            if name in self._tools or name in external or name.removesuffix("/*") in groups:
+                return True
+            return any(name.startswith(f"{group}__") for group in groups)
+
+        return [name for name in dict.fromkeys(names) if not known(name)]
 
     def schemas(self, names: Sequence[str]) -> list[dict[str, Any]]:
-        """Schemas of the named tools, in the given order (duplicates dropped: providers reject them).
+        """Schemas of the named tools available now, in the given order (duplicates dropped).
 
-        Raises UnknownToolError listing every name the registry does not hold.
+        Raises UnknownToolError listing every name that is no tool and no server; the tools of a
+        server that is down are left out.
         """
-        unknown = [n for n in dict.fromkeys(names) if n not in self._tools]
+        unknown = self.unknown(names)
         if unknown:
             raise UnknownToolError(unknown)
-        return [self._tools[n].schema() for n in dict.fromkeys(names)]
+        external = self._external()
+        schemas: list[dict[str, Any]] = []
+        for name in self.expand(names):
+            tool = self._tools.get(name) or external.get(name)
+            if tool is not None:
+                schemas.append(tool.schema())
+        return schemas
+
+    def source_of(self, name: str) -> ToolSource:
+        """Who runs the tool: `builtin` also for a call the service answers itself (an unknown tool)."""
+        tool = self._external().get(name) if name not in self._tools else None
+        return tool.source if tool is not None else "builtin"
+
+    def requires_approval(self, tool_name: str) -> bool:
+        """Whether the tools file says a person approves each call of this tool before it runs.
+
+        `approval: always` on an HTTP tool, or on an MCP server (every tool) or its list of tool names
+        and globs; built-in and unknown tools never need one.
+        """
+        tool = self._external().get(tool_name) if tool_name not in self._tools else None
+        return tool is not None and tool.requires_approval
 
     async def execute(
         self,
@@ -287,10 +347,14 @@ class ToolRegistry:
         `allowed` restricts the call to a session's tools; others are reported as unknown.
         Cancellation (`asyncio.CancelledError`) propagates into the tool and back out.
         """
-        tool = self._tools.get(name)
+        tool = self.lookup(name)
+        if allowed is not None:
+            allowed = self.expand(list(allowed))
         if tool is None or (allowed is not None and name not in allowed):
             visible = [n for n in self.names() if allowed is None or n in allowed]
             return _error(f"Unknown tool '{name}'. Available tools: {', '.join(visible) or '(none)'}")
+        if isinstance(tool, ExternalTool):
+            return await run_external(tool, arguments, ctx)
 
         parsed = _parse_arguments(tool, arguments)
         if isinstance(parsed, ToolOutcome):

@@ -75,6 +75,7 @@ class ResponseFinished:
 @dataclass(frozen=True, slots=True)
 class ToolStarted:
     call: CallRequest
+    source: str = "builtin"  # who runs it (ToolRegistry.source_of)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +197,7 @@ class AgentRun:
         tasks: list[asyncio.Task[tuple[CallRequest, ToolOutcome, int]]] = []
         try:
             for call in calls:
-                yield ToolStarted(call)
+                yield ToolStarted(call, self.tools.source_of(call.name))
                 tasks.append(asyncio.create_task(self._execute(call), name=f"tool:{call.name}"))
             for next_done in asyncio.as_completed(tasks):
                 call, outcome, duration_ms = await next_done

@@ -58,6 +58,7 @@ END_RETRY_FIRST, END_RETRY_MOST = 0.05, 1.0
 class OpenTool:
     row_id: str
     name: str
+    source: str = "builtin"
 
 
 @dataclass

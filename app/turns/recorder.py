@@ -292,7 +292,7 @@ class TurnRecorder(TurnLog):
 
     async def _on_tool_start(self, event: ToolStarted) -> None:
         call = event.call
-        row = self._tool_row(call, now_iso())
+        row = self._tool_row(call, now_iso(), source=event.source)
         async with self._transaction() as db:
             await repository.insert_messages(db, [row], new_message_id)
             self._emit(
@@ -301,9 +301,10 @@ class TurnRecorder(TurnLog):
                 tool_call=ToolCall(id=call.id, name=call.name, arguments=row.arguments),
                 timestamp=row.timestamp,
                 model=self.model,
+                source=event.source,
             )
             self.set_status("tool_calling", call.name)
-        self._open_tools[call.id] = OpenTool(row.id, call.name)
+        self._open_tools[call.id] = OpenTool(row.id, call.name, event.source)
         self._started_calls.add(call.id)
 
     async def _on_tool_end(self, event: ToolFinished) -> None:
@@ -313,7 +314,12 @@ class TurnRecorder(TurnLog):
             await repository.update_message(
                 db,
                 tool.row_id,
-                {"result": outcome.content, "is_error": outcome.is_error, "duration_ms": event.duration_ms},
+                {
+                    "result": outcome.content,
+                    "is_error": outcome.is_error,
+                    "duration_ms": event.duration_ms,
+                    "truncated": outcome.truncated,
+                },
             )
             self._emit(
                 ToolExecEnd,
@@ -323,6 +329,8 @@ class TurnRecorder(TurnLog):
                 ),
                 timestamp=now_iso(),
                 duration_ms=event.duration_ms,
+                source=tool.source,
+                truncated=outcome.truncated,
             )
             running = next(iter(self._open_tools.values()), None)
             if running is not None:
