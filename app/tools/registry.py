@@ -270,11 +270,8 @@ class ToolRegistry:
         return sorted(self._tools)
 
     def source(self, name: str) -> str:
-        """Where a tool comes from, for metrics and spans: `builtin`, `mcp` or `http`, and `unknown` for a
-        name no provider holds (a bounded label either way)."""
-        if name in self._tools or name in self._external():
-            return self.source_of(name)
-        return "unknown"
+        """Where a tool comes from, for metrics and spans (a bounded label): `unknown` for no tool."""
+        return self.source_of(name) if self.lookup(name) is not None else "unknown"
 
     def expand(self, names: Sequence[str]) -> list[str]:
         """The tools `names` stand for now, in order: a server's name (`github`, `github/*`) is its tools."""

@@ -6,11 +6,14 @@ The runner (turns.runner) is today's in-process implementation: one process owns
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from app.errors import StorageUnavailable
+from app.protocol.events import QueuedItem, QueueUpdated
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.storage.tables import ChatSessionRow, QueuedMessageRow
+from app.streaming.frames import Publisher
 from app.turns.live import LiveStatus
 
 
@@ -110,3 +113,7 @@ def end_not_stored(refusal: StorageUnavailable, *, stopping: bool) -> StorageUna
         code=refusal.code,
         retry_after=int(refusal.headers["Retry-After"]) if refusal.headers else 1,
     )
+
+
+def announce_queue(waiting: Iterable[QueuedMessage], events: Publisher) -> None:
+    events.emit(QueueUpdated, queue=[QueuedItem(**m.model_dump()) for m in waiting])

@@ -22,7 +22,7 @@ from app.errors import storage_refusal
 from app.llm.gateway import ModelGateway
 from app.observability.hooks import message_queued, observe_turn, turn_cancelled
 from app.protocol.clock import now_iso
-from app.protocol.events import QueuedItem, QueueUpdated, UserMessage
+from app.protocol.events import QueuedItem, UserMessage
 from app.protocol.ids import new_message_id, new_turn_id
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.settings import Settings
@@ -30,7 +30,6 @@ from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow, QueuedMessageRow
 from app.streaming.broker import EventFanOut
-from app.streaming.frames import Publisher
 from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry
 from app.turns.control import (
@@ -39,6 +38,7 @@ from app.turns.control import (
     ShuttingDown,
     TurnRunning,
     accepted,
+    announce_queue,
     end_not_stored,
     queued_message,
 )
@@ -146,24 +146,7 @@ class Runner:
             if delivery == "reject":
                 assert state.recorder is not None
                 raise TurnRunning(state.recorder.turn_id)
-            row = QueuedMessageRow(session_id=session.id, **message.model_dump())
-            events = self._writer.publisher(session.id)
-            # The row and its announcement commit together: a client never misses a waiting message.
-            async with self._writer.transaction(session.id) as db:
-                await repository.enqueue(db, row, new_message_id)
-                message.id = row.id  # a fresh one if another message held it
-                events.emit(
-                    UserMessage,
-                    id=message.id,
-                    text=content,
-                    timestamp=message.timestamp,
-                    turn_id=None,
-                    model=session.model,
-                    sender=sender,
-                    queued=True,
-                    client_message_id=client_message_id,
-                )
-                _announce_queue([*state.waiting.values(), message], events)
+            await self._enqueue(session, state, message)
             state.waiting[message.id] = message
             message_queued(len(state.waiting))
             if state.task is None:
@@ -178,6 +161,27 @@ class Runner:
             if taker is not None and message.id in taker.taken_ids:
                 return accepted(session.id, message, taker.turn_id)
         return accepted(session.id, message, None)
+
+    async def _enqueue(self, session: ChatSessionRow, state: SessionState, message: QueuedMessage) -> None:
+        """Stores the message in the waiting line; the row and its announcement commit together, so a
+        client never misses a waiting message."""
+        row = QueuedMessageRow(session_id=session.id, **message.model_dump())
+        events = self._writer.publisher(session.id)
+        async with self._writer.transaction(session.id) as db:
+            await repository.enqueue(db, row, new_message_id)
+            message.id = row.id  # a fresh one if another message held it
+            events.emit(
+                UserMessage,
+                id=message.id,
+                text=message.content,
+                timestamp=message.timestamp,
+                turn_id=None,
+                model=session.model,
+                sender=message.sender,
+                queued=True,
+                client_message_id=message.client_message_id,
+            )
+            announce_queue([*state.waiting.values(), message], events)
 
     async def _start_turn(
         self, session: ChatSessionRow, state: SessionState, messages: list[QueuedMessage], *, from_queue: bool
@@ -320,7 +324,7 @@ class Runner:
             async with self._writer.transaction(session_id) as db:
                 await repository.dequeue(db, gone)
                 left = [m for m in state.waiting.values() if m.id not in gone]
-                _announce_queue(left, self._writer.publisher(session_id))
+                announce_queue(left, self._writer.publisher(session_id))
             for m in chosen:
                 state.waiting.pop(m.id, None)
             state.resolve_takers(gone, None)
@@ -393,7 +397,3 @@ class Runner:
             if recorder is not None:
                 recorder.request_stop(by_server=True)
         await asyncio.gather(*(self.cancel(sid) for sid in running), return_exceptions=True)
-
-
-def _announce_queue(waiting: Iterable[QueuedMessage], events: Publisher) -> None:
-    events.emit(QueueUpdated, queue=[QueuedItem(**m.model_dump()) for m in waiting])

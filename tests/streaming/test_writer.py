@@ -19,7 +19,8 @@ from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, EventRow
 from app.streaming.frames import Draft, Frame
-from app.streaming.writer import TextBuffer, WriteBehind
+from app.streaming.texts import TextBuffer
+from app.streaming.writer import WriteBehind
 from tests.support.rows import T0, add_sessions
 
 pytestmark = pytest.mark.anyio
