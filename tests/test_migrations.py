@@ -24,7 +24,14 @@ VERSIONS = ROOT / "migrations" / "versions"
 FILE_NAME = re.compile(
     r"(?P<y>\d{4})_(?P<m>\d{2})_(?P<d>\d{2})_(?P<rev>[0-9a-zA-Z]+)_(?P<slug>[a-z0-9_]+)\.py"
 )
-APP_TABLES = {"chat_sessions", "chat_messages", "queued_messages", "events", "idempotency_keys"}
+APP_TABLES = {
+    "chat_sessions",
+    "chat_messages",
+    "queued_messages",
+    "events",
+    "idempotency_keys",
+    "pending_tool_requests",
+}
 
 
 @pytest.fixture

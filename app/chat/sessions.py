@@ -6,12 +6,14 @@ import base64
 import binascii
 
 from app.chat.errors import InvalidCursor, UnknownModel, UnknownTool
+from app.chat.tool_rules import check_approval, check_client_tools
 from app.chat.idempotency import IdempotencyStore, fingerprint
 from app.errors import InvalidRequest, NotFound
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
 from app.protocol.ids import new_session_id
 from app.protocol.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
+from app.protocol.tool_requests import ClientTool, approval_names
 from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
@@ -69,6 +71,10 @@ class Sessions:
         window = await self._check_model(model)
         tools = list(dict.fromkeys(body.tools)) if body.tools is not None else self._tools.names()
         self._check_tools(tools)
+        client_tools = [t.model_dump(mode="json") for t in body.client_tools or []]
+        approval = approval_names(body.approval)
+        check_client_tools(tools, body.client_tools or [])
+        check_approval(approval, tools)
         at = now_iso()
         row = ChatSessionRow(
             id=session_id,
@@ -77,6 +83,8 @@ class Sessions:
             model=model,
             system_prompt=body.system_prompt,
             tools=tools,
+            client_tools=client_tools,
+            approval=approval,
             created_at=at,
             updated_at=at,
             context_window=window,
@@ -149,6 +157,8 @@ class Sessions:
             model=row.model,
             system_prompt=row.system_prompt,
             tools=list(row.tools),
+            client_tools=[ClientTool.model_validate(t) for t in row.client_tools],
+            approval=list(row.approval),
             status=row.status,
             agent_status=live.agent_status,
             running_turn_id=live.turn_id,

@@ -46,6 +46,9 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
             duration_ms=row.duration_ms,
             model=row.model or "",
             interrupted=bool(row.interrupted),
+            executed_by="client" if row.executed_by == "client" else "server",
+            decision=row.decision,  # type: ignore[arg-type]  # written from the same Literal
+            wait_ms=row.wait_ms,
         )
     if row.type == "error":
         return ErrorMessage(

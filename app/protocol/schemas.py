@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from app.protocol.events import AgentState, TurnStatus
+from app.protocol.tool_requests import ApprovalRule, ClientTool, unique_client_tools
 
 
 class _Strict(BaseModel):
@@ -18,6 +19,18 @@ class SessionCreate(_Strict):
     title: str | None = Field(None, max_length=200)
     system_prompt: str | None = Field(None, max_length=100_000)
     tools: list[str] | None = Field(None, description="Tool names; all built-in tools if omitted.")
+    client_tools: list[ClientTool] | None = Field(
+        None,
+        max_length=64,
+        description="Tools the client runs: a call suspends the turn until POST .../tool_results answers it.",
+    )
+    approval: ApprovalRule | None = Field(
+        None,
+        description='Tools that wait for a person before they run: ["name", ...] or {"name": "always"}; '
+        '"*" names every tool. Answered with POST .../approvals.',
+    )
+
+    _unique = field_validator("client_tools")(unique_client_tools)
 
 
 class SessionUpdate(_Strict):
@@ -32,6 +45,8 @@ class SessionOut(BaseModel):
     model: str
     system_prompt: str | None
     tools: list[str]
+    client_tools: list[ClientTool]
+    approval: list[str]
     status: str
     agent_status: AgentState
     running_turn_id: str | None
@@ -68,6 +83,11 @@ class MessageCreate(_Strict):
         description="The sender's own id for the message, stored and echoed on its user_message events, "
         "in the answer and in the history: the tab that sent it matches its optimistic copy by it.",
     )
+    client_tools: list[ClientTool] | None = Field(
+        None, max_length=64, description="Client tools offered for the turn that takes this message only."
+    )
+
+    _unique = field_validator("client_tools")(unique_client_tools)
 
     @field_validator("content")
     @classmethod
@@ -172,10 +192,17 @@ class ToolGroupMessage(BaseModel):
     result: str | None = Field(description="Null while the tool runs.")
     is_error: bool | None
     timestamp: str
-    duration_ms: int | None
+    duration_ms: int | None = Field(description="The execution (a client tool's: until its result came).")
     model: str
     interrupted: bool = Field(
         False, description="True when a stop, a failure or a restart cut the call short."
+    )
+    executed_by: Literal["server", "client"] = Field("server", description="Who ran the call.")
+    decision: Literal["approve", "edit", "reject", "expired", "interrupted"] | None = Field(
+        None, description="The person's decision, when the call waited for approval."
+    )
+    wait_ms: int | None = Field(
+        None, description="Time spent waiting for the person (approval), apart from duration_ms."
     )
 
 

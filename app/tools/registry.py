@@ -257,6 +257,11 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
+    def requires_approval(self, name: str) -> bool:
+        """Whether the tool's own configuration makes every call wait for a person (`approval: always` in
+        the tools file). Built-in tools never do; a session may still ask for approval of any tool."""
+        return False
+
     def schemas(self, names: Sequence[str]) -> list[dict[str, Any]]:
         """Schemas of the named tools, in the given order (duplicates dropped: providers reject them).
 
