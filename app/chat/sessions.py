@@ -6,8 +6,8 @@ import base64
 import binascii
 
 from app.chat.errors import InvalidCursor, UnknownModel, UnknownTool
-from app.chat.tool_rules import check_approval, check_client_tools
 from app.chat.idempotency import IdempotencyStore, fingerprint
+from app.chat.tool_rules import check_approval, check_client_tools
 from app.errors import InvalidRequest, NotFound
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso

@@ -47,7 +47,7 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
             model=row.model or "",
             interrupted=bool(row.interrupted),
             executed_by="client" if row.executed_by == "client" else "server",
-            decision=row.decision,  # type: ignore[arg-type]  # written from the same Literal
+            decision=row.decision,
             wait_ms=row.wait_ms,
         )
     if row.type == "error":

@@ -6,7 +6,8 @@ tool_exec_start, agent_status(tool_calling), tool_exec_end, agent_status(thinkin
 agent_status(idle) and turn_done. A call that waits for the client (a client tool) or for a person
 (approval) adds client_tool_requested or approval_requested after its tool_exec_start and
 agent_status(awaiting_input); its answer (or expiry, or a stop) adds client_tool_resolved or
-approval_resolved, before the call's tool_exec_end. A stop adds agent_cancelled; a failure adds error before turn_done.
+approval_resolved, before the call's tool_exec_end. A stop adds agent_cancelled; a failure adds error
+before turn_done.
 Outside turns: user_message (queued) and queue_updated when messages wait, and resync as the first frame
 of a stream whose asked-for position is gone.
 Every event carries `seq` (the SSE `id:`, +1 per event within the session) and `session_id`.
@@ -192,7 +193,6 @@ class ApprovalRequested(_Event):
     arguments: Any
     expires_at: str = Field(description="After this the call is rejected with 'approval timed out'.")
     decisions: list[Decision] = Field(description="The decisions allowed for this call.")
-
 
 
 class ClientToolResolved(_Event):

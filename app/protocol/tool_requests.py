@@ -19,13 +19,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _empty_object() -> dict[str, JsonValue]:
+    return {"type": "object", "properties": {}}
+
+
 class ClientTool(_Strict):
     """A tool the client (a browser) runs itself: the model may call it, the service never runs it."""
 
     name: str = Field(description="1-64 letters, digits, '_' or '-'; not the name of a server tool.")
     description: str = Field("", max_length=10_000)
     parameters: dict[str, JsonValue] = Field(
-        default_factory=lambda: {"type": "object", "properties": {}},
+        default_factory=_empty_object,
         description="The arguments' JSON schema (an object schema), as the model sees it.",
     )
 

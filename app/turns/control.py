@@ -6,11 +6,16 @@ The runner (turns.runner) is today's in-process implementation: one process owns
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
+from app.protocol.events import QueuedItem, QueueUpdated
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
+from app.protocol.tool_requests import Resolution
 from app.storage.tables import ChatSessionRow, QueuedMessageRow
+from app.streaming.frames import Publisher
 from app.turns.live import LiveStatus
+from app.turns.waiting import Kind
 
 
 class SessionClosed(LookupError):
@@ -74,6 +79,12 @@ class TurnControl(Protocol):
 
     async def turn_end(self, turn_id: str) -> None: ...
 
+    async def answer(self, session_id: str, kind: Kind, items: list[dict[str, Any]]) -> list[Resolution]:
+        """Hands answers (client tool results, decisions) to the session's turn that waits for them; returns
+        once they are committed. A multi-process implementation routes them to the turn's owner, or has
+        the owner read them from the pending rows."""
+        ...
+
     async def taker(self, session_id: str, message_id: str) -> str | None: ...
 
     async def delete_session(self, session_id: str) -> None:
@@ -98,3 +109,7 @@ def accepted(session_id: str, message: QueuedMessage, turn_id: str | None) -> Me
         queued=turn_id is None,
         delivery=message.delivery,
     )
+
+
+def announce_queue(waiting: Iterable[QueuedMessage], events: Publisher) -> None:
+    events.emit(QueueUpdated, queue=[QueuedItem(**m.model_dump()) for m in waiting])

@@ -135,6 +135,7 @@ class TurnLog:
             self._tool_row(call, at, result=tool_result, is_error=True, duration_ms=0) for call in unstarted
         ]
         async with self._transaction() as db:
+            await self._abandon_waiting(db, tool_result)
             if buffer is not None:
                 self.writer.untrack(buffer)
                 await repository.update_message(
@@ -154,6 +155,9 @@ class TurnLog:
             self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
             if announce is not None:
                 announce()
+
+    async def _abandon_waiting(self, db: AsyncSession, tool_result: str) -> None:
+        """Closes the requests of calls that wait for an answer (turns.wait_log); none wait here."""
 
     async def finish_cancelled(self) -> None:
         self._finishing = True

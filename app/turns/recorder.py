@@ -52,19 +52,27 @@ from app.turns.agent import (
     ToolFinished,
     ToolStarted,
 )
-from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART, OpenTool, TurnLog
+from app.turns.calls import ApprovedStarting, InputAnswered, InputRequested
+from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART, OpenTool
+from app.turns.wait_log import WaitLog
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class TurnRecorder(TurnLog):
+class TurnRecorder(WaitLog):
+    # A shutdown while calls wait: the task ends without closing the turn, which resumes after the
+    # restart from its rows (turns.resume).
+    _detach: bool = False
+
     def request_stop(self, *, by_server: bool = False) -> bool:
         """Stops the turn as soon as no write is in progress. False when it is already ending by itself.
-        A stop `by_server` (shutdown) records the turn as interrupted rather than cancelled."""
+        A stop `by_server` (shutdown) records the turn as interrupted rather than cancelled, or leaves it
+        suspended when it waits for answers."""
         if by_server:
             self.stop_status = "interrupted"
             self.stop_tool_result = TOOL_INTERRUPTED_BY_RESTART
+            self._detach = self.suspended
         if self._finishing:
             return False
         if not self._stop_requested:
@@ -146,6 +154,9 @@ class TurnRecorder(TurnLog):
                 task.uncancel()
             # Close the agent first: that closes the provider stream and cancels running tools.
             await events.aclose()
+            if self._detach and self.suspended:
+                self.closed = True  # not here: the turn goes on after the restart
+                return
             await self.finish_cancelled()
             return
         except (ProviderError, AgentError) as exc:
@@ -186,6 +197,12 @@ class TurnRecorder(TurnLog):
             await self._on_tool_start(event)
         elif isinstance(event, ToolFinished):
             await self._on_tool_end(event)
+        elif isinstance(event, InputRequested):
+            await self.on_input_requested(event)
+        elif isinstance(event, InputAnswered):
+            await self.on_input_answered(event)
+        elif isinstance(event, ApprovedStarting):
+            await self.on_approved_starting(event)
         elif isinstance(event, BreakpointReached):
             pass
 
@@ -270,7 +287,9 @@ class TurnRecorder(TurnLog):
 
     async def _on_tool_start(self, event: ToolStarted) -> None:
         call = event.call
-        row = self._tool_row(call, now_iso())
+        row = self._tool_row(
+            call, now_iso(), executed_by="client" if event.waits_for == "client" else "server"
+        )
         async with self._transaction() as db:
             await repository.insert_messages(db, [row], new_message_id)
             self._emit(
@@ -280,18 +299,18 @@ class TurnRecorder(TurnLog):
                 timestamp=row.timestamp,
                 model=self.model,
             )
-            self.set_status("tool_calling", call.name)
+            if event.waits_for is None:
+                self.set_status("tool_calling", call.name)
         self._open_tools[call.id] = OpenTool(row.id, call.name)
         self._started_calls.add(call.id)
 
     async def _on_tool_end(self, event: ToolFinished) -> None:
         tool = self._open_tools.pop(event.call.id)
         outcome = event.outcome
+        values = {"result": outcome.content, "is_error": outcome.is_error, "duration_ms": event.duration_ms}
         async with self._transaction() as db:
             await repository.update_message(
-                db,
-                tool.row_id,
-                {"result": outcome.content, "is_error": outcome.is_error, "duration_ms": event.duration_ms},
+                db, tool.row_id, values | ({"interrupted": True} if event.interrupted else {})
             )
             self._emit(
                 ToolExecEnd,
@@ -302,8 +321,4 @@ class TurnRecorder(TurnLog):
                 timestamp=now_iso(),
                 duration_ms=event.duration_ms,
             )
-            running = next(iter(self._open_tools.values()), None)
-            if running is not None:
-                self.set_status("tool_calling", running.name)
-            else:
-                self.set_status("thinking")
+            self.settle_status()

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import ApiError
 from app.tools.registry import ToolOutcome
 from app.turns.calls import (
     AgentEvent,
@@ -32,6 +31,7 @@ from app.turns.calls import (
 )
 from app.turns.waiting import (
     Answer,
+    AnswerRefused,
     ArgumentCheck,
     Inbox,
     Kind,
@@ -78,7 +78,10 @@ class WaitRules:
 
 class ToolRound:
     def __init__(
-        self, rules: WaitRules, inbox: Inbox | None, execute: Callable[[CallRequest], Awaitable[Executed]]
+        self,
+        rules: WaitRules,
+        inbox: Inbox | None,
+        execute: Callable[[CallRequest], Coroutine[Any, Any, Executed]],
     ) -> None:
         self._rules = rules
         self._inbox = inbox or Inbox()
@@ -170,7 +173,7 @@ class ToolRound:
     async def _answer(self, submission: Submission) -> AsyncGenerator[AgentEvent, None]:
         try:
             answers, replies = check(submission, self._waiting, self._rules.validate)
-        except ApiError as exc:
+        except AnswerRefused as exc:
             if not submission.future.done():
                 submission.future.set_exception(exc)
             return

@@ -17,18 +17,19 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
-from app.protocol.events import QueuedItem, QueueUpdated, UserMessage
+from app.protocol.events import QueuedItem, UserMessage
 from app.protocol.ids import new_message_id, new_turn_id
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
+from app.protocol.tool_requests import Resolution
 from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
-from app.storage.tables import ChatSessionRow, QueuedMessageRow
+from app.storage.tables import ChatMessageRow, ChatSessionRow, QueuedMessageRow
 from app.streaming.broker import EventFanOut
-from app.streaming.frames import Publisher
 from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry
 from app.turns.control import (
@@ -37,11 +38,13 @@ from app.turns.control import (
     ShuttingDown,
     TurnRunning,
     accepted,
+    announce_queue,
     queued_message,
 )
 from app.turns.execution import AgentFactory, run_turn
 from app.turns.live import IDLE, LiveStatus, LiveStatusBoard
 from app.turns.recorder import TurnRecorder
+from app.turns.waiting import Inbox, Kind, NoPendingCall
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,8 @@ class SessionState:
     # Callers waiting for the turn that takes a waiting message: its turn id, or None if none ever will.
     takers: dict[str, asyncio.Future[str | None]] = field(default_factory=dict)
     closed: bool = False
+    # Answers to the running turn's waiting calls (client results, approvals) on their way to its loop.
+    inbox: Inbox | None = None
 
     def resolve_takers(self, message_ids: Iterable[str], turn_id: str | None) -> None:
         for message_id in message_ids:
@@ -156,7 +161,7 @@ class Runner:
                     queued=True,
                     client_message_id=client_message_id,
                 )
-                _announce_queue([*state.waiting.values(), message], events)
+                announce_queue([*state.waiting.values(), message], events)
             state.waiting[message.id] = message
         if delivery == "interrupt":
             await self.cancel(session.id)
@@ -187,15 +192,7 @@ class Runner:
         *,
         from_queue: bool,
     ) -> str:
-        recorder = TurnRecorder(
-            writer=self._writer,
-            events=self._writer.publisher(session.id),
-            live=self._live,
-            session_id=session.id,
-            turn_id=turn_id,
-            model=session.model,
-            taken_ids=frozenset(m.id for m in messages),
-        )
+        recorder = self._recorder(session, turn_id, taken_ids=frozenset(m.id for m in messages))
         taken = {m.id for m in messages}
         waiting = [QueuedItem(**m.model_dump()) for m in state.waiting.values() if m.id not in taken]
         try:
@@ -205,25 +202,54 @@ class Runner:
             raise
         for message_id in taken:
             state.waiting.pop(message_id, None)
-        state.recorder = recorder
-        state.task = recorder.task = asyncio.create_task(
-            self._turn_task(session, state, recorder), name=f"turn:{turn_id}"
-        )
-        # A task's callbacks run even when it is cancelled before it ever starts.
-        state.task.add_done_callback(lambda _: self._turn_ended(turn_id))
+        self._run(session, state, recorder)
         state.resolve_takers(taken, turn_id)
         return turn_id
+
+    def _recorder(self, session: ChatSessionRow, turn_id: str, **fields: Any) -> TurnRecorder:
+        events = self._writer.publisher(session.id)
+        return TurnRecorder(self._writer, events, self._live, session.id, turn_id, session.model, **fields)
+
+    def _run(
+        self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder, *, resuming: bool = False
+    ) -> None:
+        state.recorder, state.inbox = recorder, Inbox()
+        state.task = recorder.task = asyncio.create_task(
+            self._turn_task(session, state, recorder, resuming), name=f"turn:{recorder.turn_id}"
+        )
+        # A task's callbacks run even when it is cancelled before it ever starts.
+        state.task.add_done_callback(lambda _: self._turn_ended(recorder.turn_id))
+
+    def resume_turn(
+        self, session: ChatSessionRow, turn_id: str, started: float, round_rows: list[ChatMessageRow]
+    ) -> None:
+        """At startup: a turn that waited for answers when the server stopped goes on waiting (its rows
+        say for what), before the session's waiting messages are looked at."""
+        recorder = self._recorder(session, turn_id, started=started)
+        recorder.adopt_round(round_rows)
+        self._turn_ends[turn_id] = asyncio.get_running_loop().create_future()
+        self._run(session, self.state(session.id), recorder, resuming=True)
 
     def _turn_ended(self, turn_id: str) -> None:
         ended = self._turn_ends.pop(turn_id, None)
         if ended is not None and not ended.done():
             ended.set_result(None)
 
-    async def _turn_task(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
+    async def _turn_task(
+        self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder, resuming: bool
+    ) -> None:
         try:
-            prepare = self._agent.prepare(session, recorder.turn_id, should_pause=state.wants_breakpoint)
+            prepare = self._agent.prepare(
+                session,
+                recorder.turn_id,
+                should_pause=state.wants_breakpoint,
+                inbox=state.inbox,
+                resuming=resuming,
+            )
             await run_turn(prepare, recorder)
         finally:
+            if state.inbox is not None:
+                state.inbox.close()
             await self._after_turn(session.id, state)
 
     async def _after_turn(self, session_id: str, state: SessionState) -> None:
@@ -270,6 +296,16 @@ class Runner:
             row = await repository.get_message(db, message_id)
         return row.turn_id if row is not None and row.session_id == session_id else None
 
+    async def answer(self, session_id: str, kind: Kind, items: list[dict[str, Any]]) -> list[Resolution]:
+        """Hands answers to the session's running turn; returns once they are committed. Refused (409)
+        when no turn runs here to take them."""
+        state = self._states.get(session_id)
+        if state is None or state.inbox is None or state.task is None:
+            raise NoPendingCall(
+                "No turn of this session waits for an answer.", details={"session_id": session_id}
+            )
+        return await asyncio.shield(state.inbox.submit(kind, items))
+
     # --- the waiting line ----------------------------------------------------------------------------
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
@@ -291,7 +327,7 @@ class Runner:
             async with self._writer.transaction(session_id) as db:
                 await repository.dequeue(db, gone)
                 left = [m for m in state.waiting.values() if m.id not in gone]
-                _announce_queue(left, self._writer.publisher(session_id))
+                announce_queue(left, self._writer.publisher(session_id))
             for m in chosen:
                 state.waiting.pop(m.id, None)
             state.resolve_takers(gone, None)
@@ -355,7 +391,3 @@ class Runner:
             if recorder is not None:
                 recorder.request_stop(by_server=True)
         await asyncio.gather(*(self.cancel(sid) for sid in running), return_exceptions=True)
-
-
-def _announce_queue(waiting: Iterable[QueuedMessage], events: Publisher) -> None:
-    events.emit(QueueUpdated, queue=[QueuedItem(**m.model_dump()) for m in waiting])

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from app.errors import ApiError
 from app.protocol.tool_requests import Resolution
 from app.tools.registry import ToolOutcome
 
@@ -26,22 +25,35 @@ DECISIONS = ["approve", "edit", "reject"]
 APPROVAL_TIMED_OUT = "approval timed out"
 
 
-class NoPendingCall(ApiError):
+class AnswerRefused(Exception):
+    """An answer refused as a whole (nothing of it is taken); the use-case layer renders it with its
+    status. Not app.errors.ApiError: the agent loop stays free of the HTTP stack."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class NoPendingCall(AnswerRefused):
     status = 409
     code = "no_pending_call"
 
 
-class AnswerConflict(ApiError):
+class AnswerConflict(AnswerRefused):
     status = 409
     code = "answer_conflict"
 
 
-class AnswerExpired(ApiError):
+class AnswerExpired(AnswerRefused):
     status = 410
     code = "expired"
 
 
-class InvalidAnswer(ApiError):
+class InvalidAnswer(AnswerRefused):
     status = 422
     code = "invalid_answer"
 
@@ -114,7 +126,7 @@ class Inbox:
                 future.set_exception(_turn_ended())
 
 
-def _turn_ended() -> ApiError:
+def _turn_ended() -> AnswerRefused:
     return NoPendingCall("The turn no longer waits for this answer (it ended).")
 
 
@@ -172,6 +184,10 @@ def check(
         if found.answer is not None:
             replies.append(_repeat(found, item))
             continue
+        if found.deadline <= time.time():  # its expiry is being recorded right now
+            raise AnswerExpired(
+                f"The wait for tool call {found.call_id!r} expired.", details={"tool_call_id": found.call_id}
+            )
         answer = _answer(submission.kind, found, item, validate)
         answers.append(answer)
         replies.append(Resolution(tool_call_id=found.call_id, resolution=answer.resolution, replayed=False))
