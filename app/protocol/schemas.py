@@ -118,6 +118,7 @@ class QueuedMessage(BaseModel):
     client_message_id: str | None = Field(None, description="As given when the message was posted.")
     timestamp: str
     delivery: Delivery
+    client_tools: list[ClientTool] | None = Field(None, description="As given when the message was posted.")
 
 
 class QueueList(BaseModel):

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from app.protocol.events import QueuedItem, QueueUpdated
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
-from app.protocol.tool_requests import Resolution
+from app.protocol.tool_requests import ClientTool, Resolution
 from app.storage.tables import ChatSessionRow, QueuedMessageRow
 from app.streaming.frames import Publisher
 from app.turns.live import LiveStatus
@@ -67,6 +67,7 @@ class TurnControl(Protocol):
         *,
         message_id: str | None = None,
         client_message_id: str | None = None,
+        client_tools: list[ClientTool] | None = None,
     ) -> MessageAccepted: ...
 
     async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult: ...

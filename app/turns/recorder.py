@@ -115,6 +115,7 @@ class TurnRecorder(WaitLog):
                 content=m.content,
                 sender=m.sender,
                 client_message_id=m.client_message_id,
+                client_tools=[t.model_dump(mode="json") for t in m.client_tools] if m.client_tools else None,
             )
             for m in messages
         ]

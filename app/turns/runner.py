@@ -24,7 +24,7 @@ from app.protocol.clock import now_iso
 from app.protocol.events import QueuedItem, UserMessage
 from app.protocol.ids import new_message_id, new_turn_id
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
-from app.protocol.tool_requests import Resolution
+from app.protocol.tool_requests import ClientTool, Resolution
 from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
@@ -123,6 +123,7 @@ class Runner:
         *,
         message_id: str | None = None,
         client_message_id: str | None = None,
+        client_tools: list[ClientTool] | None = None,
     ) -> MessageAccepted:
         if self._closing:
             raise ShuttingDown
@@ -136,6 +137,7 @@ class Runner:
             client_message_id=client_message_id,
             timestamp=now_iso(),
             delivery=delivery,
+            client_tools=client_tools,
         )
         async with state.lock:
             if state.task is None:
@@ -144,7 +146,7 @@ class Runner:
             if delivery == "reject":
                 assert state.recorder is not None
                 raise TurnRunning(state.recorder.turn_id)
-            row = QueuedMessageRow(session_id=session.id, **message.model_dump())
+            row = QueuedMessageRow(session_id=session.id, **message.model_dump(mode="json"))
             events = self._writer.publisher(session.id)
             # The row and its announcement commit together: a client never misses a waiting message.
             async with self._writer.transaction(session.id) as db:
