@@ -177,6 +177,10 @@ class AgentRun:
         async with aclosing(running):
             async for event in running:
                 yield event
+        assistant = self.messages[-1]
+        for tool_call in assistant.get("tool_calls", []):
+            if tool_call["id"] in round_.edited:
+                tool_call["function"]["arguments"] = round_.edited[tool_call["id"]]
         for call in calls:
             self.messages.append(
                 {"role": "tool", "tool_call_id": call.id, "content": round_.outcomes[call.id].content}

@@ -87,6 +87,8 @@ class ToolRound:
         self._inbox = inbox or Inbox()
         self._execute = execute
         self.outcomes: dict[str, ToolOutcome] = {}
+        # Calls a person edited: the arguments they ran with (the history shows those).
+        self.edited: dict[str, str] = {}
         self._calls: dict[str, CallRequest] = {}
         self._waiting: dict[str, Waiting] = {}
         self._tasks: set[asyncio.Task[Executed]] = set()
@@ -205,6 +207,8 @@ class ToolRound:
             yield ApprovedStarting([a.call_id for a in approved])
             for a in approved:
                 call = self._calls[a.call_id]
+                if a.arguments_text is not None:
+                    self.edited[a.call_id] = a.arguments_text
                 self._start(CallRequest(call.id, call.name, a.arguments_text or call.arguments_text))
 
     async def _drop(self, getter: asyncio.Task[Submission] | None) -> None:
