@@ -45,7 +45,9 @@ class Sessions:
         """The session, and whether it is the replayed answer of an earlier request with the same key."""
         if idempotency_key is None:
             return await self._create(principal, body, new_session_id()), False
-        request = fingerprint("POST", "/v1/sessions", body.model_dump(mode="json"))
+        # Fields left out are left out of the fingerprint, so keys stored before they existed still match.
+        absent = {name for name in ("client_tools", "approval") if getattr(body, name) is None}
+        request = fingerprint("POST", "/v1/sessions", body.model_dump(mode="json", exclude=absent))
 
         async def find(session_id: str) -> SessionOut | None:
             async with self._database.session() as db:

@@ -133,7 +133,8 @@ def _turn_ended() -> AnswerRefused:
 def expiry(seconds: float) -> tuple[str, str]:
     """Now and `seconds` from now, as stored and sent (UTC ISO 8601 with offset)."""
     now = datetime.now(UTC)
-    return now.isoformat(), datetime.fromtimestamp(now.timestamp() + seconds, UTC).isoformat()
+    until = datetime.fromtimestamp(now.timestamp() + seconds, UTC)
+    return now.isoformat(timespec="milliseconds"), until.isoformat(timespec="milliseconds")
 
 
 def client_outcome(item: dict[str, Any]) -> ToolOutcome:
