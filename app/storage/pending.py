@@ -34,6 +34,22 @@ async def update_request(db: AsyncSession, turn_id: str, tool_call_id: str, valu
     )
 
 
+async def close_turn_requests(db: AsyncSession, turn_id: str, at: str) -> None:
+    """The turn ends: whatever of it still waits (or was approved and never started) is interrupted."""
+    await db.exec(
+        update(PendingToolRequestRow)
+        .where(
+            col(PendingToolRequestRow.turn_id) == turn_id,
+            (col(PendingToolRequestRow.state) == WAITING)
+            | (
+                (col(PendingToolRequestRow.state) == "answered")
+                & col(PendingToolRequestRow.decision).in_(["approve", "edit"])
+            ),
+        )
+        .values(state="interrupted", answered_at=at)
+    )
+
+
 async def waiting_in_session(db: AsyncSession, session_id: str) -> list[PendingToolRequestRow]:
     """What waits for an answer in the session, in call order."""
     query = (

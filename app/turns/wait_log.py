@@ -199,3 +199,5 @@ class WaitLog(TurnLog):
                     wait_ms=w.waited_ms(),
                 )
         self._waiting.clear()
+        # Also what this process never took up (a resumed turn that failed before its round went on).
+        await pending.close_turn_requests(db, self.turn_id, at)

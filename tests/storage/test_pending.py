@@ -159,3 +159,20 @@ def test_a_turn_offers_the_session_client_tools_then_its_messages_own() -> None:
         client_tools=[{"name": "c"}],
     )
     assert [t["name"] for t in turn_client_tools(session, [user, other], "t")] == ["a", "b"]
+
+
+async def test_closing_a_turn_interrupts_only_what_still_waits_or_never_started(database: Database) -> None:
+    async with database.session() as db:
+        await pending.insert(
+            db,
+            [
+                request("w"),
+                request("approved", state="answered", decision="approve"),
+                request("answered", state="answered", decision="answered", kind="client"),
+                request("ran", state="running", decision="approve"),
+            ],
+        )
+        await pending.close_turn_requests(db, "t_1", T0)
+        await db.commit()
+        states = {r.tool_call_id: r.state for r in await pending.of_turn(db, "t_1")}
+    assert states == {"w": "interrupted", "approved": "interrupted", "answered": "answered", "ran": "running"}
