@@ -1017,11 +1017,6 @@ export interface components {
              * @description As given when the message was posted.
              */
             client_message_id?: string | null;
-            /**
-             * Client Tools
-             * @description As given when the message was posted.
-             */
-            client_tools?: components["schemas"]["ClientTool"][] | null;
             /** Content */
             content: string;
             /**

@@ -118,7 +118,8 @@ class QueuedMessage(BaseModel):
     client_message_id: str | None = Field(None, description="As given when the message was posted.")
     timestamp: str
     delivery: Delivery
-    client_tools: list[ClientTool] | None = Field(None, description="As given when the message was posted.")
+    # Kept for the turn that takes the message, not shown: the queue's shape is its events' (QueuedItem).
+    client_tools: list[ClientTool] | None = Field(None, exclude=True)
 
 
 class QueueList(BaseModel):

@@ -146,7 +146,8 @@ class Runner:
             if delivery == "reject":
                 assert state.recorder is not None
                 raise TurnRunning(state.recorder.turn_id)
-            row = QueuedMessageRow(session_id=session.id, **message.model_dump(mode="json"))
+            tools = [t.model_dump(mode="json") for t in client_tools] if client_tools else None
+            row = QueuedMessageRow(session_id=session.id, **message.model_dump(), client_tools=tools)
             events = self._writer.publisher(session.id)
             # The row and its announcement commit together: a client never misses a waiting message.
             async with self._writer.transaction(session.id) as db:
