@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app import errors
-from app.api import debug, events, health, messages, metrics, sessions, turns
+from app.api import debug, events, health, messages, metrics, sessions, tool_requests, turns
 from app.api.deps import Services
 from app.api.middleware import RequestContextMiddleware
 from app.api.tools import router as tools_router
@@ -20,6 +20,7 @@ from app.chat.idempotency import Idempotency
 from app.chat.limits import MessageRate, StreamSlots
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
+from app.chat.tool_answers import ToolAnswers
 from app.chat.turn_view import Turns
 from app.llm.gateway import ModelGateway
 from app.observability.access_log import install_access_log_redaction
@@ -36,7 +37,7 @@ from app.streaming.writer import WriteBehind
 from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.live import LocalLiveStatus
-from app.turns.recovery import close_open_turns
+from app.turns.recovery import close_open_turns, resume_suspended
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
 
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(events.router)
     app.include_router(turns.router)
     app.include_router(tools_router)
+    app.include_router(tool_requests.router)
     if settings.debug_stats:
         app.include_router(debug.router)
     if settings.metrics:
@@ -125,6 +127,7 @@ def _lifespan(
         await close_open_turns(database, writer, live)
         # The repair is in the log (and the turns it closed are announced) before any client can ask.
         await writer.flush()
+        await resume_suspended(database, runner)
         await runner.resume_waiting()
         # Last: litellm's import holds the GIL for seconds in its thread, and every step above would share
         # the core with it; now the server starts serving at once, while it loads (/readyz says when).
@@ -193,6 +196,7 @@ def _services(
         sessions=sessions,
         messages=messages,
         turns=Turns(settings, database, sessions, messages, runner),
+        answers=ToolAnswers(database, sessions, runner),
         broker=broker,
         models=models,
         keys=keys,

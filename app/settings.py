@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     tool_timeout: float = Field(
         30.0, gt=0, description="Seconds a tool may run before it gives an error result."
     )
+    approval_timeout: float = Field(
+        900.0, gt=0, description="Seconds a tool call waits for a person's approval; then it is rejected."
+    )
+    client_tool_timeout: float = Field(
+        900.0, gt=0, description="Seconds a client tool's call waits for the client's result."
+    )
     provider_timeout: float = Field(120.0, gt=0, description="Seconds without a byte from the provider.")
     provider_retries: int = Field(
         2, ge=0, description="Retries of a model call that failed before any output."

@@ -116,6 +116,27 @@ export interface paths {
         patch: operations["update_session_v1_sessions__session_id__patch"];
         trace?: never;
     };
+    "/v1/sessions/{session_id}/approvals": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Post Approvals
+         * @description Decide every open approval request of the round: approve, edit (arguments checked against the
+         *     tool's schema, 422 if they do not fit) or reject (with a reason the model reads).
+         */
+        post: operations["post_approvals_v1_sessions__session_id__approvals_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/cancel": {
         parameters: {
             query?: never;
@@ -235,6 +256,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/pending": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Pending
+         * @description What waits for an answer: client tool calls and approval requests, with their expiry.
+         */
+        get: operations["list_pending_v1_sessions__session_id__pending_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/queue": {
         parameters: {
             query?: never;
@@ -270,6 +311,27 @@ export interface paths {
          * @description Withdraw a waiting message; 409 once a turn has taken it.
          */
         delete: operations["withdraw_v1_sessions__session_id__queue__message_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/tool_results": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Post Tool Results
+         * @description Results of client tool calls (each `output` or `error`); the turn resumes once none waits. 409 for
+         *     a call that does not wait, 410 after its expiry; the same result again is a replay.
+         */
+        post: operations["post_tool_results_v1_sessions__session_id__tool_results_post"];
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -373,7 +435,7 @@ export interface components {
              * Status
              * @enum {string}
              */
-            status: "idle" | "thinking" | "tool_calling";
+            status: "idle" | "thinking" | "tool_calling" | "awaiting_input";
             /**
              * Tool Name
              * @default null
@@ -389,6 +451,96 @@ export interface components {
              * @enum {string}
              */
             type: "agent_status";
+        };
+        /**
+         * ApprovalRequested
+         * @description A call waits for a person's decision, posted to .../approvals.
+         */
+        ApprovalRequested: {
+            /** Arguments */
+            arguments: unknown;
+            /**
+             * Decisions
+             * @description The decisions allowed for this call.
+             */
+            decisions: ("approve" | "edit" | "reject")[];
+            /**
+             * Expires At
+             * @description After this the call is rejected with 'approval timed out'.
+             */
+            expires_at: string;
+            /**
+             * Id
+             * @description The tool_group chat message id.
+             */
+            id: string;
+            /** Name */
+            name: string;
+            /**
+             * Seq
+             * @description Position in the session's stream; equals the SSE id.
+             */
+            seq: number;
+            /** Session Id */
+            session_id: string;
+            /** Tool Call Id */
+            tool_call_id: string;
+            /** Turn Id */
+            turn_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "approval_requested";
+        };
+        /** ApprovalResolved */
+        ApprovalResolved: {
+            /**
+             * Arguments
+             * @description The arguments the call runs with (the edited ones after an edit).
+             */
+            arguments: unknown;
+            /**
+             * Decision
+             * @enum {string}
+             */
+            decision: "approve" | "edit" | "reject" | "expired" | "interrupted";
+            /**
+             * Id
+             * @description The tool_group chat message id.
+             */
+            id: string;
+            /**
+             * Reason
+             * @default null
+             */
+            reason: string | null;
+            /**
+             * Seq
+             * @description Position in the session's stream; equals the SSE id.
+             */
+            seq: number;
+            /** Session Id */
+            session_id: string;
+            /** Tool Call Id */
+            tool_call_id: string;
+            /** Turn Id */
+            turn_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "approval_resolved";
+            /**
+             * Wait Ms
+             * @description Time spent waiting for the person, apart from the execution.
+             */
+            wait_ms: number;
+        };
+        /** ApprovalsIn */
+        ApprovalsIn: {
+            /** Decisions */
+            decisions: components["schemas"]["DecisionItem"][];
         };
         /** AssistantTextMessage */
         AssistantTextMessage: {
@@ -445,6 +597,123 @@ export interface components {
             turn_id?: string | null;
             /** Withdrawn */
             withdrawn?: components["schemas"]["QueuedMessage"][];
+        };
+        /**
+         * ClientTool
+         * @description A tool the client (a browser) runs itself: the model may call it, the service never runs it.
+         */
+        ClientTool: {
+            /**
+             * Description
+             * @default
+             */
+            description: string;
+            /**
+             * Name
+             * @description 1-64 letters, digits, '_' or '-'; not the name of a server tool.
+             */
+            name: string;
+            /**
+             * Parameters
+             * @description The arguments' JSON schema (an object schema), as the model sees it.
+             */
+            parameters?: {
+                [key: string]: components["schemas"]["JsonValue"];
+            };
+        };
+        /**
+         * ClientToolRequested
+         * @description The model called a client tool: the client runs it and posts its result to .../tool_results.
+         */
+        ClientToolRequested: {
+            /** Arguments */
+            arguments: unknown;
+            /**
+             * Expires At
+             * @description After this the model reads a timeout error and a result gets 410.
+             */
+            expires_at: string;
+            /**
+             * Id
+             * @description The tool_group chat message id.
+             */
+            id: string;
+            /** Name */
+            name: string;
+            /**
+             * Seq
+             * @description Position in the session's stream; equals the SSE id.
+             */
+            seq: number;
+            /** Session Id */
+            session_id: string;
+            /** Tool Call Id */
+            tool_call_id: string;
+            /** Turn Id */
+            turn_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "client_tool_requested";
+        };
+        /** ClientToolResolved */
+        ClientToolResolved: {
+            /**
+             * Id
+             * @description The tool_group chat message id.
+             */
+            id: string;
+            /** Is Error */
+            is_error: boolean;
+            /**
+             * Resolution
+             * @enum {string}
+             */
+            resolution: "answered" | "expired" | "interrupted";
+            /**
+             * Seq
+             * @description Position in the session's stream; equals the SSE id.
+             */
+            seq: number;
+            /** Session Id */
+            session_id: string;
+            /** Tool Call Id */
+            tool_call_id: string;
+            /** Turn Id */
+            turn_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "client_tool_resolved";
+            /**
+             * Wait Ms
+             * @description From the request to its resolution.
+             */
+            wait_ms: number;
+        };
+        /** DecisionItem */
+        DecisionItem: {
+            /**
+             * Arguments
+             * @description With edit only: the arguments to run the call with, checked against its schema.
+             */
+            arguments?: {
+                [key: string]: components["schemas"]["JsonValue"];
+            } | null;
+            /**
+             * Decision
+             * @enum {string}
+             */
+            decision: "approve" | "edit" | "reject";
+            /**
+             * Reason
+             * @description Read by the model after a reject.
+             */
+            reason?: string | null;
+            /** Tool Call Id */
+            tool_call_id: string;
         };
         /** ErrorBody */
         ErrorBody: {
@@ -532,7 +801,7 @@ export interface components {
         ErrorResponse: {
             error: components["schemas"]["ErrorBody"];
         };
-        Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["ErrorEvent"] | components["schemas"]["Resync"];
+        Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["ErrorEvent"] | components["schemas"]["ClientToolRequested"] | components["schemas"]["ApprovalRequested"] | components["schemas"]["ClientToolResolved"] | components["schemas"]["ApprovalResolved"] | components["schemas"]["Resync"];
         /**
          * EventFrame
          * @description One frame of the event stream, as an SSE parser (EventSource) yields it. Frames without data (`retry:`, `: ping`) carry no event and are not described.
@@ -544,7 +813,7 @@ export interface components {
              * @description The event's `type`.
              * @enum {string}
              */
-            event: "agent_cancelled" | "agent_status" | "error" | "queue_updated" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
+            event: "agent_cancelled" | "agent_status" | "approval_requested" | "approval_resolved" | "client_tool_requested" | "client_tool_resolved" | "error" | "queue_updated" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
             /** @description The event's `seq`: send it back as Last-Event-ID to resume after it. */
             id: string;
         };
@@ -555,6 +824,7 @@ export interface components {
             /** Status */
             status: string;
         };
+        JsonValue: unknown;
         /**
          * LlmNode
          * @description One model response's text, as stored at its end (or at the stop that cut it short).
@@ -650,6 +920,11 @@ export interface components {
              */
             client_message_id?: string | null;
             /**
+             * Client Tools
+             * @description Client tools offered for the turn that takes this message only.
+             */
+            client_tools?: components["schemas"]["ClientTool"][] | null;
+            /**
              * Content
              * @description The message; longer than the configured limit gets 413.
              */
@@ -702,6 +977,44 @@ export interface components {
             default_model: string;
             /** Models */
             models: components["schemas"]["ModelInfo"][];
+        };
+        /** PendingList */
+        PendingList: {
+            /**
+             * Pending
+             * @description What waits for an answer, in call order.
+             */
+            pending: components["schemas"]["PendingRequest"][];
+        };
+        /** PendingRequest */
+        PendingRequest: {
+            /** Arguments */
+            arguments: unknown;
+            /**
+             * Decisions
+             * @description For an approval: the decisions allowed.
+             */
+            decisions: ("approve" | "edit" | "reject")[] | null;
+            /** Expires At */
+            expires_at: string;
+            /**
+             * Id
+             * @description The tool_group chat message id.
+             */
+            id: string;
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "client_tool" | "approval";
+            /** Name */
+            name: string;
+            /** Requested At */
+            requested_at: string;
+            /** Tool Call Id */
+            tool_call_id: string;
+            /** Turn Id */
+            turn_id: string;
         };
         /** QueueList */
         QueueList: {
@@ -779,6 +1092,28 @@ export interface components {
             /** Status */
             status: string;
         };
+        /** Resolution */
+        Resolution: {
+            /**
+             * Replayed
+             * @description True when this answer had been given before (the repeat is ignored).
+             */
+            replayed: boolean;
+            /**
+             * Resolution
+             * @enum {string}
+             */
+            resolution: "approve" | "edit" | "reject" | "answered" | "expired" | "interrupted";
+            /** Tool Call Id */
+            tool_call_id: string;
+        };
+        /** ResolutionResult */
+        ResolutionResult: {
+            /** Resolved */
+            resolved: components["schemas"]["Resolution"][];
+            /** Turn Id */
+            turn_id: string;
+        };
         /** ResponseDone */
         ResponseDone: {
             /** Duration Ms */
@@ -842,6 +1177,18 @@ export interface components {
         /** SessionCreate */
         SessionCreate: {
             /**
+             * Approval
+             * @description Tools that wait for a person before they run: ["name", ...] or {"name": "always"}; "*" names every tool. Answered with POST .../approvals.
+             */
+            approval?: string[] | {
+                [key: string]: "always" | "never";
+            } | null;
+            /**
+             * Client Tools
+             * @description Tools the client runs: a call suspends the turn until POST .../tool_results answers it.
+             */
+            client_tools?: components["schemas"]["ClientTool"][] | null;
+            /**
              * Model
              * @description A model from GET /v1/models; the default model if omitted.
              */
@@ -862,7 +1209,11 @@ export interface components {
              * Agent Status
              * @enum {string}
              */
-            agent_status: "idle" | "thinking" | "tool_calling";
+            agent_status: "idle" | "thinking" | "tool_calling" | "awaiting_input";
+            /** Approval */
+            approval: string[];
+            /** Client Tools */
+            client_tools: components["schemas"]["ClientTool"][];
             /** Context Used */
             context_used: number;
             /** Context Window */
@@ -1059,8 +1410,23 @@ export interface components {
         ToolGroupMessage: {
             /** Arguments */
             arguments: unknown;
-            /** Duration Ms */
+            /**
+             * Decision
+             * @description The person's decision, when the call waited for approval.
+             */
+            decision?: ("approve" | "edit" | "reject" | "expired" | "interrupted") | null;
+            /**
+             * Duration Ms
+             * @description The execution (a client tool's: until its result came).
+             */
             duration_ms: number | null;
+            /**
+             * Executed By
+             * @description Who ran the call.
+             * @default server
+             * @enum {string}
+             */
+            executed_by: "server" | "client";
             /** Id */
             id: string;
             /**
@@ -1107,6 +1473,11 @@ export interface components {
              * @constant
              */
             type: "tool_group";
+            /**
+             * Wait Ms
+             * @description Time spent waiting for the person (approval), apart from duration_ms.
+             */
+            wait_ms?: number | null;
         };
         /** ToolInfo */
         ToolInfo: {
@@ -1204,6 +1575,23 @@ export interface components {
             is_error: boolean;
             /** Tool Call Id */
             tool_call_id: string;
+        };
+        /** ToolResultItem */
+        ToolResultItem: {
+            /**
+             * Error
+             * @description An error the model reads instead.
+             */
+            error?: string | null;
+            /** @description The result: text, or any JSON (sent to the model as JSON). */
+            output?: components["schemas"]["JsonValue"];
+            /** Tool Call Id */
+            tool_call_id: string;
+        };
+        /** ToolResultsIn */
+        ToolResultsIn: {
+            /** Results */
+            results: components["schemas"]["ToolResultItem"][];
         };
         /** Turn */
         Turn: {
@@ -1865,6 +2253,97 @@ export interface operations {
             };
         };
     };
+    post_approvals_v1_sessions__session_id__approvals_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ApprovalsIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResolutionResult"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Gone: the wait expired */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unsupported media type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     cancel_v1_sessions__session_id__cancel_post: {
         parameters: {
             query?: never;
@@ -2254,6 +2733,57 @@ export interface operations {
             };
         };
     };
+    list_pending_v1_sessions__session_id__pending_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PendingList"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     list_queue_v1_sessions__session_id__queue_get: {
         parameters: {
             query?: never;
@@ -2348,6 +2878,97 @@ export interface operations {
             };
             /** @description Conflict */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    post_tool_results_v1_sessions__session_id__tool_results_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ToolResultsIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResolutionResult"];
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Gone: the wait expired */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unsupported media type */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -12,6 +12,7 @@ from app.chat.auth import OPEN_PRINCIPAL, KeyRing
 from app.chat.limits import MessageLimit, StreamLimit
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
+from app.chat.tool_answers import ToolAnswers
 from app.chat.turn_view import Turns
 from app.errors import Unauthorized
 from app.llm.gateway import ModelGateway
@@ -26,6 +27,7 @@ class Services:
     sessions: Sessions
     messages: Messages
     turns: Turns
+    answers: ToolAnswers
     broker: EventFanOut
     models: ModelGateway
     keys: KeyRing
@@ -52,7 +54,12 @@ async def get_turns(request: Request) -> Turns:
     return (await get_services(request)).turns
 
 
+async def get_answers(request: Request) -> ToolAnswers:
+    return (await get_services(request)).answers
+
+
 ServicesDep = Annotated[Services, Depends(get_services)]
+ToolAnswersDep = Annotated[ToolAnswers, Depends(get_answers)]
 SessionsDep = Annotated[Sessions, Depends(get_sessions)]
 MessagesDep = Annotated[Messages, Depends(get_messages)]
 TurnsDep = Annotated[Turns, Depends(get_turns)]

@@ -11,6 +11,7 @@ _DESCRIPTIONS = {
     401: "Missing or unknown API key (when the server has keys)",
     404: "Not found",
     409: "Conflict",
+    410: "Gone: the wait expired",
     413: "Payload too large",
     415: "Unsupported media type",
     422: "Validation error",

@@ -7,6 +7,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app.chat.errors import InvalidCursor
 from app.chat.idempotency import IdempotencyStore, fingerprint
 from app.chat.sessions import Sessions
+from app.chat.tool_rules import check_client_tools
 from app.chat.views import to_chat_message
 from app.errors import Conflict, NotFound, PayloadTooLarge, Unavailable
 from app.protocol.ids import new_message_id
@@ -65,7 +66,7 @@ class Messages:
         if idempotency_key is None:
             return await self._post(session, body, new_message_id()), False
         # An absent client_message_id is left out, so keys stored before the field existed still match.
-        absent = {"client_message_id"} if body.client_message_id is None else None
+        absent = {name for name in ("client_message_id", "client_tools") if getattr(body, name) is None}
         request_body = body.model_dump(mode="json", exclude=absent)
         request = fingerprint("POST", f"/v1/sessions/{session_id}/messages", request_body)
 
@@ -107,6 +108,7 @@ class Messages:
 
     async def _post(self, session: ChatSessionRow, body: MessageCreate, message_id: str) -> MessageAccepted:
         session_id = session.id
+        check_client_tools(session.tools, body.client_tools or [])
         try:
             return await self._turns.post(
                 session,
@@ -115,6 +117,7 @@ class Messages:
                 body.delivery,
                 message_id=message_id,
                 client_message_id=body.client_message_id,
+                client_tools=body.client_tools,
             )
         except SessionClosed as exc:
             raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id}) from exc

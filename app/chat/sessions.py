@@ -7,11 +7,13 @@ import binascii
 
 from app.chat.errors import InvalidCursor, UnknownModel, UnknownTool
 from app.chat.idempotency import IdempotencyStore, fingerprint
+from app.chat.tool_rules import check_approval, check_client_tools
 from app.errors import InvalidRequest, NotFound
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
 from app.protocol.ids import new_session_id
 from app.protocol.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
+from app.protocol.tool_requests import ClientTool, approval_names
 from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
@@ -47,7 +49,9 @@ class Sessions:
         """The session, and whether it is the replayed answer of an earlier request with the same key."""
         if idempotency_key is None:
             return await self._create(principal, body, new_session_id()), False
-        request = fingerprint("POST", "/v1/sessions", body.model_dump(mode="json"))
+        # Fields left out are left out of the fingerprint, so keys stored before they existed still match.
+        absent = {name for name in ("client_tools", "approval") if getattr(body, name) is None}
+        request = fingerprint("POST", "/v1/sessions", body.model_dump(mode="json", exclude=absent))
 
         async def find(session_id: str) -> SessionOut | None:
             async with self._database.session() as db:
@@ -73,6 +77,10 @@ class Sessions:
         window = await self._check_model(model)
         tools = list(dict.fromkeys(body.tools)) if body.tools is not None else self._tools.builtin_names()
         self._check_tools(tools)
+        client_tools = [t.model_dump(mode="json") for t in body.client_tools or []]
+        approval = approval_names(body.approval)
+        check_client_tools(tools, body.client_tools or [])
+        check_approval(approval, tools)
         at = now_iso()
         row = ChatSessionRow(
             id=session_id,
@@ -81,6 +89,8 @@ class Sessions:
             model=model,
             system_prompt=body.system_prompt,
             tools=tools,
+            client_tools=client_tools,
+            approval=approval,
             created_at=at,
             updated_at=at,
             context_window=window,
@@ -153,6 +163,8 @@ class Sessions:
             model=row.model,
             system_prompt=row.system_prompt,
             tools=list(row.tools),
+            client_tools=[ClientTool.model_validate(t) for t in row.client_tools],
+            approval=list(row.approval),
             status=row.status,
             agent_status=live.agent_status,
             running_turn_id=live.turn_id,

@@ -48,6 +48,9 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
             interrupted=bool(row.interrupted),
             source=row.source,
             truncated=bool(row.truncated),
+            executed_by="client" if row.executed_by == "client" else "server",
+            decision=row.decision,
+            wait_ms=row.wait_ms,
         )
     if row.type == "error":
         return ErrorMessage(

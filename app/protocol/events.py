@@ -3,7 +3,11 @@
 A turn emits, in order: turn_start, user_message, agent_status(thinking), then per model response
 text_delta... (the first one carries timestamp and model), response_done, token_usage, and per tool call
 tool_exec_start, agent_status(tool_calling), tool_exec_end, agent_status(thinking); it ends with
-agent_status(idle) and turn_done. A stop adds agent_cancelled; a failure adds error before turn_done.
+agent_status(idle) and turn_done. A call that waits for the client (a client tool) or for a person
+(approval) adds client_tool_requested or approval_requested after its tool_exec_start and
+agent_status(awaiting_input); its answer (or expiry, or a stop) adds client_tool_resolved or
+approval_resolved, before the call's tool_exec_end. A stop adds agent_cancelled; a failure adds error
+before turn_done.
 Outside turns: user_message (queued) and queue_updated when messages wait, and resync as the first frame
 of a stream whose asked-for position is gone.
 Every event carries `seq` (the SSE `id:`, +1 per event within the session) and `session_id`.
@@ -19,12 +23,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 TurnStatus = Literal["completed", "cancelled", "failed", "interrupted"]
-AgentState = Literal["idle", "thinking", "tool_calling"]
+AgentState = Literal["idle", "thinking", "tool_calling", "awaiting_input"]
 # Who runs a tool: the service itself, an MCP server, an HTTP endpoint, or the client (the browser).
 ToolSource = Literal["builtin", "mcp", "http", "client"]
 _SOURCE = (
     "Who runs the tool: `builtin` (the service), `mcp` (an MCP server), `http` (an HTTP tool) or `client`."
 )
+Decision = Literal["approve", "edit", "reject"]
 
 
 class _Event(BaseModel):
@@ -181,6 +186,52 @@ class AgentCancelled(_Event):
     interrupted_tool_call_ids: list[str]
 
 
+class ClientToolRequested(_Event):
+    """The model called a client tool: the client runs it and posts its result to .../tool_results."""
+
+    type: Literal["client_tool_requested"] = "client_tool_requested"
+    id: str = Field(description="The tool_group chat message id.")
+    turn_id: str
+    tool_call_id: str
+    name: str
+    arguments: Any
+    expires_at: str = Field(description="After this the model reads a timeout error and a result gets 410.")
+
+
+class ApprovalRequested(_Event):
+    """A call waits for a person's decision, posted to .../approvals."""
+
+    type: Literal["approval_requested"] = "approval_requested"
+    id: str = Field(description="The tool_group chat message id.")
+    turn_id: str
+    tool_call_id: str
+    name: str
+    arguments: Any
+    expires_at: str = Field(description="After this the call is rejected with 'approval timed out'.")
+    decisions: list[Decision] = Field(description="The decisions allowed for this call.")
+
+
+class ClientToolResolved(_Event):
+    type: Literal["client_tool_resolved"] = "client_tool_resolved"
+    id: str = Field(description="The tool_group chat message id.")
+    turn_id: str
+    tool_call_id: str
+    resolution: Literal["answered", "expired", "interrupted"]
+    is_error: bool
+    wait_ms: int = Field(description="From the request to its resolution.")
+
+
+class ApprovalResolved(_Event):
+    type: Literal["approval_resolved"] = "approval_resolved"
+    id: str = Field(description="The tool_group chat message id.")
+    turn_id: str
+    tool_call_id: str
+    decision: Literal["approve", "edit", "reject", "expired", "interrupted"]
+    arguments: Any = Field(description="The arguments the call runs with (the edited ones after an edit).")
+    reason: str | None = None
+    wait_ms: int = Field(description="Time spent waiting for the person, apart from the execution.")
+
+
 class QueuedItem(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -236,6 +287,10 @@ Event = Annotated[
     | AgentCancelled
     | QueueUpdated
     | ErrorEvent
+    | ClientToolRequested
+    | ApprovalRequested
+    | ClientToolResolved
+    | ApprovalResolved
     | Resync,
     Field(discriminator="type"),
 ]

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from app.protocol.events import AgentState, TurnStatus
+from app.protocol.tool_requests import ApprovalRule, ClientTool, unique_client_tools
 
 
 class _Strict(BaseModel):
@@ -22,6 +23,18 @@ class SessionCreate(_Strict):
         description="Tool names (GET /v1/tools lists them), or an MCP server's name (`github` or `github/*`) "
         "for all its tools; all built-in tools if omitted.",
     )
+    client_tools: list[ClientTool] | None = Field(
+        None,
+        max_length=64,
+        description="Tools the client runs: a call suspends the turn until POST .../tool_results answers it.",
+    )
+    approval: ApprovalRule | None = Field(
+        None,
+        description='Tools that wait for a person before they run: ["name", ...] or {"name": "always"}; '
+        '"*" names every tool. Answered with POST .../approvals.',
+    )
+
+    _unique = field_validator("client_tools")(unique_client_tools)
 
 
 class SessionUpdate(_Strict):
@@ -36,6 +49,8 @@ class SessionOut(BaseModel):
     model: str
     system_prompt: str | None
     tools: list[str]
+    client_tools: list[ClientTool]
+    approval: list[str]
     status: str
     agent_status: AgentState
     running_turn_id: str | None
@@ -72,6 +87,11 @@ class MessageCreate(_Strict):
         description="The sender's own id for the message, stored and echoed on its user_message events, "
         "in the answer and in the history: the tab that sent it matches its optimistic copy by it.",
     )
+    client_tools: list[ClientTool] | None = Field(
+        None, max_length=64, description="Client tools offered for the turn that takes this message only."
+    )
+
+    _unique = field_validator("client_tools")(unique_client_tools)
 
     @field_validator("content")
     @classmethod
@@ -102,6 +122,8 @@ class QueuedMessage(BaseModel):
     client_message_id: str | None = Field(None, description="As given when the message was posted.")
     timestamp: str
     delivery: Delivery
+    # Kept for the turn that takes the message, not shown: the queue's shape is its events' (QueuedItem).
+    client_tools: list[ClientTool] | None = Field(None, exclude=True)
 
 
 class QueueList(BaseModel):
@@ -176,7 +198,7 @@ class ToolGroupMessage(BaseModel):
     result: str | None = Field(description="Null while the tool runs.")
     is_error: bool | None
     timestamp: str
-    duration_ms: int | None
+    duration_ms: int | None = Field(description="The execution (a client tool's: until its result came).")
     model: str
     interrupted: bool = Field(
         False, description="True when a stop, a failure or a restart cut the call short."
@@ -186,6 +208,13 @@ class ToolGroupMessage(BaseModel):
         description="Who ran the tool: `builtin`, `mcp`, `http` or `client`; null for a call never started.",
     )
     truncated: bool = Field(False, description="The result was cut to its cap, with a marker for the model.")
+    executed_by: Literal["server", "client"] = Field("server", description="Who ran the call.")
+    decision: Literal["approve", "edit", "reject", "expired", "interrupted"] | None = Field(
+        None, description="The person's decision, when the call waited for approval."
+    )
+    wait_ms: int | None = Field(
+        None, description="Time spent waiting for the person (approval), apart from duration_ms."
+    )
 
 
 class TurnDoneMessage(BaseModel):

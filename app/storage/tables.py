@@ -25,6 +25,15 @@ class ChatSessionRow(SQLModel, table=True):
     total_tokens: int = 0
     context_used: int = 0
     context_window: int | None = None
+    # Tools the browser runs ({name, description, parameters} each): the model may call them, the
+    # service never runs them (app.turns.pending).
+    client_tools: list[dict[str, Any]] = Field(
+        default_factory=list, sa_column=Column(JSON, nullable=False, server_default=text("'[]'"))
+    )
+    # Tool names that wait for a person's approval before they run ("*": every tool).
+    approval: list[str] = Field(
+        default_factory=list, sa_column=Column(JSON, nullable=False, server_default=text("'[]'"))
+    )
 
 
 class ChatMessageRow(SQLModel, table=True):
@@ -65,6 +74,14 @@ class ChatMessageRow(SQLModel, table=True):
     status: str | None = None
     interrupted: bool | None = None
     code: str | None = None
+    # A tool_group's runner: "server" or "client" (the browser); the person's decision when the call
+    # waited for approval (approve, edit, reject, expired, interrupted) and how long it waited, in ms,
+    # kept apart from duration_ms, the execution.
+    executed_by: str | None = Field(default=None, max_length=10)
+    decision: str | None = Field(default=None, max_length=20)
+    wait_ms: int | None = None
+    # A user message's own client tools, offered to the model for the turn that takes it.
+    client_tools: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 class QueuedMessageRow(SQLModel, table=True):
@@ -84,6 +101,7 @@ class QueuedMessageRow(SQLModel, table=True):
     timestamp: str
     # steer: taken at the running turn's next breakpoint; queue: after it ends; interrupt: it was stopped.
     delivery: str = Field(default="steer", sa_column_kwargs={"server_default": "steer"})
+    client_tools: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 class EventRow(SQLModel, table=True):
@@ -115,3 +133,36 @@ class IdempotencyKeyRow(SQLModel, table=True):
     status_code: int | None = None
     response: str | None = None
     created_at: float = Field(index=True, description="Unix time; keys expire after the configured TTL.")
+
+
+class PendingToolRequestRow(SQLModel, table=True):
+    """A tool call that waits for someone outside the service: a client tool's result, or a person's
+    approval. It outlives the process: after a restart the turn resumes from these rows."""
+
+    __tablename__ = "pending_tool_requests"
+    __table_args__ = (
+        Index("ux_pending_turn_call", "turn_id", "tool_call_id", unique=True),
+        Index("ix_pending_session_state", "session_id", "state"),
+    )
+
+    position: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(
+        sa_column=Column(String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False)
+    )
+    turn_id: str = Field(max_length=40)
+    tool_call_id: str = Field(max_length=200)
+    # The tool_group chat message of the call.
+    message_id: str = Field(max_length=20)
+    # "client" (a client tool's result) or "approval" (a person's decision).
+    kind: str = Field(max_length=10)
+    tool_name: str
+    arguments: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
+    requested_at: str
+    expires_at: str
+    # pending → answered (client result or decision taken) | expired | interrupted; an approved call
+    # becomes "running" before it runs, so a crash never runs it twice.
+    state: str = Field(default="pending", max_length=12)
+    decision: str | None = Field(default=None, max_length=12)
+    # The answer as given: {output | error} or {decision, arguments?, reason?}.
+    answer: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
+    answered_at: str | None = None

@@ -8,7 +8,6 @@ turns those events into chat_messages and wire events.
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -28,69 +27,34 @@ from app.llm.types import (
 )
 from app.observability.hooks import observe_tool
 from app.tools.registry import ToolContext, ToolOutcome, ToolRegistry
+from app.turns.calls import (
+    AgentEvent,
+    BreakpointReached,
+    CallRequest,
+    ResponseFinished,
+    ResponseStarted,
+    TextChunk,
+    ToolFinished,
+    ToolStarted,
+    arguments_text,
+)
+from app.turns.rounds import ResumedRound, ToolRound, WaitRules
+from app.turns.waiting import Inbox
 
-
-def arguments_text(arguments: Any) -> str:
-    """Tool call arguments as the chat format carries them: a JSON object's text, or the raw text."""
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-
-
-@dataclass(frozen=True, slots=True)
-class CallRequest:
-    id: str
-    name: str
-    arguments_text: str
-
-    @property
-    def arguments(self) -> Any:
-        """The JSON object the model sent, else its raw text, so the history repeats it as written."""
-        if not self.arguments_text.strip():
-            return {}
-        try:
-            parsed = json.loads(self.arguments_text)
-        except (ValueError, RecursionError):
-            return self.arguments_text
-        return parsed if isinstance(parsed, dict) else self.arguments_text
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseStarted:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class TextChunk:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseFinished:
-    text: str
-    calls: list[CallRequest]
-    finish_reason: str | None
-    usage: UsagePart | None
-    duration_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ToolStarted:
-    call: CallRequest
-    source: str = "builtin"  # who runs it (ToolRegistry.source_of)
-
-
-@dataclass(frozen=True, slots=True)
-class ToolFinished:
-    call: CallRequest
-    outcome: ToolOutcome
-    duration_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class BreakpointReached:
-    """Tool results are committed and a user message is waiting: the turn ends here (seed 004 §2.5)."""
-
-
-AgentEvent = ResponseStarted | TextChunk | ResponseFinished | ToolStarted | ToolFinished | BreakpointReached
+# The loop's events live in turns.calls (turns.rounds yields them too); named here for the loop's users.
+__all__ = [
+    "AgentError",
+    "AgentEvent",
+    "AgentRun",
+    "BreakpointReached",
+    "CallRequest",
+    "ResponseFinished",
+    "ResponseStarted",
+    "TextChunk",
+    "ToolFinished",
+    "ToolStarted",
+    "arguments_text",
+]
 
 
 class AgentError(Exception):
@@ -115,9 +79,23 @@ class AgentRun:
     retries: int = 2
     retry_backoff: float = 0.5
     should_pause: Callable[[], bool] = field(default=lambda: False)
+    # Client tools in OpenAI "tools" format, the calls that wait (and how long), and where answers come.
+    client_tools: list[dict[str, Any]] = field(default_factory=list)
+    wait_rules: WaitRules = field(default_factory=WaitRules)
+    inbox: Inbox | None = None
+    # A round suspended before a restart, continued first (its assistant message is in `messages`).
+    resume: ResumedRound | None = None
 
     async def run(self) -> AsyncGenerator[AgentEvent, None]:
-        schemas = self.tools.schemas(self.tool_names)
+        schemas = [*self.tools.schemas(self.tool_names), *self.client_tools]
+        if self.resume is not None:
+            plan, self.resume = self.resume, None
+            async with aclosing(self._run_tools(plan.calls, plan)) as running:
+                async for event in running:
+                    yield event
+            if self.should_pause():
+                yield BreakpointReached()
+                return
         for _ in range(self.max_rounds):
             yield ResponseStarted()
             finished: ResponseFinished | None = None
@@ -191,26 +169,22 @@ class AgentRun:
             duration_ms=round((time.monotonic() - started) * 1000),
         )
 
-    async def _run_tools(self, calls: list[CallRequest]) -> AsyncGenerator[AgentEvent, None]:
-        """Runs the response's calls concurrently; results enter the history in call order."""
-        outcomes: dict[str, ToolOutcome] = {}
-        tasks: list[asyncio.Task[tuple[CallRequest, ToolOutcome, int]]] = []
-        try:
-            for call in calls:
-                yield ToolStarted(call, self.tools.source_of(call.name))
-                tasks.append(asyncio.create_task(self._execute(call), name=f"tool:{call.name}"))
-            for next_done in asyncio.as_completed(tasks):
-                call, outcome, duration_ms = await next_done
-                outcomes[call.id] = outcome
-                yield ToolFinished(call, outcome, duration_ms)
-        finally:
-            for task in tasks:
-                task.cancel()
-            # Wait for the cancelled tools to finish their own cleanup before the turn records them.
-            await asyncio.gather(*tasks, return_exceptions=True)
+    async def _run_tools(
+        self, calls: list[CallRequest], resumed: ResumedRound | None = None
+    ) -> AsyncGenerator[AgentEvent, None]:
+        """Runs (or waits for) the response's calls; results enter the history in call order."""
+        round_ = ToolRound(self.wait_rules, self.inbox, self._execute, self.tools.source_of)
+        running = round_.resume(resumed) if resumed is not None else round_.run(calls)
+        async with aclosing(running):
+            async for event in running:
+                yield event
+        assistant = self.messages[-1]
+        for tool_call in assistant.get("tool_calls", []):
+            if tool_call["id"] in round_.edited:
+                tool_call["function"]["arguments"] = round_.edited[tool_call["id"]]
         for call in calls:
             self.messages.append(
-                {"role": "tool", "tool_call_id": call.id, "content": outcomes[call.id].content}
+                {"role": "tool", "tool_call_id": call.id, "content": round_.outcomes[call.id].content}
             )
 
     async def _execute(self, call: CallRequest) -> tuple[CallRequest, ToolOutcome, int]:

@@ -7,14 +7,16 @@ The runner (turns.runner) is today's in-process implementation: one process owns
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.errors import StorageUnavailable
 from app.protocol.events import QueuedItem, QueueUpdated
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
+from app.protocol.tool_requests import ClientTool, Resolution
 from app.storage.tables import ChatSessionRow, QueuedMessageRow
 from app.streaming.frames import Publisher
 from app.turns.live import LiveStatus
+from app.turns.waiting import Kind
 
 
 class SessionClosed(LookupError):
@@ -66,6 +68,7 @@ class TurnControl(Protocol):
         *,
         message_id: str | None = None,
         client_message_id: str | None = None,
+        client_tools: list[ClientTool] | None = None,
     ) -> MessageAccepted: ...
 
     async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult: ...
@@ -77,6 +80,12 @@ class TurnControl(Protocol):
     ) -> list[QueuedMessage]: ...
 
     async def turn_end(self, turn_id: str) -> None: ...
+
+    async def answer(self, session_id: str, kind: Kind, items: list[dict[str, Any]]) -> list[Resolution]:
+        """Hands answers (client tool results, decisions) to the session's turn that waits for them; returns
+        once they are committed. A multi-process implementation routes them to the turn's owner, or has
+        the owner read them from the pending rows."""
+        ...
 
     async def taker(self, session_id: str, message_id: str) -> str | None: ...
 

@@ -152,6 +152,7 @@ class TurnLog:
             self._tool_row(call, at, result=tool_result, is_error=True, duration_ms=0) for call in unstarted
         ]
         async with self._transaction() as db:
+            await self._abandon_waiting(db, tool_result)
             if buffer is not None:
                 self.writer.untrack(buffer)
                 await repository.update_message(
@@ -173,6 +174,9 @@ class TurnLog:
                 announce()
         self._partial_done = True
         self._text, self._open_tools, self._round_calls = None, {}, []
+
+    async def _abandon_waiting(self, db: AsyncSession, tool_result: str) -> None:
+        """Closes the requests of calls that wait for an answer (turns.wait_log); none wait here."""
 
     async def finish_cancelled(self) -> None:
         self._finishing = True

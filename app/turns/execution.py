@@ -20,6 +20,9 @@ from app.tools.registry import ToolRegistry
 from app.turns.agent import AgentRun
 from app.turns.prompt import rebuild
 from app.turns.recorder import TurnRecorder, failure_of
+from app.turns.resume import client_tool_schema, edit_problem, resumed_round, turn_client_tools
+from app.turns.rounds import WaitRules
+from app.turns.waiting import Inbox
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +39,26 @@ class AgentFactory:
         self._tools = tools
 
     async def prepare(
-        self, session: ChatSessionRow, turn_id: str, *, should_pause: Callable[[], bool]
+        self,
+        session: ChatSessionRow,
+        turn_id: str,
+        *,
+        should_pause: Callable[[], bool],
+        inbox: Inbox | None = None,
+        resuming: bool = False,
     ) -> AgentRun:
         """`session` is the row the turn was started with, read just before (a deleted session stops its
-        turn first, and an update between that read and this moment is not seen: the next turn sees it)."""
+        turn first, and an update between that read and this moment is not seen: the next turn sees it).
+        `resuming`: the turn was suspended before a restart; its waiting round goes on first."""
         async with self._database.session() as db:
             rows = await repository.list_messages(db, session.id)
+            plan = await resumed_round(db, turn_id, rows) if resuming else None
+        messages = rebuild(rows, session.system_prompt)
+        if plan is not None:
+            # The round's results enter the history when it ends, in call order.
+            while messages and messages[-1]["role"] == "tool":
+                messages.pop()
+        client_tools = turn_client_tools(session, rows, turn_id)
         model = await self._models.resolve(session.model)
         adapter = await self._models.observed_adapter(model)
         settings = self._settings
@@ -50,7 +67,7 @@ class AgentFactory:
             model=model,
             tools=self._tools,
             tool_names=list(session.tools),
-            messages=rebuild(rows, session.system_prompt),
+            messages=messages,
             session_id=session.id,
             turn_id=turn_id,
             max_rounds=settings.max_tool_rounds,
@@ -59,6 +76,27 @@ class AgentFactory:
             retries=settings.provider_retries,
             retry_backoff=settings.provider_retry_backoff,
             should_pause=should_pause,
+            client_tools=[client_tool_schema(t) for t in client_tools],
+            wait_rules=self._wait_rules(session, client_tools),
+            inbox=inbox,
+            resume=plan,
+        )
+
+    def _wait_rules(self, session: ChatSessionRow, client_tools: list[dict[str, Any]]) -> WaitRules:
+        tools, approval = self._tools, set(session.approval)
+        server_tools = set(session.tools)
+
+        def needs_approval(name: str) -> bool:
+            if name not in server_tools:
+                return False  # an unknown tool: its error result needs nobody's approval
+            return "*" in approval or name in approval or tools.requires_approval(name)
+
+        return WaitRules(
+            client_tools=frozenset(t["name"] for t in client_tools),
+            approval=needs_approval,
+            client_timeout=self._settings.client_tool_timeout,
+            approval_timeout=self._settings.approval_timeout,
+            validate=lambda name, arguments: edit_problem(tools, name, arguments),
         )
 
 

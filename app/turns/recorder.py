@@ -53,7 +53,9 @@ from app.turns.agent import (
     ToolFinished,
     ToolStarted,
 )
-from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART, OpenTool, TurnLog
+from app.turns.calls import ApprovedStarting, InputAnswered, InputRequested
+from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART, OpenTool
+from app.turns.wait_log import WaitLog
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +75,19 @@ def failure_of(
 
 
 @dataclass
-class TurnRecorder(TurnLog):
+class TurnRecorder(WaitLog):
+    # A shutdown while calls wait: the task ends without closing the turn, which resumes after the
+    # restart from its rows (turns.resume).
+    _detach: bool = False
+
     def request_stop(self, *, by_server: bool = False) -> bool:
         """Stops the turn as soon as no write is in progress. False when it is already ending by itself.
-        A stop `by_server` (shutdown) records the turn as interrupted rather than cancelled."""
+        A stop `by_server` (shutdown) records the turn as interrupted rather than cancelled, or leaves it
+        suspended when it waits for answers."""
         if by_server:
             self.stop_status = "interrupted"
             self.stop_tool_result = TOOL_INTERRUPTED_BY_RESTART
+            self._detach = self.suspended
         if self._finishing:
             return False
         if not self._stop_requested:
@@ -122,6 +130,7 @@ class TurnRecorder(TurnLog):
                 content=m.content,
                 sender=m.sender,
                 client_message_id=m.client_message_id,
+                client_tools=[t.model_dump(mode="json") for t in m.client_tools] if m.client_tools else None,
             )
             for m in messages
         ]
@@ -162,6 +171,9 @@ class TurnRecorder(TurnLog):
                 task.uncancel()
             # Close the agent first: that closes the provider stream and cancels running tools.
             await events.aclose()
+            if self._detach and self.suspended:
+                self.closed = True  # not here: the turn goes on after the restart
+                return
             await self.end_durably(self.finish_cancelled)
             return
         except (ProviderError, AgentError) as exc:
@@ -206,6 +218,12 @@ class TurnRecorder(TurnLog):
             await self._on_tool_start(event)
         elif isinstance(event, ToolFinished):
             await self._on_tool_end(event)
+        elif isinstance(event, InputRequested):
+            await self.on_input_requested(event)
+        elif isinstance(event, InputAnswered):
+            await self.on_input_answered(event)
+        elif isinstance(event, ApprovedStarting):
+            await self.on_approved_starting(event)
         elif isinstance(event, BreakpointReached):
             pass
 
@@ -292,7 +310,12 @@ class TurnRecorder(TurnLog):
 
     async def _on_tool_start(self, event: ToolStarted) -> None:
         call = event.call
-        row = self._tool_row(call, now_iso(), source=event.source)
+        row = self._tool_row(
+            call,
+            now_iso(),
+            source=event.source,
+            executed_by="client" if event.waits_for == "client" else "server",
+        )
         async with self._transaction() as db:
             await repository.insert_messages(db, [row], new_message_id)
             self._emit(
@@ -303,23 +326,22 @@ class TurnRecorder(TurnLog):
                 model=self.model,
                 source=event.source,
             )
-            self.set_status("tool_calling", call.name)
+            if event.waits_for is None:
+                self.set_status("tool_calling", call.name)
         self._open_tools[call.id] = OpenTool(row.id, call.name, event.source)
         self._started_calls.add(call.id)
 
     async def _on_tool_end(self, event: ToolFinished) -> None:
         tool = self._open_tools.pop(event.call.id)
         outcome = event.outcome
+        values = {"result": outcome.content, "is_error": outcome.is_error, "duration_ms": event.duration_ms}
         async with self._transaction() as db:
             await repository.update_message(
                 db,
                 tool.row_id,
-                {
-                    "result": outcome.content,
-                    "is_error": outcome.is_error,
-                    "duration_ms": event.duration_ms,
-                    "truncated": outcome.truncated,
-                },
+                values
+                | {"truncated": outcome.truncated}
+                | ({"interrupted": True} if event.interrupted else {}),
             )
             self._emit(
                 ToolExecEnd,
@@ -332,8 +354,4 @@ class TurnRecorder(TurnLog):
                 source=tool.source,
                 truncated=outcome.truncated,
             )
-            running = next(iter(self._open_tools.values()), None)
-            if running is not None:
-                self.set_status("tool_calling", running.name)
-            else:
-                self.set_status("thinking")
+            self.settle_status()

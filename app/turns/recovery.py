@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from datetime import UTC, datetime
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage import event_log, repository
+from app.storage import event_log, pending, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
 from app.streaming.writer import WriteBehind
 from app.turns.ends import TurnLog
 from app.turns.live import LiveStatusBoard
+from app.turns.resume import last_round
+from app.turns.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,8 @@ async def close_open_turns(database: Database, writer: WriteBehind, live: LiveSt
         await recorder(done).announce_lost_end(done)
         log.warning("announced the end of turn %s, whose event a crash lost", done.turn_id)
     async with database.session() as db:
-        open_turns = await repository.open_turns(db)
+        suspended = set(await pending.suspended_turns(db))
+        open_turns = [t for t in await repository.open_turns(db) if t.turn_id not in suspended]
     for start in open_turns:
         async with database.session() as db:
             rows = await repository.turn_messages(db, start.turn_id)
@@ -54,6 +59,27 @@ async def close_open_turns(database: Database, writer: WriteBehind, live: LiveSt
         await recorder(start).close_after_restart(start.timestamp, rows, seen)
         log.warning("closed turn %s of session %s left open by a restart", start.turn_id, start.session_id)
     return len(open_turns)
+
+
+async def resume_suspended(database: Database, runner: Runner) -> int:
+    """Turns that waited for answers (client results, approvals) when the server stopped or died wait
+    again: same requests, same expiry, answerable as before. Their round's calls that were running get
+    the restart's interrupted result (turns.resume)."""
+    async with database.session() as db:
+        turn_ids = await pending.suspended_turns(db)
+        turns = [await repository.turn_messages(db, turn_id) for turn_id in turn_ids]
+        sessions = [await repository.get_session(db, rows[0].session_id) for rows in turns]
+    for rows, session in zip(turns, sessions, strict=True):
+        if session is None:
+            continue
+        elapsed = (datetime.now(UTC) - datetime.fromisoformat(rows[0].timestamp)).total_seconds()
+        runner.resume_turn(
+            session, rows[0].turn_id, time.monotonic() - elapsed, last_round(rows, rows[0].turn_id)
+        )
+        log.warning(
+            "turn %s of session %s waits again for answers after a restart", rows[0].turn_id, session.id
+        )
+    return len(turns)
 
 
 def _streaming(row: ChatMessageRow) -> bool:

@@ -15,62 +15,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from typing import Any
 
 from app.errors import storage_refusal
 from app.llm.gateway import ModelGateway
 from app.observability.hooks import message_queued, observe_turn, turn_cancelled
 from app.protocol.clock import now_iso
-from app.protocol.events import QueuedItem, UserMessage
+from app.protocol.events import QueuedItem
 from app.protocol.ids import new_message_id, new_turn_id
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
+from app.protocol.tool_requests import ClientTool, Resolution
 from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
-from app.storage.tables import ChatSessionRow, QueuedMessageRow
+from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.broker import EventFanOut
 from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry
 from app.turns.control import (
-    NotWaiting,
     SessionClosed,
     ShuttingDown,
     TurnRunning,
     accepted,
-    announce_queue,
     end_not_stored,
     queued_message,
 )
 from app.turns.execution import AgentFactory, run_turn
+from app.turns.line import SessionState, enqueue, withdraw
 from app.turns.live import IDLE, LiveStatus, LiveStatusBoard
 from app.turns.recorder import TurnRecorder
+from app.turns.waiting import Inbox, Kind, NoPendingCall
 
 log = logging.getLogger(__name__)
 
 # Seconds before waiting messages that storage refused to take are tried again.
 TAKE_RETRY_SECONDS = 1.0
-
-
-@dataclass
-class SessionState:
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    task: asyncio.Task[None] | None = None
-    recorder: TurnRecorder | None = None
-    # Mirror of the session's waiting line (the queued_messages rows), in order.
-    waiting: dict[str, QueuedMessage] = field(default_factory=dict)
-    # Callers waiting for the turn that takes a waiting message: its turn id, or None if none ever will.
-    takers: dict[str, asyncio.Future[str | None]] = field(default_factory=dict)
-    closed: bool = False
-
-    def resolve_takers(self, message_ids: Iterable[str], turn_id: str | None) -> None:
-        for message_id in message_ids:
-            future = self.takers.pop(message_id, None)
-            if future is not None and not future.done():
-                future.set_result(turn_id)
-
-    def wants_breakpoint(self) -> bool:
-        return any(m.delivery in ("steer", "interrupt") for m in self.waiting.values())
 
 
 class Runner:
@@ -125,6 +104,7 @@ class Runner:
         *,
         message_id: str | None = None,
         client_message_id: str | None = None,
+        client_tools: list[ClientTool] | None = None,
     ) -> MessageAccepted:
         if self._closing:
             raise ShuttingDown
@@ -138,16 +118,15 @@ class Runner:
             client_message_id=client_message_id,
             timestamp=now_iso(),
             delivery=delivery,
+            client_tools=client_tools,
         )
         async with state.lock:
             if state.task is None and not state.waiting:
                 turn_id = await self._start_turn(session, state, [message], from_queue=False)
                 return accepted(session.id, message, turn_id)
-            if delivery == "reject":
-                assert state.recorder is not None
+            if delivery == "reject" and state.recorder is not None and state.task is not None:
                 raise TurnRunning(state.recorder.turn_id)
-            await self._enqueue(session, state, message)
-            state.waiting[message.id] = message
+            await enqueue(self._writer, session, state, message, client_tools)
             message_queued(len(state.waiting))
             if state.task is None:
                 # Messages are waiting with no turn to take them (taking them failed): they go first.
@@ -161,27 +140,6 @@ class Runner:
             if taker is not None and message.id in taker.taken_ids:
                 return accepted(session.id, message, taker.turn_id)
         return accepted(session.id, message, None)
-
-    async def _enqueue(self, session: ChatSessionRow, state: SessionState, message: QueuedMessage) -> None:
-        """Stores the message in the waiting line; the row and its announcement commit together, so a
-        client never misses a waiting message."""
-        row = QueuedMessageRow(session_id=session.id, **message.model_dump())
-        events = self._writer.publisher(session.id)
-        async with self._writer.transaction(session.id) as db:
-            await repository.enqueue(db, row, new_message_id)
-            message.id = row.id  # a fresh one if another message held it
-            events.emit(
-                UserMessage,
-                id=message.id,
-                text=message.content,
-                timestamp=message.timestamp,
-                turn_id=None,
-                model=session.model,
-                sender=message.sender,
-                queued=True,
-                client_message_id=message.client_message_id,
-            )
-            announce_queue([*state.waiting.values(), message], events)
 
     async def _start_turn(
         self, session: ChatSessionRow, state: SessionState, messages: list[QueuedMessage], *, from_queue: bool
@@ -205,15 +163,7 @@ class Runner:
         *,
         from_queue: bool,
     ) -> str:
-        recorder = TurnRecorder(
-            writer=self._writer,
-            events=self._writer.publisher(session.id),
-            live=self._live,
-            session_id=session.id,
-            turn_id=turn_id,
-            model=session.model,
-            taken_ids=frozenset(m.id for m in messages),
-        )
+        recorder = self._recorder(session, turn_id, taken_ids=frozenset(m.id for m in messages))
         taken = {m.id for m in messages}
         waiting = [QueuedItem(**m.model_dump()) for m in state.waiting.values() if m.id not in taken]
         try:
@@ -223,27 +173,56 @@ class Runner:
             raise
         for message_id in taken:
             state.waiting.pop(message_id, None)
-        state.recorder = recorder
-        state.task = recorder.task = asyncio.create_task(
-            self._turn_task(session, state, recorder), name=f"turn:{turn_id}"
-        )
-        # A task's callbacks run even when it is cancelled before it ever starts.
-        state.task.add_done_callback(lambda _: self._turn_ended(turn_id))
+        self._run(session, state, recorder)
         state.resolve_takers(taken, turn_id)
         return turn_id
+
+    def _recorder(self, session: ChatSessionRow, turn_id: str, **fields: Any) -> TurnRecorder:
+        events = self._writer.publisher(session.id)
+        return TurnRecorder(self._writer, events, self._live, session.id, turn_id, session.model, **fields)
+
+    def _run(
+        self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder, *, resuming: bool = False
+    ) -> None:
+        state.recorder, state.inbox = recorder, Inbox()
+        state.task = recorder.task = asyncio.create_task(
+            self._turn_task(session, state, recorder, resuming), name=f"turn:{recorder.turn_id}"
+        )
+        # A task's callbacks run even when it is cancelled before it ever starts.
+        state.task.add_done_callback(lambda _: self._turn_ended(recorder.turn_id))
+
+    def resume_turn(
+        self, session: ChatSessionRow, turn_id: str, started: float, round_rows: list[ChatMessageRow]
+    ) -> None:
+        """At startup: a turn that waited for answers when the server stopped goes on waiting (its rows
+        say for what), before the session's waiting messages are looked at."""
+        recorder = self._recorder(session, turn_id, started=started)
+        recorder.adopt_round(round_rows)
+        self._turn_ends[turn_id] = asyncio.get_running_loop().create_future()
+        self._run(session, self.state(session.id), recorder, resuming=True)
 
     def _turn_ended(self, turn_id: str) -> None:
         ended = self._turn_ends.pop(turn_id, None)
         if ended is not None and not ended.done():
             ended.set_result(None)
 
-    async def _turn_task(self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder) -> None:
+    async def _turn_task(
+        self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder, resuming: bool
+    ) -> None:
         try:
             with observe_turn(session.id, recorder.turn_id, session.model) as observed:
-                prepare = self._agent.prepare(session, recorder.turn_id, should_pause=state.wants_breakpoint)
+                prepare = self._agent.prepare(
+                    session,
+                    recorder.turn_id,
+                    should_pause=state.wants_breakpoint,
+                    inbox=state.inbox,
+                    resuming=resuming,
+                )
                 await run_turn(prepare, recorder)
                 observed.status = recorder.closed_status
         finally:
+            if state.inbox is not None:
+                state.inbox.close()
             await self._after_turn(session.id, state)
 
     async def _after_turn(self, session_id: str, state: SessionState) -> None:
@@ -303,6 +282,16 @@ class Runner:
             row = await repository.get_message(db, message_id)
         return row.turn_id if row is not None and row.session_id == session_id else None
 
+    async def answer(self, session_id: str, kind: Kind, items: list[dict[str, Any]]) -> list[Resolution]:
+        """Hands answers to the session's running turn; returns once they are committed. Refused (409)
+        when no turn runs here to take them."""
+        state = self._states.get(session_id)
+        if state is None or state.inbox is None or state.task is None:
+            raise NoPendingCall(
+                "No turn of this session waits for an answer.", details={"session_id": session_id}
+            )
+        return await asyncio.shield(state.inbox.submit(kind, items))
+
     # --- the waiting line ----------------------------------------------------------------------------
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
@@ -314,21 +303,7 @@ class Runner:
         """Takes messages out of the waiting line (all of them when `message_ids` is None)."""
         state = self.state(session_id)
         async with state.lock:
-            current = await self.queue(session_id)
-            chosen = [m for m in current if message_ids is None or m.id in message_ids]
-            if message_ids is not None and len(chosen) != len(message_ids):
-                raise NotWaiting(message_ids)
-            if not chosen:
-                return []
-            gone = [m.id for m in chosen]
-            async with self._writer.transaction(session_id) as db:
-                await repository.dequeue(db, gone)
-                left = [m for m in state.waiting.values() if m.id not in gone]
-                announce_queue(left, self._writer.publisher(session_id))
-            for m in chosen:
-                state.waiting.pop(m.id, None)
-            state.resolve_takers(gone, None)
-        return chosen
+            return await withdraw(self._writer, state, session_id, await self.queue(session_id), message_ids)
 
     # --- stopping ------------------------------------------------------------------------------------
 

@@ -54,6 +54,10 @@ BODIES = {
     ("POST", "/v1/sessions/{session_id}/messages"): {"content": "let me in"},
     ("PATCH", "/v1/sessions/{session_id}"): {"title": "taken over"},
     ("POST", "/v1/sessions/{session_id}/cancel"): {"clear_queue": True},
+    ("POST", "/v1/sessions/{session_id}/tool_results"): {"results": [{"tool_call_id": "c", "output": "x"}]},
+    ("POST", "/v1/sessions/{session_id}/approvals"): {
+        "decisions": [{"tool_call_id": "c", "decision": "approve"}]
+    },
 }
 
 

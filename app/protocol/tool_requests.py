@@ -1,0 +1,131 @@
+"""The wire contract of calls that wait outside the service: client tools (the browser runs them) and
+human approval. Request bodies of POST .../tool_results and .../approvals, and GET .../pending."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+
+from app.protocol.events import Decision
+
+# What providers accept as a function name (OpenAI's rule, the strictest common one).
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_CLIENT_TOOLS = 64
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _empty_object() -> dict[str, JsonValue]:
+    return {"type": "object", "properties": {}}
+
+
+class ClientTool(_Strict):
+    """A tool the client (a browser) runs itself: the model may call it, the service never runs it."""
+
+    name: str = Field(description="1-64 letters, digits, '_' or '-'; not the name of a server tool.")
+    description: str = Field("", max_length=10_000)
+    parameters: dict[str, JsonValue] = Field(
+        default_factory=_empty_object,
+        description="The arguments' JSON schema (an object schema), as the model sees it.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not _NAME.fullmatch(value):
+            raise ValueError("use 1-64 letters, digits, '_' or '-'")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type", "object") != "object":
+            raise ValueError("the parameters must be a JSON schema of type object")
+        return value
+
+
+def unique_client_tools(tools: list[ClientTool] | None) -> list[ClientTool] | None:
+    if tools is None:
+        return None
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ValueError("client tool names must be unique")
+    return tools
+
+
+ApprovalRule = list[str] | dict[str, Literal["always", "never"]]
+
+
+def approval_names(rule: ApprovalRule | None) -> list[str]:
+    """The tool names a rule makes wait for approval: a list, or {name: "always" | "never"}."""
+    if rule is None:
+        return []
+    if isinstance(rule, list):
+        return list(dict.fromkeys(rule))
+    return [name for name, when in rule.items() if when == "always"]
+
+
+class ToolResultItem(_Strict):
+    tool_call_id: str = Field(min_length=1, max_length=200)
+    output: JsonValue = Field(None, description="The result: text, or any JSON (sent to the model as JSON).")
+    error: str | None = Field(None, max_length=100_000, description="An error the model reads instead.")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ToolResultItem:
+        if (self.output is None) == (self.error is None):
+            raise ValueError("give exactly one of output and error")
+        return self
+
+
+class ToolResultsIn(_Strict):
+    results: list[ToolResultItem] = Field(min_length=1, max_length=MAX_CLIENT_TOOLS)
+
+
+class DecisionItem(_Strict):
+    tool_call_id: str = Field(min_length=1, max_length=200)
+    decision: Decision
+    arguments: dict[str, JsonValue] | None = Field(
+        None, description="With edit only: the arguments to run the call with, checked against its schema."
+    )
+    reason: str | None = Field(None, max_length=10_000, description="Read by the model after a reject.")
+
+    @model_validator(mode="after")
+    def _arguments_with_edit(self) -> DecisionItem:
+        if (self.decision == "edit") != (self.arguments is not None):
+            raise ValueError("arguments are given with an edit decision, and only with it")
+        return self
+
+
+class ApprovalsIn(_Strict):
+    decisions: list[DecisionItem] = Field(min_length=1, max_length=MAX_CLIENT_TOOLS)
+
+
+class PendingRequest(BaseModel):
+    tool_call_id: str
+    kind: Literal["client_tool", "approval"]
+    id: str = Field(description="The tool_group chat message id.")
+    turn_id: str
+    name: str
+    arguments: Any
+    requested_at: str
+    expires_at: str
+    decisions: list[Decision] | None = Field(description="For an approval: the decisions allowed.")
+
+
+class PendingList(BaseModel):
+    pending: list[PendingRequest] = Field(description="What waits for an answer, in call order.")
+
+
+class Resolution(BaseModel):
+    tool_call_id: str
+    resolution: Literal["approve", "edit", "reject", "answered", "expired", "interrupted"]
+    replayed: bool = Field(description="True when this answer had been given before (the repeat is ignored).")
+
+
+class ResolutionResult(BaseModel):
+    turn_id: str
+    resolved: list[Resolution]

@@ -1,0 +1,248 @@
+"""Calls that wait outside the service: a client tool's result, or a person's decision (approval).
+
+Pure state, no storage: the agent loop (turns.rounds) keeps one `Waiting` per such call of the current tool
+round, and reads answers from the turn's `Inbox`, which requests (through the runner) put them in. An
+answer is checked here against what waits (409 for a call that does not wait, 410 after expiry, 422 for
+edited arguments the tool refuses or a set of decisions that leaves one out), then handed to the recorder,
+which commits it before the answering request gets its reply: an acknowledged answer is never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from app.protocol.tool_requests import Resolution
+from app.tools.registry import ToolOutcome
+
+Kind = Literal["client", "approval"]
+DECISIONS = ["approve", "edit", "reject"]
+APPROVAL_TIMED_OUT = "approval timed out"
+
+
+class AnswerRefused(Exception):
+    """An answer refused as a whole (nothing of it is taken); the use-case layer renders it with its
+    status. Not app.errors.ApiError: the agent loop stays free of the HTTP stack."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class NoPendingCall(AnswerRefused):
+    status = 409
+    code = "no_pending_call"
+
+
+class AnswerConflict(AnswerRefused):
+    status = 409
+    code = "answer_conflict"
+
+
+class AnswerExpired(AnswerRefused):
+    status = 410
+    code = "expired"
+
+
+class InvalidAnswer(AnswerRefused):
+    status = 422
+    code = "invalid_answer"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """How one waiting call was resolved. `outcome` is what the model reads, when known without running
+    the tool (a client's result, a reject, an expiry); an approved call's comes from running it."""
+
+    call_id: str
+    resolution: Literal["answered", "approve", "edit", "reject", "expired", "interrupted"]
+    given: dict[str, Any] | None
+    outcome: ToolOutcome | None
+    wait_ms: int
+    arguments_text: str | None = None
+    reason: str | None = None
+
+
+@dataclass
+class Waiting:
+    call_id: str
+    name: str
+    arguments: Any
+    kind: Kind
+    requested_at: str
+    expires_at: str
+    answer: Answer | None = None
+
+    @property
+    def deadline(self) -> float:
+        return datetime.fromisoformat(self.expires_at).timestamp()
+
+    def waited_ms(self) -> int:
+        return max(0, round((time.time() - datetime.fromisoformat(self.requested_at).timestamp()) * 1000))
+
+
+@dataclass
+class Submission:
+    kind: Kind
+    items: list[dict[str, Any]]
+    future: asyncio.Future[list[Resolution]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Inbox:
+    """A turn's answers on their way to its agent loop. Closed when the turn ends: an answer still in
+    it is refused (409), since nothing waits for it any more."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Submission] = asyncio.Queue()
+        self.closed = False
+
+    def submit(self, kind: Kind, items: list[dict[str, Any]]) -> asyncio.Future[list[Resolution]]:
+        submission = Submission(kind, items)
+        if self.closed:
+            submission.future.set_exception(_turn_ended())
+        else:
+            self._queue.put_nowait(submission)
+        return submission.future
+
+    async def get(self) -> Submission:
+        return await self._queue.get()
+
+    def close(self) -> None:
+        self.closed = True
+        while not self._queue.empty():
+            future = self._queue.get_nowait().future
+            if not future.done():
+                future.set_exception(_turn_ended())
+
+
+def _turn_ended() -> AnswerRefused:
+    return NoPendingCall("The turn no longer waits for this answer (it ended).")
+
+
+def expiry(seconds: float) -> tuple[str, str]:
+    """Now and `seconds` from now, as stored and sent (UTC ISO 8601 with offset)."""
+    now = datetime.now(UTC)
+    until = datetime.fromtimestamp(now.timestamp() + seconds, UTC)
+    return now.isoformat(timespec="milliseconds"), until.isoformat(timespec="milliseconds")
+
+
+def client_outcome(item: dict[str, Any]) -> ToolOutcome:
+    if item.get("error") is not None:
+        return ToolOutcome(str(item["error"]), is_error=True)
+    output = item.get("output")
+    text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+    return ToolOutcome(text, is_error=False)
+
+
+def rejected(reason: str | None) -> ToolOutcome:
+    return ToolOutcome(
+        f"The user rejected this tool call: {reason}" if reason else "The user rejected this tool call.",
+        is_error=True,
+    )
+
+
+def expired_outcome(waiting: Waiting, seconds: float) -> ToolOutcome:
+    if waiting.kind == "approval":
+        return ToolOutcome(APPROVAL_TIMED_OUT, is_error=True)
+    return ToolOutcome(
+        f"Tool '{waiting.name}' timed out: the client returned no result within {seconds:g} s.", is_error=True
+    )
+
+
+# Validates edited arguments for a tool: None when they are valid, else what is wrong.
+ArgumentCheck = Callable[[str, dict[str, Any]], str | None]
+
+
+def check(
+    submission: Submission, waiting: dict[str, Waiting], validate: ArgumentCheck
+) -> tuple[list[Answer], list[Resolution]]:
+    """The new answers of a submission, and the reply for every item (repeats included). Raises the
+    ApiError the request gets when any item is refused: then nothing of it is taken."""
+    items = submission.items
+    ids = [item["tool_call_id"] for item in items]
+    if len(set(ids)) != len(ids):
+        raise InvalidAnswer("A tool call is answered twice in one request.", details={"tool_call_ids": ids})
+    answers: list[Answer] = []
+    replies: list[Resolution] = []
+    for item in items:
+        found = waiting.get(item["tool_call_id"])
+        if found is None or found.kind != submission.kind:
+            raise NoPendingCall(
+                f"No {_noun(submission.kind)} waits for tool call {item['tool_call_id']!r}.",
+                details={"tool_call_id": item["tool_call_id"]},
+            )
+        if found.answer is not None:
+            replies.append(_repeat(found, item))
+            continue
+        if found.deadline <= time.time():  # its expiry is being recorded right now
+            raise AnswerExpired(
+                f"The wait for tool call {found.call_id!r} expired.", details={"tool_call_id": found.call_id}
+            )
+        answer = _answer(submission.kind, found, item, validate)
+        answers.append(answer)
+        replies.append(Resolution(tool_call_id=found.call_id, resolution=answer.resolution, replayed=False))
+    if submission.kind == "approval" and answers:
+        _covers_round(ids, waiting)
+    return answers, replies
+
+
+def _noun(kind: Kind) -> str:
+    return "client tool call" if kind == "client" else "approval request"
+
+
+def _repeat(found: Waiting, item: dict[str, Any]) -> Resolution:
+    assert found.answer is not None
+    if found.answer.resolution == "expired":
+        raise AnswerExpired(
+            f"The wait for tool call {found.call_id!r} expired; the model has read a timeout error.",
+            details={"tool_call_id": found.call_id},
+        )
+    if found.answer.given != item:
+        raise AnswerConflict(
+            f"Tool call {found.call_id!r} was answered differently before.",
+            details={"tool_call_id": found.call_id, "answer": found.answer.given},
+        )
+    return Resolution(tool_call_id=found.call_id, resolution=found.answer.resolution, replayed=True)
+
+
+def _covers_round(ids: Sequence[str], waiting: dict[str, Waiting]) -> None:
+    missing = [
+        w.call_id
+        for w in waiting.values()
+        if w.kind == "approval" and w.answer is None and w.call_id not in ids
+    ]
+    if missing:
+        raise InvalidAnswer(
+            "One answer must decide every open approval request of the round.", details={"missing": missing}
+        )
+
+
+def _answer(kind: Kind, found: Waiting, item: dict[str, Any], validate: ArgumentCheck) -> Answer:
+    wait_ms = found.waited_ms()
+    if kind == "client":
+        return Answer(found.call_id, "answered", item, client_outcome(item), wait_ms)
+    decision = item["decision"]
+    reason = item.get("reason")
+    if decision == "reject":
+        return Answer(found.call_id, "reject", item, rejected(reason), wait_ms, reason=reason)
+    arguments_text = None
+    if decision == "edit":
+        problem = validate(found.name, item["arguments"])
+        if problem is not None:
+            raise InvalidAnswer(
+                f"The edited arguments do not fit tool {found.name!r}: {problem}",
+                details={"tool_call_id": found.call_id, "problem": problem},
+            )
+        arguments_text = json.dumps(item["arguments"], ensure_ascii=False)
+    return Answer(found.call_id, decision, item, None, wait_ms, arguments_text=arguments_text, reason=reason)
