@@ -145,7 +145,8 @@ export interface paths {
         };
         /**
          * Stream Events
-         * @description Every event of the session, across all its turns, until the client leaves.
+         * @description Every event of the session, across all its turns, until the client leaves; with
+         *     `until_idle=true`, until the session is idle and the stream has caught up.
          *
          *     Resuming: the position is the `Last-Event-ID` header (what EventSource sends when it reconnects) or the
          *     `after` query parameter; when both are given the header wins, because a reconnecting EventSource keeps
@@ -156,7 +157,7 @@ export interface paths {
          *     When the position cannot be replayed (older than the events kept per session, or newer than any event
          *     the server has) the first frame is a `resync` event whose `id:` and `last_event_id` are the session's
          *     current last event: reload the history, then go on with the frames that follow it. A position that is not
-         *     a non-negative integer is a 400.
+         *     a non-negative integer of at most 19 digits is a 422.
          *
          *     The first frame carries only `retry:` (the reconnection delay); a `: ping` comment comes every
          *     `PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the
@@ -169,6 +170,11 @@ export interface paths {
          *     `Accept: application/x-ndjson` (or `format=ndjson`, which wins over the header) gives the same events as
          *     NDJSON for scripts and jq: each event's JSON, exactly the bytes of its SSE `data:`, on a line of its
          *     own; a blank line is the heartbeat. Resuming works the same way (`after`, `Last-Event-ID`).
+         *
+         *     `until_idle=true` is for clients that read a stream to its end (scripts, test tools, crawlers): the
+         *     stream ends, cleanly, as soon as no turn runs and every event committed so far has been sent (a turn it
+         *     saw start has also ended). On an idle session, with no position or one already caught up, it ends at
+         *     once. A turn that starts later (a queued message) is not waited for: reconnect with Last-Event-ID.
          *
          *     **Frames** (`text/event-stream`): one frame per event, its `data:` the `Event` schema.
          *
@@ -599,7 +605,7 @@ export interface components {
             client_message_id?: string | null;
             /**
              * Content
-             * @description The message; longer than the configured limit gets 413.
+             * @description The message, with at least one character that is not whitespace; longer than PARLEY_MAX_MESSAGE_CHARS: 413.
              */
             content: string;
             /**
@@ -782,7 +788,7 @@ export interface components {
         SessionCreate: {
             /**
              * Model
-             * @description A model from GET /v1/models; the default model if omitted.
+             * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. The default model if omitted or null.
              */
             model?: string | null;
             /** System Prompt */
@@ -791,7 +797,7 @@ export interface components {
             title?: string | null;
             /**
              * Tools
-             * @description Tool names; all built-in tools if omitted.
+             * @description Names of the tools it may use (the built-ins: current_time, calculate); all built-in tools if omitted or null. An unknown name: 422 `unknown_tool`.
              */
             tools?: string[] | null;
         };
@@ -837,10 +843,16 @@ export interface components {
             /** Sessions */
             sessions: components["schemas"]["SessionOut"][];
         };
-        /** SessionUpdate */
+        /**
+         * SessionUpdate
+         * @description Only the fields given change; `title` and `system_prompt` may be null (removed), `model` not.
+         */
         SessionUpdate: {
-            /** Model */
-            model?: string | null;
+            /**
+             * Model
+             * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. Not null.
+             */
+            model?: string;
             /** System Prompt */
             system_prompt?: string | null;
             /** Title */
@@ -1354,6 +1366,15 @@ export interface operations {
                     "application/json": components["schemas"]["Health"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     readyz_readyz_get: {
@@ -1372,6 +1393,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Health"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
             /** @description The model layer is still loading */
@@ -1414,14 +1444,43 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     list_sessions_v1_sessions_get: {
         parameters: {
             query?: {
                 limit?: number;
-                /** @description next_cursor of the previous page */
-                cursor?: string | null;
+                /** @description `next_cursor` of the previous page, as it was (opaque); one the server did not make: 422 `invalid_cursor`. */
+                cursor?: string;
             };
             header?: never;
             path?: never;
@@ -1438,20 +1497,20 @@ export interface operations {
                     "application/json": components["schemas"]["SessionPage"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1467,14 +1526,34 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     create_session_v1_sessions_post: {
         parameters: {
             query?: never;
             header?: {
-                /** @description Retries with the same key and body get the first answer; with another body, 422. */
-                "Idempotency-Key"?: string | null;
+                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
+                "Idempotency-Key"?: string;
             };
             path?: never;
             cookie?: never;
@@ -1494,8 +1573,19 @@ export interface operations {
                     "application/json": components["schemas"]["SessionOut"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1503,11 +1593,9 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description An Idempotency-Key replay whose session has since been deleted (`session_deleted`): use a new key to create another session. */
+            410: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1535,6 +1623,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1574,6 +1682,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -1586,6 +1703,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1623,6 +1760,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -1635,6 +1781,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1667,20 +1833,20 @@ export interface operations {
                     "application/json": components["schemas"]["SessionOut"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1717,6 +1883,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1769,6 +1955,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -1805,19 +2000,41 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     stream_events_v1_sessions__session_id__events_get: {
         parameters: {
             query?: {
                 /** @description Resume after this event id (seq). */
-                after?: string | null;
+                after?: string;
+                /** @description End the stream once no turn runs and every event so far has been sent. */
+                until_idle?: boolean;
                 /** @description `ndjson`: one event's JSON per line (as `Accept: application/x-ndjson` asks); `sse`: Server-Sent Events. Without it the Accept header decides, and SSE is the default. */
-                format?: ("sse" | "ndjson") | null;
+                format?: "sse" | "ndjson";
             };
             header?: {
-                /** @description Resume after this event id; wins over after. */
-                "Last-Event-ID"?: string | null;
+                /** @description Resume after this event id; wins over after. Empty: no position. */
+                "Last-Event-ID"?: string;
             };
             path: {
                 session_id: string;
@@ -1836,20 +2053,20 @@ export interface operations {
                     "text/event-stream": components["schemas"]["EventFrame"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1885,9 +2102,20 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Not ready */
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
             503: {
                 headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1900,10 +2128,10 @@ export interface operations {
         parameters: {
             query?: {
                 limit?: number;
-                /** @description Return messages after this message id. */
-                after?: string | null;
-                /** @description Return the messages just before this message id. */
-                before?: string | null;
+                /** @description Return messages after this message id (a `next_cursor`); an id that is not a message of this session: 422 `invalid_cursor`. */
+                after?: string;
+                /** @description Return the messages just before this message id; an id that is not a message of this session: 422 `invalid_cursor`. */
+                before?: string;
             };
             header?: never;
             path: {
@@ -1922,20 +2150,20 @@ export interface operations {
                     "application/json": components["schemas"]["MessagePage"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1960,6 +2188,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     post_message_v1_sessions__session_id__messages_post: {
@@ -1967,12 +2215,12 @@ export interface operations {
             query?: {
                 /** @description Answer once the turn has ended, with the turn; 504 `wait_timeout` (with the turn id) if the limit passes first, while the turn goes on. */
                 wait?: boolean;
-                /** @description With wait=true: the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT (default 300). */
-                timeout?: number | null;
+                /** @description Only with wait=true (without it: 422 `wait_required`): the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT (default 300). */
+                timeout?: number;
             };
             header?: {
-                /** @description Retries with the same key and body get the first answer; with another body, 422. */
-                "Idempotency-Key"?: string | null;
+                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
+                "Idempotency-Key"?: string;
             };
             path: {
                 session_id: string;
@@ -2003,20 +2251,20 @@ export interface operations {
                     "application/json": components["schemas"]["MessageAccepted"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2079,9 +2327,20 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Not ready */
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
             503: {
                 headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2130,6 +2389,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2142,6 +2410,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2182,6 +2470,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2209,14 +2506,34 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     list_turns_v1_sessions__session_id__turns_get: {
         parameters: {
             query?: {
                 limit?: number;
-                /** @description A turn id: return the turns just before it (next_cursor). */
-                before?: string | null;
+                /** @description A turn id (a `next_cursor`): return the turns just before it; an id that is not a turn of this session: 422 `invalid_cursor`. */
+                before?: string;
             };
             header?: never;
             path: {
@@ -2235,20 +2552,20 @@ export interface operations {
                     "application/json": components["schemas"]["TurnPage"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2273,6 +2590,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     get_turn_v1_sessions__session_id__turns__turn_id__get: {
@@ -2280,8 +2617,8 @@ export interface operations {
             query?: {
                 /** @description Answer once the turn has ended, with the turn; 504 `wait_timeout` (with the turn id) if the limit passes first, while the turn goes on. */
                 wait?: boolean;
-                /** @description With wait=true: the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT (default 300). */
-                timeout?: number | null;
+                /** @description Only with wait=true (without it: 422 `wait_required`): the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT (default 300). */
+                timeout?: number;
             };
             header?: never;
             path: {
@@ -2312,6 +2649,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2324,6 +2670,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: storage busy (`storage_busy`) or full (`storage_full`), or shutting down; retry after Retry-After seconds when it is sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {

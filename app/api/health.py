@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response, status
 from pydantic import BaseModel
 
 from app.api.deps import PrincipalDep, ServicesDep
-from app.api.responses import v1_errors
+from app.api.responses import errors, v1_errors
 from app.chat.catalog import list_models as models_of
 from app.protocol.schemas import ModelList
 
@@ -18,13 +18,16 @@ class Health(BaseModel):
     models_ready: bool
 
 
-@router.get("/healthz")
+@router.get("/healthz", responses=errors(431))
 async def healthz(services: ServicesDep) -> Health:
     """Alive: answers as soon as the server accepts requests, before the model layer has loaded."""
     return Health(status="ok", models_ready=services.models.is_ready)
 
 
-@router.get("/readyz", responses={503: {"model": Health, "description": "The model layer is still loading"}})
+@router.get(
+    "/readyz",
+    responses={**errors(431), 503: {"model": Health, "description": "The model layer is still loading"}},
+)
 async def readyz(services: ServicesDep, response: Response) -> Health:
     """Ready: the model layer is loaded, so turns start without waiting."""
     ready = services.models.is_ready
