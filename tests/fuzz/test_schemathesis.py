@@ -28,7 +28,8 @@ What the spec cannot say in JSON Schema, the harness does as a client that read 
 Valid data may be refused with the statuses whose causes no schema can state: 404 (a deleted or unknown
 session), 409 (a turn took the message), 410 (a replay of a deleted session's creation), 413 (a body past
 PARLEY_MAX_BODY_BYTES, a message past PARLEY_MAX_MESSAGE_CHARS), 429 and 5xx (limits and outages; 5xx is
-still caught by not_a_server_error, except the documented 504 of a wait).
+still caught by not_a_server_error, except the documented 504 of a wait). Invalid data may also be
+refused with 413 or 431 (too large), besides schemathesis's default list of refusals.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ from tests.support.server import LiveServer, live_server, migrate
 FIXED_SEED = 20261122
 FRESH_SEED = int(os.environ.get("PARLEY_FUZZ_SEED") or secrets.randbelow(2**32))
 REPLAY = f"replay this run's fresh seed with: PARLEY_FUZZ_SEED={FRESH_SEED} pytest tests/fuzz"
-MAX_EXAMPLES = 25
-STATEFUL_EXAMPLES = 15
+MAX_EXAMPLES = 20
+STATEFUL_EXAMPLES = 10
 STATEFUL_STEPS = 8
 MAX_STREAM_EVENTS = 3
 KEY = "fuzz-key-000000000000000000000000"
@@ -105,6 +106,14 @@ def _config(seed: int) -> schemathesis.Config:
                 "not_a_server_error": {"expected-statuses": ["2xx", "3xx", "4xx", "504"]},
                 "positive_data_acceptance": {
                     "expected-statuses": ["2xx", "401", "403", "404", "409", "410", "413", "429", "5xx"]
+                },
+                # Refusals the defaults leave out: an invalid request may also be too large (a 100,000
+                # character system_prompt of escaped astral characters is 1.2 MB of JSON).
+                "negative_data_rejection": {
+                    "expected-statuses": [
+                        *("400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428"),
+                        *("429", "431", "5xx"),
+                    ]
                 },
             },
         }
