@@ -157,7 +157,7 @@ export interface paths {
          *     When the position cannot be replayed (older than the events kept per session, or newer than any event
          *     the server has) the first frame is a `resync` event whose `id:` and `last_event_id` are the session's
          *     current last event: reload the history, then go on with the frames that follow it. A position that is not
-         *     a non-negative integer of at most 19 digits is a 422.
+         *     a non-negative integer of at most 1,000 digits is a 422.
          *
          *     The first frame carries only `retry:` (the reconnection delay); a `: ping` comment comes every
          *     `PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the

@@ -30,9 +30,9 @@ SEND_TIMEOUT = 30
 # At the server's exit the broker's drain ends every stream once the turns have stopped (within
 # `shutdown_timeout`) and the log is flushed; sse-starlette cancels a stream only if it outlives both.
 SHUTDOWN_FLUSH_GRACE = 5.0
-POSITION_PATTERN = r"^[0-9]{1,19}$"
-HEADER_POSITION_PATTERN = r"^[0-9]{0,19}$"
-_POSITION = re.compile(r"[0-9]{1,19}")
+POSITION_PATTERN = r"^[0-9]{1,1000}$"
+HEADER_POSITION_PATTERN = r"^[0-9]{0,1000}$"
+_POSITION = re.compile(r"[0-9]{1,1000}")
 # Frames per body chunk: a long replay goes out in pieces of bounded size.
 SEND_FRAMES = 256
 
@@ -48,7 +48,7 @@ live. `after` = the `last_event_id` of `GET .../messages` picks up exactly where
 When the position cannot be replayed (older than the events kept per session, or newer than any event
 the server has) the first frame is a `resync` event whose `id:` and `last_event_id` are the session's
 current last event: reload the history, then go on with the frames that follow it. A position that is not
-a non-negative integer of at most 19 digits is a 422.
+a non-negative integer of at most 1,000 digits is a 422.
 
 The first frame carries only `retry:` (the reconnection delay); a `: ping` comment comes every
 `PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the
