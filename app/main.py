@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app import errors
 from app.api import debug, events, health, messages, metrics, sessions, tool_requests, turns
-from app.api.deps import Services
+from app.api.deps import Services, known_query_only
 from app.api.middleware import RequestContextMiddleware
 from app.api.tools import router as tools_router
 from app.chat.auth import KeyRing, load_key_ring
@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         version="0.1.0",
         summary="Agent sessions with queued messages, stop, and one enriched SSE stream per session.",
         lifespan=_lifespan(settings, keys, catalog),
+        dependencies=[Depends(known_query_only)],
     )
     errors.install(app)
     app.include_router(health.router)
@@ -82,6 +83,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,
+        max_header_bytes=settings.max_header_bytes,
         loopback_only=keys.is_open and not settings.allow_open,
     )
     if settings.cors_origins:

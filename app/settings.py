@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         1_000_000, ge=1024, description="Largest accepted request body; larger get 413."
     )
+    max_header_bytes: int = Field(
+        32_768, ge=1024, description="Largest accepted request headers (names and values); larger get 431."
+    )
 
     # --- access ------------------------------------------------------------------------------------------
     api_keys: str = Field(

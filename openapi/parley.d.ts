@@ -167,7 +167,8 @@ export interface paths {
         };
         /**
          * Stream Events
-         * @description Every event of the session, across all its turns, until the client leaves.
+         * @description Every event of the session, across all its turns, until the client leaves; with
+         *     `until_idle=true`, until the session is idle and the stream has caught up.
          *
          *     Resuming: the position is the `Last-Event-ID` header (what EventSource sends when it reconnects) or the
          *     `after` query parameter; when both are given the header wins, because a reconnecting EventSource keeps
@@ -178,7 +179,7 @@ export interface paths {
          *     When the position cannot be replayed (older than the events kept per session, or newer than any event
          *     the server has) the first frame is a `resync` event whose `id:` and `last_event_id` are the session's
          *     current last event: reload the history, then go on with the frames that follow it. A position that is not
-         *     a non-negative integer is a 400.
+         *     a non-negative integer of at most 1,000 digits is a 422.
          *
          *     The first frame carries only `retry:` (the reconnection delay); a `: ping` comment comes every
          *     `PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the
@@ -191,6 +192,11 @@ export interface paths {
          *     `Accept: application/x-ndjson` (or `format=ndjson`, which wins over the header) gives the same events as
          *     NDJSON for scripts and jq: each event's JSON, exactly the bytes of its SSE `data:`, on a line of its
          *     own; a blank line is the heartbeat. Resuming works the same way (`after`, `Last-Event-ID`).
+         *
+         *     `until_idle=true` is for clients that read a stream to its end (scripts, test tools, crawlers): the
+         *     stream ends, cleanly, as soon as no turn runs and every event committed so far has been sent (a turn it
+         *     saw start has also ended). On an idle session, with no position or one already caught up, it ends at
+         *     once. A turn that starts later (a queued message) is not waited for: reconnect with Last-Event-ID.
          *
          *     **Frames** (`text/event-stream`): one frame per event, its `data:` the `Event` schema.
          *
@@ -926,7 +932,7 @@ export interface components {
             client_tools?: components["schemas"]["ClientTool"][] | null;
             /**
              * Content
-             * @description The message; longer than the configured limit gets 413.
+             * @description The message, with at least one character that is not whitespace; longer than PARLEY_MAX_MESSAGE_CHARS: 413.
              */
             content: string;
             /**
@@ -1190,7 +1196,7 @@ export interface components {
             client_tools?: components["schemas"]["ClientTool"][] | null;
             /**
              * Model
-             * @description A model from GET /v1/models; the default model if omitted.
+             * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. The default model if omitted or null.
              */
             model?: string | null;
             /** System Prompt */
@@ -1199,7 +1205,7 @@ export interface components {
             title?: string | null;
             /**
              * Tools
-             * @description Tool names (GET /v1/tools lists them), or an MCP server's name (`github` or `github/*`) for all its tools; all built-in tools if omitted.
+             * @description Tool names (GET /v1/tools lists them), or an MCP server's name (`github` or `github/*`) for all its tools; all built-in tools if omitted or null. An unknown name: 422 `unknown_tool`.
              */
             tools?: string[] | null;
         };
@@ -1249,10 +1255,16 @@ export interface components {
             /** Sessions */
             sessions: components["schemas"]["SessionOut"][];
         };
-        /** SessionUpdate */
+        /**
+         * SessionUpdate
+         * @description Only the fields given change; `title` and `system_prompt` may be null (removed), `model` not.
+         */
         SessionUpdate: {
-            /** Model */
-            model?: string | null;
+            /**
+             * Model
+             * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. Not null.
+             */
+            model?: string;
             /** System Prompt */
             system_prompt?: string | null;
             /** Title */
@@ -1882,6 +1894,15 @@ export interface operations {
                     "application/json": components["schemas"]["Health"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     readyz_readyz_get: {
@@ -1900,6 +1921,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Readiness"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
             /** @description The model layer is still loading, or the database is out of reach */
@@ -1942,14 +1972,43 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     list_sessions_v1_sessions_get: {
         parameters: {
             query?: {
                 limit?: number;
-                /** @description next_cursor of the previous page */
-                cursor?: string | null;
+                /** @description `next_cursor` of the previous page, as it was (opaque); one the server did not make: 422 `invalid_cursor`. */
+                cursor?: string;
             };
             header?: never;
             path?: never;
@@ -1966,20 +2025,20 @@ export interface operations {
                     "application/json": components["schemas"]["SessionPage"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1995,14 +2054,34 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     create_session_v1_sessions_post: {
         parameters: {
             query?: never;
             header?: {
-                /** @description Retries with the same key and body get the first answer; with another body, 422. */
-                "Idempotency-Key"?: string | null;
+                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
+                "Idempotency-Key"?: string;
             };
             path?: never;
             cookie?: never;
@@ -2022,8 +2101,19 @@ export interface operations {
                     "application/json": components["schemas"]["SessionOut"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2031,11 +2121,9 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description An Idempotency-Key replay whose session has since been deleted (`session_deleted`): use a new key to create another session. */
+            410: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2063,6 +2151,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2102,6 +2210,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2114,6 +2231,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2151,6 +2288,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2163,6 +2309,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2195,20 +2361,20 @@ export interface operations {
                     "application/json": components["schemas"]["SessionOut"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2245,6 +2411,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2288,6 +2474,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2306,7 +2501,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Gone: the wait expired */
+            /** @description Gone: the call's wait expired, or the session an Idempotency-Key created was deleted */
             410: {
                 headers: {
                     [name: string]: unknown;
@@ -2336,6 +2531,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2388,6 +2603,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2424,10 +2648,19 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Unavailable: not ready, or storage refuses writes for now (`storage_busy`, `storage_full`, `storage_error`); retry after Retry-After seconds */
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
             503: {
                 headers: {
-                    /** @description Seconds to wait before trying again (storage refusals). */
+                    /** @description Seconds to wait before trying again, when the server knows. */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };
@@ -2441,13 +2674,15 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description Resume after this event id (seq). */
-                after?: string | null;
+                after?: string;
+                /** @description End the stream once no turn runs and every event so far has been sent. */
+                until_idle?: boolean;
                 /** @description `ndjson`: one event's JSON per line (as `Accept: application/x-ndjson` asks); `sse`: Server-Sent Events. Without it the Accept header decides, and SSE is the default. */
-                format?: ("sse" | "ndjson") | null;
+                format?: "sse" | "ndjson";
             };
             header?: {
-                /** @description Resume after this event id; wins over after. */
-                "Last-Event-ID"?: string | null;
+                /** @description Resume after this event id; wins over after. Empty: no position. */
+                "Last-Event-ID"?: string;
             };
             path: {
                 session_id: string;
@@ -2466,20 +2701,20 @@ export interface operations {
                     "text/event-stream": components["schemas"]["EventFrame"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2515,10 +2750,19 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Unavailable: not ready, or storage refuses writes for now (`storage_busy`, `storage_full`, `storage_error`); retry after Retry-After seconds */
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
             503: {
                 headers: {
-                    /** @description Seconds to wait before trying again (storage refusals). */
+                    /** @description Seconds to wait before trying again, when the server knows. */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };
@@ -2532,10 +2776,10 @@ export interface operations {
         parameters: {
             query?: {
                 limit?: number;
-                /** @description Return messages after this message id. */
-                after?: string | null;
-                /** @description Return the messages just before this message id. */
-                before?: string | null;
+                /** @description Return messages after this message id (a `next_cursor`); an id that is not a message of this session: 422 `invalid_cursor`. */
+                after?: string;
+                /** @description Return the messages just before this message id; an id that is not a message of this session: 422 `invalid_cursor`. */
+                before?: string;
             };
             header?: never;
             path: {
@@ -2554,20 +2798,20 @@ export interface operations {
                     "application/json": components["schemas"]["MessagePage"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2592,6 +2836,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     post_message_v1_sessions__session_id__messages_post: {
@@ -2599,12 +2863,12 @@ export interface operations {
             query?: {
                 /** @description Answer once the turn has ended, with the turn; 504 `wait_timeout` (with the turn id) if the limit passes first, while the turn goes on. */
                 wait?: boolean;
-                /** @description With wait=true: the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT (default 300). */
-                timeout?: number | null;
+                /** @description Only with wait=true (without it: 422 `wait_required`): the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT (default 300). */
+                timeout?: number;
             };
             header?: {
-                /** @description Retries with the same key and body get the first answer; with another body, 422. */
-                "Idempotency-Key"?: string | null;
+                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
+                "Idempotency-Key"?: string;
             };
             path: {
                 session_id: string;
@@ -2635,20 +2899,20 @@ export interface operations {
                     "application/json": components["schemas"]["MessageAccepted"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2711,10 +2975,19 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Unavailable: not ready, or storage refuses writes for now (`storage_busy`, `storage_full`, `storage_error`); retry after Retry-After seconds */
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
             503: {
                 headers: {
-                    /** @description Seconds to wait before trying again (storage refusals). */
+                    /** @description Seconds to wait before trying again, when the server knows. */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };
@@ -2764,6 +3037,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2776,6 +3058,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2815,6 +3117,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2827,6 +3138,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2867,6 +3198,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2888,6 +3228,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2931,6 +3291,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -2949,7 +3318,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Gone: the wait expired */
+            /** @description Gone: the call's wait expired, or the session an Idempotency-Key created was deleted */
             410: {
                 headers: {
                     [name: string]: unknown;
@@ -2985,14 +3354,34 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     list_turns_v1_sessions__session_id__turns_get: {
         parameters: {
             query?: {
                 limit?: number;
-                /** @description A turn id: return the turns just before it (next_cursor). */
-                before?: string | null;
+                /** @description A turn id (a `next_cursor`): return the turns just before it; an id that is not a turn of this session: 422 `invalid_cursor`. */
+                before?: string;
             };
             header?: never;
             path: {
@@ -3011,20 +3400,20 @@ export interface operations {
                     "application/json": components["schemas"]["TurnPage"];
                 };
             };
-            /** @description Bad request */
-            400: {
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
                 headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
                 headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3049,6 +3438,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     get_turn_v1_sessions__session_id__turns__turn_id__get: {
@@ -3056,8 +3465,8 @@ export interface operations {
             query?: {
                 /** @description Answer once the turn has ended, with the turn; 504 `wait_timeout` (with the turn id) if the limit passes first, while the turn goes on. */
                 wait?: boolean;
-                /** @description With wait=true: the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT (default 300). */
-                timeout?: number | null;
+                /** @description Only with wait=true (without it: 422 `wait_required`): the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT (default 300). */
+                timeout?: number;
             };
             header?: never;
             path: {
@@ -3088,6 +3497,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Not found */
             404: {
                 headers: {
@@ -3100,6 +3518,26 @@ export interface operations {
             /** @description Validation error */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3140,6 +3578,35 @@ export interface operations {
                 headers: {
                     /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
                     "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {

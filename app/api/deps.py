@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
 
 from app.chat.auth import OPEN_PRINCIPAL, KeyRing
+from app.chat.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
 from app.chat.limits import MessageLimit, StreamLimit
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
 from app.chat.tool_answers import ToolAnswers
 from app.chat.turn_view import Turns
-from app.errors import Unauthorized
+from app.errors import InvalidRequest, Unauthorized
 from app.llm.gateway import ModelGateway
 from app.settings import Settings
 from app.streaming.broker import EventFanOut
@@ -121,6 +122,45 @@ IdempotencyKey = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
-        description="Retries with the same key and body get the first answer; with another body, 422.",
+        pattern=KEY_PATTERN,
+        max_length=MAX_KEY_LENGTH,
+        description="1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for "
+        "PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first "
+        "answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first "
+        "one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key "
+        "with another body (or on another route): 422 `idempotency_key_reused`.",
     ),
 ]
+
+
+async def known_query_only(request: Request) -> None:
+    """A query parameter the operation does not declare is a 422, as an unknown body field is: a typo
+    (`?wiat=true`) must not be silently ignored. The declared ones are read from the app's own spec."""
+    route = request.scope.get("route")
+    path = getattr(route, "path_format", None)
+    if path is None:
+        return
+    method = "get" if request.method == "HEAD" else request.method.lower()
+    cache: dict[tuple[str, str], frozenset[str]] | None = getattr(request.app.state, "query_names", None)
+    if cache is None:
+        cache = request.app.state.query_names = {}
+    known = cache.get((path, method))
+    if known is None:
+        known = cache[(path, method)] = _query_names(request.app.openapi(), path, method)
+    for name in request.query_params:
+        # access_token is a credential: where the route does not take it, the caller gets the 401 of a
+        # request without a key, as before this check.
+        if name not in known and name != "access_token":
+            raise InvalidRequest(f"query.{name[:100]}", "not a parameter of this route", "extra_forbidden")
+
+
+def _query_names(spec: dict[str, Any], path: str, method: str) -> frozenset[str]:
+    """The query parameters the spec declares for an operation, its API key in the query included."""
+    operation = spec.get("paths", {}).get(path, {}).get(method, {})
+    schemes = spec.get("components", {}).get("securitySchemes", {})
+    declared = {p["name"] for p in operation.get("parameters", []) if p.get("in") == "query"}
+    for requirement in operation.get("security", []):
+        for scheme in requirement:
+            if schemes.get(scheme, {}).get("in") == "query":
+                declared.add(schemes[scheme]["name"])
+    return frozenset(declared)

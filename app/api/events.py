@@ -4,8 +4,9 @@ limits, heartbeats, slow-client drop and shutdown; only the framing differs."""
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -16,9 +17,10 @@ from app.api.deps import ServicesDep, StreamPrincipalDep
 from app.api.responses import v1_errors
 from app.api.sse import EventStreamResponse
 from app.chat.limits import Lease
-from app.errors import ApiError
+from app.errors import ApiError, NotFound
 from app.observability.hooks import events_sent, stream_closed, stream_opened
 from app.protocol.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
+from app.protocol.schemas import QueryBool
 from app.streaming.broker import Subscription
 from app.streaming.frames import Frame
 
@@ -29,11 +31,14 @@ SEND_TIMEOUT = 30
 # At the server's exit the broker's drain ends every stream once the turns have stopped (within
 # `shutdown_timeout`) and the log is flushed; sse-starlette cancels a stream only if it outlives both.
 SHUTDOWN_FLUSH_GRACE = 5.0
-_POSITION = re.compile(r"[0-9]+")
+POSITION_PATTERN = r"^[0-9]{1,1000}$"
+HEADER_POSITION_PATTERN = r"^[0-9]{0,1000}$"
+_POSITION = re.compile(r"[0-9]{1,1000}")
 # Frames per body chunk: a long replay goes out in pieces of bounded size.
 SEND_FRAMES = 256
 
-_STREAM_DOC = """Every event of the session, across all its turns, until the client leaves.
+_STREAM_DOC = """Every event of the session, across all its turns, until the client leaves; with
+`until_idle=true`, until the session is idle and the stream has caught up.
 
 Resuming: the position is the `Last-Event-ID` header (what EventSource sends when it reconnects) or the
 `after` query parameter; when both are given the header wins, because a reconnecting EventSource keeps
@@ -44,7 +49,7 @@ live. `after` = the `last_event_id` of `GET .../messages` picks up exactly where
 When the position cannot be replayed (older than the events kept per session, or newer than any event
 the server has) the first frame is a `resync` event whose `id:` and `last_event_id` are the session's
 current last event: reload the history, then go on with the frames that follow it. A position that is not
-a non-negative integer is a 400.
+a non-negative integer of at most 1,000 digits is a 422.
 
 The first frame carries only `retry:` (the reconnection delay); a `: ping` comment comes every
 `PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the
@@ -56,12 +61,18 @@ A principal may hold `PARLEY_MAX_STREAMS_PER_PRINCIPAL` streams at once; one mor
 
 `Accept: application/x-ndjson` (or `format=ndjson`, which wins over the header) gives the same events as
 NDJSON for scripts and jq: each event's JSON, exactly the bytes of its SSE `data:`, on a line of its
-own; a blank line is the heartbeat. Resuming works the same way (`after`, `Last-Event-ID`)."""
+own; a blank line is the heartbeat. Resuming works the same way (`after`, `Last-Event-ID`).
+
+`until_idle=true` is for clients that read a stream to its end (scripts, test tools, crawlers): the
+stream ends, cleanly, as soon as no turn runs and every event committed so far has been sent (a turn it
+saw start has also ended). On an idle session, with no position or one already caught up, it ends at
+once. A turn that starts later (a queued message) is not waited for: reconnect with Last-Event-ID."""
 
 StreamFormat = Literal["sse", "ndjson"]
 
 
 class InvalidPosition(ApiError):
+    status = 422
     code = "invalid_position"
 
 
@@ -102,6 +113,29 @@ def wants_ndjson(format: StreamFormat | None, accept: str | None) -> bool:
     return ndjson > 0 and ndjson >= weights.get(STREAM_MEDIA_TYPE, 0.0)
 
 
+After = Annotated[
+    str | None, Query(pattern=POSITION_PATTERN, description="Resume after this event id (seq).")
+]
+LastEventId = Annotated[
+    str | None,
+    Header(
+        alias="Last-Event-ID",
+        pattern=HEADER_POSITION_PATTERN,
+        description="Resume after this event id; wins over after. Empty: no position.",
+    ),
+]
+UntilIdle = Annotated[
+    QueryBool, Query(description="End the stream once no turn runs and every event so far has been sent.")
+]
+Format = Annotated[
+    StreamFormat | None,
+    Query(
+        description="`ndjson`: one event's JSON per line (as `Accept: application/x-ndjson` asks); "
+        "`sse`: Server-Sent Events. Without it the Accept header decides, and SSE is the default."
+    ),
+]
+
+
 @router.get(
     "/events",
     response_class=EventSourceResponse,  # the spec; the response itself is an EventStreamResponse
@@ -110,7 +144,7 @@ def wants_ndjson(format: StreamFormat | None, accept: str | None) -> bool:
             "content": {STREAM_MEDIA_TYPE: {}, NDJSON_MEDIA_TYPE: {}},
             "description": "The event stream: SSE, or NDJSON when asked for",
         },
-        **v1_errors(400, 404, 429, 503),
+        **v1_errors(404, 422, 429),
     },
     description=_STREAM_DOC,
 )
@@ -119,17 +153,10 @@ async def stream_events(
     services: ServicesDep,
     principal: StreamPrincipalDep,
     request: Request,
-    after: Annotated[str | None, Query(description="Resume after this event id (seq).")] = None,
-    last_event_id: Annotated[
-        str | None, Header(alias="Last-Event-ID", description="Resume after this event id; wins over after.")
-    ] = None,
-    format: Annotated[
-        StreamFormat | None,
-        Query(
-            description="`ndjson`: one event's JSON per line (as `Accept: application/x-ndjson` asks); "
-            "`sse`: Server-Sent Events. Without it the Accept header decides, and SSE is the default."
-        ),
-    ] = None,
+    after: After = None,
+    last_event_id: LastEventId = None,
+    until_idle: UntilIdle = False,
+    format: Format = None,
 ) -> EventStreamResponse:
     position = resume_position(last_event_id, after)
     ndjson = wants_ndjson(format, request.headers.get("accept"))
@@ -144,10 +171,18 @@ async def stream_events(
     settings = services.settings
     stream_opened(resumed=position is not None)
     end = _StreamEnd(subscription, lease)
+
+    async def running() -> str | None:
+        try:
+            return (await services.sessions.get(principal, session_id)).running_turn_id
+        except NotFound:
+            return None  # deleted meanwhile: its stream is over
+
+    batches = _until_idle(subscription, running) if until_idle else subscription.batches()
     body = (
-        _body(subscription, end, _ndjson, _NDJSON_HEARTBEAT)
+        _body(batches, end, _ndjson, _NDJSON_HEARTBEAT)
         if ndjson
-        else _body(subscription, end, _sse, _SSE_HEARTBEAT, ServerSentEvent(retry=settings.sse_retry_ms))
+        else _body(batches, end, _sse, _SSE_HEARTBEAT, ServerSentEvent(retry=settings.sse_retry_ms))
     )
     return EventStreamResponse(
         body,
@@ -177,8 +212,51 @@ class _StreamEnd:
             stream_closed()
 
 
+async def _until_idle(
+    subscription: Subscription, running: Callable[[], Awaitable[str | None]]
+) -> AsyncIterator[list[Frame]]:
+    """The subscription's batches until it has caught up with an idle session.
+
+    Caught up: nothing waits in its buffer (the broker pushes every delivered frame there at once).
+    Idle: no turn runs, and every turn the stream saw start, or found running, has sent its `turn_done`
+    to this stream: the live status turns idle just before a turn's `turn_done` commits, so the status
+    alone would end the stream one event early."""
+    open_turns: set[str] = set()
+    done_turns: set[str] = set()
+
+    def note(batch: list[Frame]) -> None:
+        for frame in batch:
+            if frame.type in _TURN_EDGES:
+                turn_id = json.loads(frame.data).get("turn_id")
+                if frame.type == "turn_start":
+                    open_turns.add(turn_id)
+                else:
+                    open_turns.discard(turn_id)
+                    done_turns.add(turn_id)
+
+    if subscription.replay:
+        note(subscription.replay)
+        yield subscription.replay
+    subscriber = subscription.subscriber
+    while True:
+        if not open_turns and not subscriber.buffer:
+            turn_id = await running()
+            if turn_id is not None and turn_id not in done_turns:
+                open_turns.add(turn_id)
+            elif not subscriber.buffer:
+                return
+        batch = await subscriber.next_batch()
+        if batch is None:
+            return
+        note(batch)
+        yield batch
+
+
+_TURN_EDGES = {"turn_start", "turn_done"}
+
+
 async def _body(
-    subscription: Subscription,
+    batches: AsyncIterator[list[Frame]],
     end: Callable[[], None],
     encode: Callable[[list[Frame]], bytes],
     heartbeat: bytes,
@@ -189,7 +267,7 @@ async def _body(
     try:
         if first is not None:
             yield first
-        async for batch in subscription.batches():
+        async for batch in batches:
             if not batch:
                 yield heartbeat
             else:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response, status
 from pydantic import BaseModel
 
 from app.api.deps import PrincipalDep, ServicesDep
-from app.api.responses import v1_errors
+from app.api.responses import errors, v1_errors
 from app.chat.catalog import list_models as models_of
 from app.protocol.schemas import ModelList
 
@@ -18,7 +18,7 @@ class Health(BaseModel):
     models_ready: bool
 
 
-@router.get("/healthz")
+@router.get("/healthz", responses=errors(431))
 async def healthz(services: ServicesDep) -> Health:
     """Alive: answers as soon as the server accepts requests, before the model layer has loaded."""
     return Health(status="ok", models_ready=services.models.is_ready)
@@ -31,10 +31,11 @@ class Readiness(Health):
 @router.get(
     "/readyz",
     responses={
+        **errors(431),
         503: {
             "model": Readiness,
             "description": "The model layer is still loading, or the database is out of reach",
-        }
+        },
     },
 )
 async def readyz(services: ServicesDep, response: Response) -> Readiness:

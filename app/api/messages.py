@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from app.api.deps import IdempotencyKey, MessagePosterDep, MessagesDep, PrincipalDep, TurnsDep
 from app.api.responses import v1_errors
 from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
+from app.protocol.ids import MESSAGE_ID_PATTERN
 from app.protocol.schemas import (
     CancelRequest,
     CancelResult,
@@ -42,7 +43,7 @@ stops its wait, never the turn. 409 `withdrawn` if the message is withdrawn befo
     responses={
         202: {"model": MessageAccepted, "description": "Stored; without wait=true"},
         200: {"model": Turn, "description": "With wait=true: the turn that took the message, ended"},
-        **v1_errors(400, 404, 409, 413, 415, 422, 429, 503),
+        **v1_errors(404, 409, 413, 415, 422, 429),
         **WAIT_TIMEOUT_RESPONSE,
     },
     description=_POST_DOC,
@@ -72,15 +73,27 @@ async def post_message(
     return answer
 
 
-@router.get("/messages", responses=v1_errors(400, 404, 422))
+@router.get("/messages", responses=v1_errors(404, 422))
 async def list_messages(
     session_id: str,
     messages: MessagesDep,
     principal: PrincipalDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
-    after: Annotated[str | None, Query(description="Return messages after this message id.")] = None,
+    after: Annotated[
+        str | None,
+        Query(
+            pattern=MESSAGE_ID_PATTERN,
+            description="Return messages after this message id (a `next_cursor`); an id that is not a "
+            "message of this session: 422 `invalid_cursor`.",
+        ),
+    ] = None,
     before: Annotated[
-        str | None, Query(description="Return the messages just before this message id.")
+        str | None,
+        Query(
+            pattern=MESSAGE_ID_PATTERN,
+            description="Return the messages just before this message id; an id that is not a message of "
+            "this session: 422 `invalid_cursor`.",
+        ),
     ] = None,
 ) -> MessagePage:
     """The session's chat_messages in order (seed 000 §2.2.1), a page at a time."""

@@ -6,7 +6,9 @@ app before its response started is answered here, inside the request's context, 
 503 of a busy or full database) carries the id too: Starlette's own last handler runs outside every
 middleware, after this one has let go of the id.
 
-Bodies are refused before they are read when they are too large (413) or not JSON (415). A server without
+Headers larger than `max_header_bytes` in all (names and values) are refused with 431 before anything
+reads them: the HTTP parser in front (httptools) takes headers of any size. Bodies are refused before they
+are read when they are too large (413) or not JSON (415). A server without
 API keys that is reached on a non-loopback address, and was not told PARLEY_ALLOW_OPEN, refuses everything
 but the health probes (403): the launcher refuses to start that way, and this covers a server started
 some other way.
@@ -31,10 +33,18 @@ _PROBES = {"/healthz", "/readyz"}
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, loopback_only: bool = False) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        max_header_bytes: int = 32_768,
+        loopback_only: bool = False,
+    ) -> None:
         """`loopback_only`: the service runs without keys and was not told it may serve beyond loopback."""
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
         self.loopback_only = loopback_only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -58,7 +68,11 @@ class RequestContextMiddleware:
                     }
                 await send(message)
 
-            refusal = self._exposed(scope) or self._refusal(scope["method"], headers)
+            refusal = (
+                self._exposed(scope)
+                or self._oversized_headers(scope)
+                or self._refusal(scope["method"], headers)
+            )
             if refusal is not None:
                 status, code, text = refusal
                 await _send_json(send_with_id, status, error_body(code, text))
@@ -85,6 +99,16 @@ class RequestContextMiddleware:
             "open_mode_refused",
             f"This server has no API keys and was reached on {host}, beyond loopback: the operator must "
             f"{OPEN_MODE_HELP}.",
+        )
+
+    def _oversized_headers(self, scope: Scope) -> tuple[int, str, str] | None:
+        size = sum(len(name) + len(value) for name, value in scope["headers"])
+        if size <= self.max_header_bytes:
+            return None
+        return (
+            431,
+            "request_header_fields_too_large",
+            f"The request headers hold {size} bytes; the limit is {self.max_header_bytes}.",
         )
 
     def _refusal(self, method: str, headers: dict[str, str]) -> tuple[int, str, str] | None:

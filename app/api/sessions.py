@@ -8,12 +8,23 @@ from fastapi import APIRouter, Query, Response, status
 
 from app.api.deps import IdempotencyKey, PrincipalDep, SessionsDep
 from app.api.responses import v1_errors
-from app.protocol.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
+from app.protocol.schemas import CURSOR_PATTERN, SessionCreate, SessionOut, SessionPage, SessionUpdate
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, responses=v1_errors(400, 413, 415, 422))
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses={
+        **v1_errors(413, 415, 422),
+        410: {
+            **v1_errors(410)[410],
+            "description": "An Idempotency-Key replay whose session has since "
+            "been deleted (`session_deleted`): use a new key to create another session.",
+        },
+    },
+)
 async def create_session(
     body: SessionCreate,
     sessions: SessionsDep,
@@ -28,12 +39,20 @@ async def create_session(
     return session
 
 
-@router.get("", responses=v1_errors(400, 422))
+@router.get("", responses=v1_errors(422))
 async def list_sessions(
     sessions: SessionsDep,
     principal: PrincipalDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            pattern=CURSOR_PATTERN,
+            max_length=400,
+            description="`next_cursor` of the previous page, as it was (opaque); one the server did not "
+            "make: 422 `invalid_cursor`.",
+        ),
+    ] = None,
 ) -> SessionPage:
     """List the caller's sessions, newest first."""
     return await sessions.page(principal, limit, cursor)
@@ -45,7 +64,7 @@ async def get_session(session_id: str, sessions: SessionsDep, principal: Princip
     return await sessions.get(principal, session_id)
 
 
-@router.patch("/{session_id}", responses=v1_errors(400, 404, 413, 415, 422))
+@router.patch("/{session_id}", responses=v1_errors(404, 413, 415, 422))
 async def update_session(
     session_id: str, body: SessionUpdate, sessions: SessionsDep, principal: PrincipalDep
 ) -> SessionOut:

@@ -9,19 +9,25 @@ from fastapi import APIRouter, Query, Request
 from app.api.deps import PrincipalDep, TurnsDep
 from app.api.responses import v1_errors
 from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
+from app.protocol.ids import TURN_ID_PATTERN
 from app.protocol.turns import Turn, TurnPage
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/turns", tags=["turns"])
 
 
-@router.get("", responses=v1_errors(400, 404, 422))
+@router.get("", responses=v1_errors(404, 422))
 async def list_turns(
     session_id: str,
     turns: TurnsDep,
     principal: PrincipalDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     before: Annotated[
-        str | None, Query(description="A turn id: return the turns just before it (next_cursor).")
+        str | None,
+        Query(
+            pattern=TURN_ID_PATTERN,
+            description="A turn id (a `next_cursor`): return the turns just before it; an id that is not "
+            "a turn of this session: 422 `invalid_cursor`.",
+        ),
     ] = None,
 ) -> TurnPage:
     """The session's newest turns, oldest first; page back with `before`."""

@@ -17,7 +17,7 @@ from fastapi import Depends, Query, Request
 from starlette.types import Receive
 
 from app.errors import ClientClosedRequest, InvalidRequest
-from app.protocol.schemas import ErrorResponse
+from app.protocol.schemas import ErrorResponse, QueryBool
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ class Wait:
 
 async def get_wait(
     wait: Annotated[
-        bool,
+        QueryBool,
         Query(
             description="Answer once the turn has ended, with the turn; 504 `wait_timeout` (with the turn "
             "id) if the limit passes first, while the turn goes on."
@@ -50,8 +50,8 @@ async def get_wait(
         Query(
             gt=0,
             allow_inf_nan=False,
-            description="With wait=true: the longest wait in seconds, capped by PARLEY_WAIT_TIMEOUT "
-            "(default 300).",
+            description="Only with wait=true (without it: 422 `wait_required`): the longest wait in "
+            "seconds, capped by PARLEY_WAIT_TIMEOUT (default 300).",
         ),
     ] = None,
 ) -> Wait | None:

@@ -2,9 +2,14 @@
 
 The key is scoped to the caller. Before the work starts, a row reserves the id of the resource the
 request creates; the answer is stored when the work is done. A retry with the same key and body gets the
-stored answer; one that finds only the reservation (the first attempt crashed or failed) redoes the work
-with the reserved id, so the resource is created at most once. Concurrent requests with one key are
-serialized by a lock, so racing duplicates also get the first answer.
+stored answer; one that finds only the reservation (the first attempt crashed half-way) redoes the work
+with the reserved id, so the resource is created at most once.
+
+Requests that race with one key share the first attempt: each waits for it and gets its answer, whether
+that is the resource or a refusal (a 4xx, the same status and code for every racer). A refusal stored
+nothing, so it releases the key: a later retry is a new attempt (a `reject` that met a running turn may
+succeed once the turn has ended). An attempt that dies without an answer (a crash, a cancelled request,
+a 5xx) hands the work to the next racer, which resumes it with the reserved id.
 """
 
 from __future__ import annotations
@@ -12,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -26,6 +31,9 @@ from app.storage.engine import Database
 from app.storage.tables import IdempotencyKeyRow
 
 MAX_KEY_LENGTH = 255
+# Printable ASCII, no space at either end (HTTP strips it): the header's documented format.
+KEY_PATTERN = r"^[\x21-\x7e]([\x20-\x7e]{0,253}[\x21-\x7e])?$"
+_KEY = re.compile(KEY_PATTERN)
 T = TypeVar("T", bound=BaseModel)
 _PRUNE_EVERY = 60.0
 
@@ -36,6 +44,7 @@ class IdempotencyKeyReused(ApiError):
 
 
 class InvalidIdempotencyKey(ApiError):
+    status = 422
     code = "invalid_idempotency_key"
 
 
@@ -55,10 +64,17 @@ def fingerprint(method: str, path: str, body: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _reused() -> IdempotencyKeyReused:
+    return IdempotencyKeyReused(
+        "This Idempotency-Key was used with a different request; use a new key for a new request.",
+        details={"header": "Idempotency-Key"},
+    )
+
+
 def check_key(key: str) -> str:
-    if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable():
+    if not _KEY.fullmatch(key):
         raise InvalidIdempotencyKey(
-            f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable characters.",
+            f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable ASCII characters.",
             details={"header": "Idempotency-Key"},
         )
     return key
@@ -88,30 +104,43 @@ class IdempotencyStore(Protocol):
     ) -> tuple[T, bool]: ...
 
 
+@dataclass
+class _Attempt:
+    """The attempt that holds a key in this process: racers with the same key wait for its outcome."""
+
+    fingerprint: str
+    outcome: asyncio.Future[BaseModel] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
 class Idempotency:
-    """Today's store: rows in the database, and a lock per key in this process that makes racing
-    duplicates wait for the first attempt's answer."""
+    """Today's store: rows in the database, and the attempt in flight per key in this process, whose
+    outcome racing duplicates share."""
 
     def __init__(self, database: Database, *, ttl_seconds: float) -> None:
         self._database = database
         self._ttl = ttl_seconds
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._attempts: dict[tuple[str, str], _Attempt] = {}
         self._pruned_at = 0.0
 
-    @asynccontextmanager
-    async def reserve(
-        self, principal: str, key: str, request_fingerprint: str, new_id: Callable[[], str]
-    ) -> AsyncIterator[Reservation]:
-        slot = (principal, key)
-        lock = self._locks.setdefault(slot, asyncio.Lock())
-        try:
-            async with lock:
-                yield await self._reserve(principal, key, request_fingerprint, new_id)
-        finally:
-            if not lock.locked() and self._locks.get(slot) is lock:
-                del self._locks[slot]
+    async def _join(self, slot: tuple[str, str], request_fingerprint: str) -> BaseModel | None:
+        """The answer of the attempt in flight with this key, once it has one (its refusal is raised);
+        None once no attempt is in flight, or the one there died without an answer."""
+        while (attempt := self._attempts.get(slot)) is not None:
+            if attempt.fingerprint != request_fingerprint:
+                raise _reused()
+            try:
+                return await asyncio.shield(attempt.outcome)
+            except ApiError:
+                raise  # its refusal: every racer gets the same status and code
+            except (Exception, asyncio.CancelledError):
+                if not attempt.outcome.done():
+                    raise  # this request itself was cancelled while it waited
+                # It died without an answer: a racer takes the work over, with the reserved id.
+        return None
 
-    async def _reserve(
+    async def reserve(
         self, principal: str, key: str, request_fingerprint: str, new_id: Callable[[], str]
     ) -> Reservation:
         now = time.time()
@@ -133,10 +162,7 @@ class Idempotency:
             return Reservation(principal, key, mine.resource_id, replay=None, resumed=False)
         assert row is not None  # held by another request: its row, read in the same transaction
         if row.fingerprint != request_fingerprint:
-            raise IdempotencyKeyReused(
-                "This Idempotency-Key was used with a different request; use a new key for a new request.",
-                details={"header": "Idempotency-Key"},
-            )
+            raise _reused()
         replay = json.loads(row.response) if row.response is not None else None
         return Reservation(principal, key, row.resource_id, replay=replay, resumed=replay is None)
 
@@ -154,16 +180,47 @@ class Idempotency:
     ) -> tuple[T, bool]:
         """Does the request's work at most once per key: the answer, and whether it is a replay.
 
-        A retry gets the stored answer (`load`); one that finds only the reservation (the first attempt
-        died before answering) first looks for what that attempt may have created with the reserved id
-        (`find`), and creates it (`create`) only if it is not there."""
-        async with self.reserve(principal, check_key(key), request_fingerprint, new_id) as res:
+        A racer gets the answer of the attempt in flight; a retry gets the stored answer (`load`); one
+        that finds only the reservation (the first attempt died before answering) first looks for what
+        that attempt may have created with the reserved id (`find`), and creates it (`create`) only if
+        it is not there. A refusal (an ApiError below 500) stored nothing and releases the key."""
+        slot = (principal, check_key(key))
+        shared = await self._join(slot, request_fingerprint)
+        if shared is not None:
+            return load(shared.model_dump(mode="json")), True
+        # No await since _join saw the slot free: this request is now the attempt the others join.
+        attempt = _Attempt(request_fingerprint)
+        self._attempts[slot] = attempt
+        try:
+            res = await self.reserve(principal, key, request_fingerprint, new_id)
             if res.replay is not None:
-                return load(res.replay), True
-            existing = await find(res.resource_id) if res.resumed else None
-            answer = existing if existing is not None else await create(res.resource_id)
-            await self.complete(res, status_code, answer.model_dump_json())
-            return answer, existing is not None
+                answer, replayed = load(res.replay), True
+            else:
+                existing = await find(res.resource_id) if res.resumed else None
+                answer = existing if existing is not None else await create(res.resource_id)
+                replayed = existing is not None
+                await self.complete(res, status_code, answer.model_dump_json())
+            attempt.outcome.set_result(answer)
+            return answer, replayed
+        except ApiError as refusal:
+            if refusal.status < 500:
+                await self._release(principal, key, request_fingerprint)
+                attempt.outcome.set_exception(refusal)
+                attempt.outcome.exception()  # retrieved: racers may read it, none has to
+            raise
+        finally:
+            if not attempt.outcome.done():
+                attempt.outcome.cancel()  # died without an answer: a racer takes the work over
+            if self._attempts.get(slot) is attempt:
+                del self._attempts[slot]
+
+    async def _release(self, principal: str, key: str, request_fingerprint: str) -> None:
+        """Forgets an unanswered reservation of this request: the key is unused again."""
+        async with self._database.session() as db:
+            row = await repository.get_idempotency_key(db, principal, key)
+            if row is not None and row.response is None and row.fingerprint == request_fingerprint:
+                await db.delete(row)
+                await db.commit()
 
     async def complete(self, reservation: Reservation, status_code: int, body: str) -> None:
         async with self._database.session() as db:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 
-from app.chat.errors import InvalidCursor, UnknownModel, UnknownTool
+from app.chat.errors import InvalidCursor, SessionDeleted, UnknownModel, UnknownTool
 from app.chat.idempotency import IdempotencyStore, fingerprint
 from app.chat.tool_rules import check_approval, check_client_tools
 from app.errors import InvalidRequest, NotFound
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
-from app.protocol.ids import new_session_id
+from app.protocol.ids import SESSION_ID_PATTERN, new_session_id
 from app.protocol.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
 from app.protocol.tool_requests import ClientTool, approval_names
 from app.settings import Settings
@@ -20,6 +21,9 @@ from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.tools.registry import ToolRegistry
 from app.turns.control import TurnControl
+
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+[+-][0-9]{2}:[0-9]{2}")
 
 
 class Sessions:
@@ -61,7 +65,7 @@ class Sessions:
         async def create(session_id: str) -> SessionOut:
             return await self._create(principal, body, session_id)
 
-        return await self._idempotency.once(
+        session, replayed = await self._idempotency.once(
             principal,
             idempotency_key,
             request,
@@ -71,6 +75,13 @@ class Sessions:
             load=SessionOut.model_validate,
             status_code=201,
         )
+        if replayed and (await find(session.id) is None or self._turns.is_closed(session.id)):
+            raise SessionDeleted(
+                f"The session this Idempotency-Key created ({session.id}) has been deleted; use a new key "
+                "to create another.",
+                details={"session_id": session.id},
+            )
+        return session, replayed
 
     async def _create(self, principal: str, body: SessionCreate, session_id: str) -> SessionOut:
         model = body.model or self._settings.default_model
@@ -181,8 +192,11 @@ def _encode_cursor(created_at: str, session_id: str) -> str:
 
 
 def _decode_cursor(cursor: str) -> tuple[str, str]:
+    """The position a `next_cursor` names; 422 for a string this server did not make."""
     try:
         created_at, session_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
     except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidCursor("The cursor is not valid.", details={"cursor": cursor}) from exc
+        raise InvalidCursor("The cursor is not valid.", details={"cursor": cursor[:100]}) from exc
+    if not (_SESSION_ID.fullmatch(session_id) and _TIMESTAMP.fullmatch(created_at)):
+        raise InvalidCursor("The cursor is not valid.", details={"cursor": cursor[:100]})
     return created_at, session_id

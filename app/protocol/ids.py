@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from uuid import uuid4
 
+# The ids' formats, as the spec states them for parameters that take one.
+MESSAGE_ID_PATTERN = r"^m_[0-9a-f]{12}$"
+TURN_ID_PATTERN = r"^t_[0-9a-f]{12}$"
+SESSION_ID_PATTERN = r"^s_[0-9a-f]{16}$"
+
 
 def new_message_id() -> str:
     return "m_" + uuid4().hex[:12]

@@ -12,7 +12,11 @@
 * `Event` as the `application/x-ndjson` schema of the same operation, read the same way: each line is
   one event. Both framings are also described in the operation's description;
 * `ErrorResponse` as the 422 body: the one error handler renders every validation error in that shape,
-  not in FastAPI's `HTTPValidationError`.
+  not in FastAPI's `HTTPValidationError`;
+* links (OpenAPI `links`) from what a request creates to the operations that use it: a created session's
+  `id` to every operation on `/v1/sessions/{session_id}...`, a posted message's `turn_id` to its turn and
+  its `id` to its withdrawal, so that a generic client (schemathesis's stateful phase) can chain them;
+* optional parameters without `null`: a query parameter or header that is not sent is absent.
 """
 
 from __future__ import annotations
@@ -145,6 +149,8 @@ def install_openapi(app: FastAPI) -> None:
             _add_events(spec)
             _document_streams(spec)
             _validation_errors(spec)
+            _add_links(spec)
+            _parameters_not_null(spec)
             app.openapi_schema = spec
         return app.openapi_schema
 
@@ -196,10 +202,69 @@ def _validation_errors(spec: dict[str, Any]) -> None:
             schemas[name] = schema
 
 
+SESSIONS = "/v1/sessions"
+SESSION = "/v1/sessions/{session_id}"
+MESSAGES = SESSION + "/messages"
+
+
+def _add_links(spec: dict[str, Any]) -> None:
+    paths: dict[str, Any] = spec.get("paths", {})
+    created = paths.get(SESSIONS, {}).get("post", {}).get("responses", {}).get("201")
+    if created is not None:
+        created["links"] = {
+            _link_name(operation["operationId"]): {
+                "operationId": operation["operationId"],
+                "parameters": {"session_id": "$response.body#/id"},
+                "description": "The session just created.",
+            }
+            for path, item in paths.items()
+            if path.startswith(SESSION)
+            for operation in _in(item)
+        }
+    accepted = paths.get(MESSAGES, {}).get("post", {}).get("responses", {}).get("202")
+    if accepted is None:
+        return
+    links: dict[str, Any] = {}
+    uses = {SESSION + "/turns/{turn_id}": "turn_id", SESSION + "/queue/{message_id}": "message_id"}
+    for path, parameter in uses.items():
+        for operation in _in(paths.get(path, {})):
+            source = "$response.body#/turn_id" if parameter == "turn_id" else "$response.body#/id"
+            links[_link_name(operation["operationId"])] = {
+                "operationId": operation["operationId"],
+                "parameters": {"session_id": "$request.path.session_id", parameter: source},
+                "description": f"The message's {'turn' if parameter == 'turn_id' else 'withdrawal'}.",
+            }
+    accepted["links"] = links
+
+
+def _parameters_not_null(spec: dict[str, Any]) -> None:
+    """An optional parameter is left out, never sent as null: a query or header has no null (a client
+    following FastAPI's `anyOf [..., null]` would send the text `null`)."""
+    for operation in _operations(spec):
+        for parameter in operation.get("parameters", []):
+            schema = parameter.get("schema", {})
+            options = [option for option in schema.get("anyOf", []) if option != {"type": "null"}]
+            if len(options) == 1 and len(schema["anyOf"]) == 2:
+                del schema["anyOf"]
+                schema.update(options[0])
+
+
+def _link_name(operation_id: str) -> str:
+    """FastAPI's operation ids end with the path and method; the function name before them reads well."""
+    return "".join(part.title() for part in operation_id.split("_v1_", 1)[0].split("_"))
+
+
+def _in(item: dict[str, Any]) -> list[dict[str, Any]]:
+    return [operation for method, operation in item.items() if method in _METHODS]
+
+
+_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
 def _operations(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         operation
         for item in spec.get("paths", {}).values()
         for method, operation in item.items()
-        if method in {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+        if method in _METHODS
     ]

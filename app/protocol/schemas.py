@@ -2,26 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from app.protocol.events import AgentState, TurnStatus
 from app.protocol.tool_requests import ApprovalRule, ClientTool, unique_client_tools
+
+
+def _query_bool(value: object) -> object:
+    """A query boolean is `true` or `false`, as the spec's boolean serializes: pydantic's lax parsing
+    would also take 1, 0, yes, off, t, n and the like."""
+    if isinstance(value, bool):
+        return value
+    if value in ("true", "false"):
+        return value == "true"
+    raise ValueError("must be true or false")
+
+
+QueryBool = Annotated[bool, BeforeValidator(_query_bool)]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# The session list's `next_cursor`: URL-safe base64, opaque to clients.
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]+={0,2}$"
+
+_MODEL = (
+    "A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`."
+)
+
+
 class SessionCreate(_Strict):
-    model: str | None = Field(None, description="A model from GET /v1/models; the default model if omitted.")
+    model: str | None = Field(None, description=f"{_MODEL} The default model if omitted or null.")
     title: str | None = Field(None, max_length=200)
     system_prompt: str | None = Field(None, max_length=100_000)
     tools: list[str] | None = Field(
         None,
         description="Tool names (GET /v1/tools lists them), or an MCP server's name (`github` or `github/*`) "
-        "for all its tools; all built-in tools if omitted.",
+        "for all its tools; all built-in tools if omitted or null. An unknown name: 422 `unknown_tool`.",
     )
     client_tools: list[ClientTool] | None = Field(
         None,
@@ -38,7 +60,10 @@ class SessionCreate(_Strict):
 
 
 class SessionUpdate(_Strict):
-    model: str | None = None
+    """Only the fields given change; `title` and `system_prompt` may be null (removed), `model` not."""
+
+    # Null is left out of the spec: a session always has a model (the server answers null with a 422).
+    model: str | SkipJsonSchema[None] = Field(None, description=f"{_MODEL} Not null.")
     title: str | None = Field(None, max_length=200)
     system_prompt: str | None = Field(None, max_length=100_000)
 
@@ -70,7 +95,13 @@ Delivery = Literal["steer", "queue", "interrupt", "reject"]
 
 
 class MessageCreate(_Strict):
-    content: str = Field(min_length=1, description="The message; longer than the configured limit gets 413.")
+    content: str = Field(
+        min_length=1,
+        # Stated for the spec; the server's own check (_not_blank) gives the clearer message.
+        json_schema_extra={"pattern": r"\S"},
+        description="The message, with at least one character that is not whitespace; longer than "
+        "PARLEY_MAX_MESSAGE_CHARS: 413.",
+    )
     sender: str = Field("User", min_length=1, max_length=100)
     delivery: Delivery = Field(
         "steer",

@@ -12,7 +12,7 @@ from app.chat.idempotency import fingerprint
 from app.settings import Settings
 from app.storage.engine import Database
 from app.storage.tables import IdempotencyKeyRow
-from tests.support.server import LiveServer
+from tests.support.server import LiveServer, live_server
 from tests.support.sse import EventReader
 
 pytestmark = pytest.mark.anyio
@@ -69,8 +69,8 @@ async def test_same_key_with_another_body_is_refused_and_stores_nothing(server: 
         bad = await client.post(
             f"/v1/sessions/{sid}/messages", json={"content": "c"}, headers={"Idempotency-Key": "x" * 300}
         )
-        assert bad.status_code == 400
-        assert bad.json()["error"]["code"] == "invalid_idempotency_key"
+        assert bad.status_code == 422
+        assert bad.json()["error"]["details"][0]["field"] == "header.Idempotency-Key"
 
 
 async def test_session_creation_is_idempotent(server: LiveServer) -> None:
@@ -125,3 +125,69 @@ async def test_message_limits(server: LiveServer) -> None:
         blank = await client.post(f"/v1/sessions/{sid}/messages", json={"content": "   \n"})
         assert blank.status_code == 422
         assert await _user_texts(client, sid) == []
+
+
+async def test_a_replay_after_the_session_was_deleted_is_410_and_creates_nothing(server: LiveServer) -> None:
+    """The stored answer names a session that no longer exists: replaying it would hand out a deleted id,
+    and creating another would not be what the first request did. Proof: 410 naming the deleted id, the
+    session list stays empty, and a new key creates a session as usual."""
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        headers = {"Idempotency-Key": "create-then-delete"}
+        created = await client.post("/v1/sessions", json={"title": "t"}, headers=headers)
+        sid = created.json()["id"]
+        assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
+        replay = await client.post("/v1/sessions", json={"title": "t"}, headers=headers)
+        assert replay.status_code == 410, replay.text
+        assert replay.json()["error"]["code"] == "session_deleted"
+        assert replay.json()["error"]["details"] == {"session_id": sid}
+        assert (await client.get("/v1/sessions")).json()["sessions"] == []
+        fresh = await client.post("/v1/sessions", json={"title": "t"}, headers={"Idempotency-Key": "new"})
+        assert fresh.status_code == 201
+        assert fresh.json()["id"] != sid
+        # A message replayed into the deleted session is a 404, as any request to it.
+        gone = await client.post(
+            f"/v1/sessions/{sid}/messages", json={"content": "hi"}, headers={"Idempotency-Key": "m"}
+        )
+        assert gone.status_code == 404
+
+
+async def test_racers_share_the_first_answer_even_a_refusal(settings: Settings) -> None:
+    """Three posts with one key and delivery=reject race a stop of the running turn, 20 groups over a real
+    socket. Before, racers queued behind a lock and each redid the work after the first's 409, so one that
+    ran after the stop got a 202: {409, 409, 202}. Now every racer of a group gets the first answer (three
+    409s naming the turn, or three 202s with one message id), and the history holds the message once if
+    the answer was a 202, never if it was a 409. A refusal frees the key: a retry after it is stored once."""
+    slow = settings.model_copy(update={"demo_token_delay": 0.02, "messages_per_minute": 0})
+    outcomes: set[int] = set()
+    with live_server(slow) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            for group in range(20):
+                sid = (await client.post("/v1/sessions", json={})).json()["id"]
+                url = f"/v1/sessions/{sid}/messages"
+                running = (await client.post(url, json={"content": "[long] a story"})).json()
+                body = {"content": "racing", "delivery": "reject"}
+                headers = {"Idempotency-Key": f"race-reject-{group}"}
+
+                async def stop(sid: str = sid, delay: float = group % 5 * 0.002) -> None:
+                    await asyncio.sleep(delay)
+                    await client.post(f"/v1/sessions/{sid}/cancel")
+
+                racers = [asyncio.create_task(client.post(url, json=body, headers=headers)) for _ in range(3)]
+                await stop()
+                answers = await asyncio.gather(*racers)
+                statuses = {a.status_code for a in answers}
+                assert len(statuses) == 1, [a.text for a in answers]
+                outcomes |= statuses
+                stored = [running["id"]]
+                if statuses == {409}:
+                    assert {a.json()["error"]["details"]["turn_id"] for a in answers} == {running["turn_id"]}
+                    retried = await client.post(url, json=body, headers=headers)
+                    assert retried.status_code in (202, 409)  # the stop may still be finishing
+                    if retried.status_code == 202:
+                        stored.append(retried.json()["id"])
+                else:
+                    assert statuses == {202}
+                    assert len({a.json()["id"] for a in answers}) == 1
+                    stored.append(answers[0].json()["id"])
+                assert await _user_texts(client, sid) == stored
+    assert 409 in outcomes  # the race was run: at least one group met the running turn

@@ -188,6 +188,6 @@ async def test_history_pages_forward_and_backward(server: LiveServer) -> None:
         ).json()
         assert [m["id"] for m in last["chat_messages"]] == ids[-6:-1]
         assert last["next_cursor"] == ids[-6]
-        unknown = await client.get(f"/v1/sessions/{sid}/messages", params={"after": "m_0000000000"})
-        assert unknown.status_code == 400
+        unknown = await client.get(f"/v1/sessions/{sid}/messages", params={"after": "m_000000000000"})
+        assert unknown.status_code == 422
         assert unknown.json()["error"]["code"] == "invalid_cursor"

@@ -33,7 +33,7 @@ async def test_create_read_update_list_delete(server: LiveServer) -> None:
         assert patched.json()["updated_at"] >= session["updated_at"]
 
         bad_model = await client.patch(f"/v1/sessions/{sid}", json={"model": "no-such-model-xyz"})
-        assert bad_model.status_code == 400
+        assert bad_model.status_code == 422
         assert bad_model.json()["error"]["code"] == "unknown_model"
         assert "GET /v1/models" in bad_model.json()["error"]["message"]
         assert (await client.get(f"/v1/sessions/{sid}")).json()["model"] == "parley/demo"
@@ -62,7 +62,7 @@ async def test_list_is_paginated_newest_first(server: LiveServer) -> None:
                 break
         assert seen == list(reversed(ids))
         bad = await client.get("/v1/sessions", params={"cursor": "not-a-cursor!"})
-        assert bad.status_code == 400
+        assert bad.status_code == 422
 
 
 @pytest.mark.parametrize(

@@ -66,9 +66,8 @@ async def test_racing_reservations_of_two_processes_elect_one(database: Database
     request = fingerprint("POST", "/v1/x", {})
 
     async def reserve(store: Idempotency) -> tuple[str, bool]:
-        async with store.reserve("p", "key-3", request, lambda: next(ids)) as reservation:
-            await asyncio.sleep(0.05)
-            return reservation.resource_id, reservation.resumed
+        reservation = await store.reserve("p", "key-3", request, lambda: next(ids))
+        return reservation.resource_id, reservation.resumed
 
     results = await asyncio.gather(*(reserve(store) for store in stores))
     assert len({resource_id for resource_id, _ in results}) == 1
@@ -98,3 +97,35 @@ async def test_a_key_past_its_ttl_is_reserved_anew(database: Database) -> None:
     await asyncio.sleep(0.3)
     second, replayed = await attempt()
     assert (second.id, replayed) == ("r_2", False)  # r_1 was drawn by the attempt that replayed
+
+
+async def test_an_attempt_that_dies_hands_the_work_to_a_racer(database: Database) -> None:
+    """The first attempt dies after reserving (no answer, not a refusal): one racer takes the work over
+    with the reserved id, the others get its answer; the resource is created once."""
+    store = Idempotency(database, ttl_seconds=3600)
+    created: list[str] = []
+    ids = (f"r_{n}" for n in itertools.count())
+    request = fingerprint("POST", "/v1/x", {})
+    calls = itertools.count()
+
+    async def create(resource_id: str) -> Answer:
+        await asyncio.sleep(0.05)
+        if next(calls) == 0:
+            raise RuntimeError("the first attempt dies")
+        created.append(resource_id)
+        return Answer(id=resource_id)
+
+    async def find(resource_id: str) -> Answer | None:
+        return Answer(id=resource_id) if resource_id in created else None
+
+    async def attempt() -> tuple[Answer, bool]:
+        return await store.once(
+            "p", "key-4", request, lambda: next(ids), find=find, create=create,
+            load=Answer.model_validate, status_code=201,
+        )  # fmt: skip
+
+    results = await asyncio.gather(*(attempt() for _ in range(4)), return_exceptions=True)
+    assert isinstance(results[0], RuntimeError)
+    answers = [r for r in results[1:] if not isinstance(r, BaseException)]
+    assert created == ["r_0"]
+    assert [answer.id for answer, _ in answers] == ["r_0"] * 3

@@ -77,7 +77,7 @@ async def test_pages_go_back_from_the_newest_turns(view: View) -> None:
 async def test_a_cursor_that_names_no_turn_of_the_session_is_invalid(view: View) -> None:
     with pytest.raises(InvalidCursor) as caught:
         await view.turns.page(ALICE, SID, limit=2, before="t_unknown")
-    assert (caught.value.status, caught.value.details) == (400, {"cursor": "t_unknown"})
+    assert (caught.value.status, caught.value.details) == (422, {"cursor": "t_unknown"})
 
 
 async def test_get_finds_the_sessions_turn_and_404s_otherwise(view: View) -> None:

@@ -120,14 +120,14 @@ async def test_turns_page_back_from_the_newest(contract_server: LiveServer) -> N
                 f"/v1/sessions/{sid}/turns", params={"limit": 2, "before": newest["next_cursor"]}
             )
         ).json()
-        unknown = await client.get(f"/v1/sessions/{sid}/turns", params={"before": "t_nope"})
+        unknown = await client.get(f"/v1/sessions/{sid}/turns", params={"before": "t_000000000000"})
 
     assert [t["turn_id"] for t in newest["turns"]] == ids[1:]
     assert newest["next_cursor"] == ids[1]
     assert [t["turn_id"] for t in older["turns"]] == ids[:1]
     assert older["next_cursor"] is None
     assert [t["user_messages"][0]["content"] for t in newest["turns"]] == ["hello 1", "hello 2"]
-    assert unknown.status_code == 400
+    assert unknown.status_code == 422
     assert unknown.json()["error"]["code"] == "invalid_cursor"
 
 
