@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app import errors
-from app.api import debug, events, health, messages, sessions, turns
+from app.api import debug, events, health, messages, sessions, turns, ui
 from app.api.deps import Services
 from app.api.middleware import RequestContextMiddleware
 from app.chat.auth import KeyRing, load_key_ring
@@ -57,6 +57,8 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         version="0.1.0",
         summary="Agent sessions with queued messages, stop, and one enriched SSE stream per session.",
         lifespan=_lifespan(settings, keys, tools),
+        docs_url=None,  # served by app.api.ui with local assets instead of FastAPI's CDN ones
+        redoc_url=None,
     )
     errors.install(app)
     app.include_router(health.router)
@@ -64,6 +66,9 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(messages.router)
     app.include_router(events.router)
     app.include_router(turns.router)
+    app.include_router(ui.docs_router)
+    if settings.ui:
+        app.include_router(ui.router)
     if settings.debug_stats:
         app.include_router(debug.router)
     app.add_middleware(

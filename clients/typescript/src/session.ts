@@ -81,6 +81,11 @@ export class ChatSession {
     this.stream?.close();
   }
 
+  /** Skip the backoff's wait (e.g. the page became visible again). */
+  reconnectNow(): void {
+    this.stream?.reconnectNow();
+  }
+
   /** Sends a message, shown at once; its client_message_id doubles as the Idempotency-Key of retries. */
   async send(content: string, options: Partial<Omit<MessageCreate, "content" | "client_message_id">> = {}): Promise<MessageAccepted> {
     const clientMessageId = newId();
