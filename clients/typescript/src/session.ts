@@ -43,7 +43,15 @@ export class ChatSession {
 
   /** Loads the history, then follows the stream from the position it includes. */
   async open(): Promise<void> {
-    await this.reload();
+    try {
+      await this.reload();
+    } catch (error) {
+      // A refused history read (401, 404) is the connection's state too: the page shows why.
+      const reason = error instanceof Error ? error : new Error(String(error));
+      this.connection = { status: "closed", attempt: 0, error: reason, retryInMs: null };
+      this.changed();
+      throw error;
+    }
     this.stream = new SessionStream({
       baseUrl: this.client.baseUrl,
       apiKey: this.client.apiKey,
