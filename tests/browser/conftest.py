@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.process import ServerProcess
+from tests.support.server import migrate
 
 CHROMIUM = Path(os.environ.get("PARLEY_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -45,16 +46,21 @@ def browser() -> Iterator[object]:
         browser.close()
 
 
-@pytest.fixture
-def parley(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module")
+def parley(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the module (each test works in sessions of its own): a start costs seconds of CPU,
+    and the kill -9 test restarts it on the same port and database, as a deployment would."""
+    directory = tmp_path_factory.mktemp("browser")
+    database_url = f"sqlite+aiosqlite:///{directory / 'parley.db'}"
+    migrate(database_url)
     env = {
         "PARLEY_DATABASE_URL": database_url,
         "PARLEY_API_KEYS": f"alice:{KEY}",
         "PARLEY_DEMO_TOKEN_DELAY": "0.02",
         "PARLEY_SSE_RETRY_MS": "300",
     }
-    server = ServerProcess(env, tmp_path / "server.log")
-    server.start(timeout=60)
+    server = ServerProcess(env, directory / "server.log")
+    server.start(timeout=90)
     try:
         yield server
     finally:

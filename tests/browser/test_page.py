@@ -49,7 +49,7 @@ def test_stop_keeps_the_partial_answer_marked_interrupted(
 ) -> None:
     page = open_page(browser, parley.base_url)
     sid = new_session(page)
-    send(page, "[long] tell me a story")
+    send(page, "[long] [slow] tell me a story")  # slow: Stop comes long before its end
     page.wait_for_function(
         "() => (document.querySelector('.message-row[data-kind=assistant] .message-bubble')"
         "?.textContent ?? '').length > 80"
@@ -58,7 +58,7 @@ def test_stop_keeps_the_partial_answer_marked_interrupted(
     page.click("#stop")
     page.wait_for_selector(".message-row[data-kind=assistant] .interrupted-mark")
     shown = settled(page, parley.base_url, sid)
-    assert len(shown) == 2 and len(shown[1]) < 1500  # cut well before the ~400 tokens
+    assert len(shown) == 2 and len(shown[1]) < 1000  # cut well before the ~400 tokens
     assert page.inner_text(".turn-note") == "Turn cancelled"
     assert page.is_hidden("#stop")
     page.screenshot(path=str(shots / "stopped.png"))
@@ -80,8 +80,8 @@ def test_kill_9_mid_answer_the_page_reconnects_by_itself_with_nothing_lost_or_do
     )
     parley.kill()
     page.wait_for_selector("#connection[data-status='reconnecting']")
-    parley.start(timeout=60)
-    page.wait_for_selector("#connection[data-status='open']", timeout=30_000)
+    parley.start(timeout=90)
+    page.wait_for_selector("#connection[data-status='open']", timeout=60_000)
     shown = settled(page, parley.base_url, sid)
     assert shown[0] == "user: what is 2+3*4?" and shown[-2] == "user: [long] a long story"
     assert shown[-1].startswith("assistant: You said: [long] a long story")  # the part that streamed before

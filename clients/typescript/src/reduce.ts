@@ -219,7 +219,7 @@ function upsert(items: ChatItem[], item: ChatItem): ChatItem[] {
 
 /** The next state after one event; the input is never changed. */
 export function reduce(state: ChatState, event: ParleyEvent): ChatState {
-  const s: ChatState = { ...state, lastSeq: event.type === "resync" ? event.last_event_id : Math.max(state.lastSeq, event.seq) };
+  const s: ChatState = { ...state, lastSeq: Math.max(state.lastSeq, event.type === "resync" ? event.last_event_id : event.seq) };
   switch (event.type) {
     case "turn_start":
       return {

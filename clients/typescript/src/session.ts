@@ -4,7 +4,7 @@ import type { ParleyClient } from "./client";
 import { ParleyHttpError } from "./errors";
 import { addOptimistic, emptyState, failOptimistic, fromHistory, reduce, type ChatState } from "./reduce";
 import { SessionStream, type ConnectionState } from "./stream";
-import type { ClientToolDeclaration, MessageAccepted, MessageCreate, ParleyEvent } from "./types";
+import type { ClientToolDeclaration, MessageAccepted, MessageCreate, ParleyEvent, Session } from "./types";
 
 export type ClientToolHandler = (args: unknown) => unknown | Promise<unknown>;
 
@@ -25,6 +25,8 @@ export class ChatSession {
   readonly client: ParleyClient;
   readonly sessionId: string;
   state: ChatState = emptyState();
+  /** The session as GET /v1/sessions/{id} last answered (title, model, totals). */
+  session: Session | null = null;
   connection: ConnectionState = { status: "connecting", attempt: 0, error: null, retryInMs: null };
   private readonly options: ChatSessionOptions;
   private stream: SessionStream | null = null;
@@ -69,10 +71,28 @@ export class ChatSession {
     void this.stream.start();
   }
 
-  /** Reads the whole history again (at open, and on `resync`). */
+  /** Reads the session and its whole history again (at open, and on `resync`). */
   async reload(): Promise<void> {
-    const { rows, lastEventId } = await this.client.history(this.sessionId);
+    const [session, { rows, lastEventId }] = await Promise.all([
+      this.client.getSession(this.sessionId),
+      this.client.history(this.sessionId),
+    ]);
+    this.session = session;
     this.state = fromHistory(rows, lastEventId, this.state);
+    // The usage header before the next token_usage event: the session's stored totals.
+    if (this.state.usage === null && session.total_tokens > 0) {
+      const window = session.context_window;
+      this.state = {
+        ...this.state,
+        usage: {
+          context_used: session.context_used,
+          context_window: window,
+          context_percent: window ? Math.round((session.context_used / window) * 1000) / 10 : null,
+          session_total_tokens: session.total_tokens,
+          model: session.model,
+        },
+      };
+    }
     this.changed();
   }
 

@@ -33,6 +33,7 @@ function routed(routes: Record<string, (call: Recorded) => Response>): { fetch: 
 const json = (body: unknown, status = 200): Response =>
   new Response(JSON.stringify(body), { status, headers: { "content-type": "application/json" } });
 const EMPTY_HISTORY = { chat_messages: [], next_cursor: null, last_event_id: 0 };
+const SESSION = { id: "s_1", model: "parley/demo", title: "t", context_used: 0, context_window: 32768, total_tokens: 0 };
 
 function frame(event: Record<string, unknown>): string {
   return `id: ${String(event.seq)}\r\nevent: ${String(event.type)}\r\ndata: ${JSON.stringify(event)}\r\n\r\n`;
@@ -43,6 +44,7 @@ describe("ChatSession", () => {
     let fail = false;
     const { fetch, calls } = routed({
       "GET /v1/sessions/s_1/messages": () => json(EMPTY_HISTORY),
+      "GET /v1/sessions/s_1": () => json(SESSION),
       "POST /v1/sessions/s_1/messages": () => (fail ? errorResponse(413, "payload_too_large", "too long") : json({ id: "m_1" }, 202)),
     });
     const chat = new ChatSession({ client: new ParleyClient({ baseUrl: "http://p.test", apiKey: "key", fetch }), sessionId: "s_1" });
@@ -64,6 +66,7 @@ describe("ChatSession", () => {
   it("stop, approve, reject, edit: the documented routes and bodies", async () => {
     const { fetch, calls } = routed({
       "GET /v1/sessions/s_1/messages": () => json(EMPTY_HISTORY),
+      "GET /v1/sessions/s_1": () => json(SESSION),
       "POST /v1/sessions/s_1/cancel": () => json({ cancelled: true }, 202),
       "POST /v1/sessions/s_1/approvals": () => json({}),
     });
@@ -92,6 +95,7 @@ describe("ChatSession", () => {
       frame({ ...base, seq: 2, type: "approval_requested", tool_call_id: "c2", name: "rm", arguments: { path: "/" }, expires_at: null });
     const { fetch, calls } = routed({
       "GET /v1/sessions/s_1/messages": () => json(EMPTY_HISTORY),
+      "GET /v1/sessions/s_1": () => json(SESSION),
       "GET /v1/sessions/s_1/events": () => sse(chunkedBody(stream, 3)),
       "POST /v1/sessions/s_1/tool_results": () => json({}),
     });
@@ -113,6 +117,7 @@ describe("ChatSession", () => {
     const resync = frame({ type: "resync", seq: history.last_event_id, session_id: "s_1", last_event_id: history.last_event_id, reason: "expired" });
     const { fetch } = routed({
       "GET /v1/sessions/s_1/messages": () => json(reads++ === 0 ? EMPTY_HISTORY : history),
+      "GET /v1/sessions/s_1": () => json({ ...SESSION, context_used: 3277, total_tokens: 5000 }),
       "GET /v1/sessions/s_1/events": () => sse(chunkedBody("retry: 5\r\n\r\n" + resync, 1)),
     });
     const chat = new ChatSession({ client: new ParleyClient({ baseUrl: "http://p.test", fetch }), sessionId: "s_1" });
@@ -122,6 +127,8 @@ describe("ChatSession", () => {
     expect(reads).toBe(2);
     expect(chat.state.items.map((i) => i.id)).toEqual(history.chat_messages.map((r) => r.id));
     expect(chat.state.lastSeq).toBe(history.last_event_id);
+    // the header before any token_usage event: the session's stored totals
+    expect(chat.state.usage).toMatchObject({ context_percent: 10, session_total_tokens: 5000 });
     expect(raw.length).toBeGreaterThan(0);
   });
 });

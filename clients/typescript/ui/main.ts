@@ -84,7 +84,7 @@ function renderItem(items: ChatItem[], index: number): HTMLElement | null {
       const { row, bubble } = bubbleRow("assistant", first, item.id, meta);
       if (first) row.prepend(el("div", "agent-name", item.model ?? "assistant"));
       bubble.textContent = item.content;
-      if (item.interrupted) bubble.append(el("span", "interrupted-mark", "⏹ interrupted"));
+      if (item.interrupted) bubble.append(el("span", "interrupted-mark", "■ interrupted"));
       return row;
     }
     case "tool_group": {
@@ -92,11 +92,11 @@ function renderItem(items: ChatItem[], index: number): HTMLElement | null {
       if (first) row.prepend(el("div", "agent-name", item.model ?? "assistant"));
       const card = el("details", "tool-card");
       const done = item.result !== null;
-      card.append(el("summary", "", `🔧 ${item.toolName}${done ? (item.isError ? " ✗" : " ✓") : " …"}`));
+      card.append(el("summary", "", `⚙ ${item.toolName}${done ? (item.isError ? " ✗" : " ✓") : " …"}`));
       card.append(el("pre", "tool-args", JSON.stringify(item.arguments, null, 1)));
       if (done) card.append(el("pre", "tool-result", item.result ?? ""));
       bubble.append(card);
-      if (item.interrupted) bubble.append(el("span", "interrupted-mark", "⏹ interrupted"));
+      if (item.interrupted) bubble.append(el("span", "interrupted-mark", "■ interrupted"));
       return row;
     }
     case "error": {
@@ -163,7 +163,10 @@ function renderConnection(connection: ConnectionState): void {
     text = "resynced";
   }
   if (connection.status === "reconnecting" && connection.attempt > 0) text = `reconnecting (attempt ${connection.attempt})…`;
-  if (connection.status === "closed" && connection.error) text = `closed: ${describeError(connection.error)}`;
+  if (connection.status === "closed" && connection.error) {
+    const error = connection.error;
+    text = error instanceof ParleyHttpError ? `closed: ${error.status} ${error.code}` : "closed: network error";
+  }
   badge.dataset.status = status;
   badge.textContent = text;
   badge.title = connection.error ? describeError(connection.error) : "";
@@ -173,6 +176,7 @@ function render(): void {
   scheduled = false;
   if (!chat) return;
   const state = chat.state;
+  $("session-title").textContent = chat.session?.title || chat.sessionId;
   renderMessages(state);
   renderPending(chat);
   renderConnection(chat.connection);
@@ -185,7 +189,7 @@ function render(): void {
   const statusBox = $("status-line");
   statusBox.hidden = line === null;
   statusBox.dataset.status = state.status;
-  (statusBox.querySelector(".status-icon") as HTMLElement).textContent = state.status === "tool_calling" ? "🔧 " : "";
+  (statusBox.querySelector(".status-icon") as HTMLElement).textContent = state.status === "tool_calling" ? "⚙ " : "";
   (statusBox.querySelector(".status-text") as HTMLElement).textContent = line ?? "";
   statusBox.classList.toggle("dots", state.status === "thinking");
   // The input stays enabled; Stop shows only while the agent works (seed 004 §2.5).
@@ -210,6 +214,9 @@ async function openSession(sessionId: string): Promise<void> {
     client,
     sessionId,
     onChange: schedule,
+    // A person is waiting: retry at least every 5 s while the server is away (a page in the background
+    // reconnects at once when it becomes visible again).
+    stream: { maxDelayMs: 5_000 },
     onEvent: (event) => {
       if (event.type === "resync") resyncedUntil = Date.now() + 5000;
     },
