@@ -99,6 +99,18 @@ def test_a_second_tab_shows_the_same_conversation_live(browser: Any, parley: Ser
     shown = settled(second, parley.base_url, sid)
     assert transcript(first) == shown
     assert second.locator(".message-row[data-kind=tool_group]").count() == 1
+    # a message sent while the agent works shows as queued, in both tabs, until a turn takes it
+    send(second, "[long] a long one")
+    first.wait_for_selector("#stop:not([hidden])")
+    send(first, "and then?")
+    for page in (first, second):
+        queued = page.locator(".message-row.queued")
+        queued.wait_for()
+        assert "and then?" in queued.inner_text() and "queued" in queued.inner_text()
+    shown = settled(first, parley.base_url, sid)
+    assert shown[-2] == "user: and then?" and shown[-1].startswith("assistant: You said: and then?")
+    assert settled(second, parley.base_url, sid) == shown
+    assert first.locator(".message-row.queued").count() == second.locator(".message-row.queued").count() == 0
 
 
 def test_a_wrong_key_shows_a_clear_error(browser: Any, parley: ServerProcess, shots: Path) -> None:
