@@ -24,6 +24,7 @@ RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --
 
 COPY alembic.ini ./
 COPY migrations ./migrations
+# app/ui/ holds the built page (/ui) and Swagger UI's assets (/docs), committed: the image needs no Node.
 COPY app ./app
 # Bytecode once, here: PYTHONDONTWRITEBYTECODE (and user 10001, who cannot write /app) keeps every start
 # from writing it, so without this each start compiled app/ and the migrations from source again (~0.1 s

@@ -66,9 +66,10 @@ run: $(RUN_DEPS) ## Migrate the DB and serve on HOST:PORT (runtime lock only; re
 	$(BIN)/python -m compileall -q app
 	$(BIN)/python -m app --host $(HOST) --port $(PORT)
 
-test: $(STAMP) ## ruff check + import contracts + pytest (pass PYTEST_ARGS=...)
+test: $(STAMP) ## ruff check + import contracts + the TypeScript client's tests + chromium + pytest (PYTEST_ARGS=...)
 	$(BIN)/ruff check app tests migrations bench
 	$(BIN)/lint-imports
+	$(MAKE) --no-print-directory client-test browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The benchmark harness (bench/README.md): 8-9 minutes on a 2-core machine; its figures go to
@@ -142,3 +143,34 @@ openapi-check: $(STAMP) $(NODE_STAMP) ## Fail if openapi/openapi.json or openapi
 
 container-test: $(STAMP) ## Build and run the image with podman and drive a turn in it (slow; root)
 	PARLEY_CONTAINER_TEST=1 $(BIN)/python -m pytest tests/container $(PYTEST_ARGS)
+
+# --- The TypeScript client, the page at /ui and the browser tests ---------------------------------------------
+# clients/typescript/ is an npm package (its lock pins every package with an integrity hash); npm ci runs when
+# node_modules is missing or the lock changed. The page's built files are committed in app/ui/ (the service
+# and its image need no Node); `make ui` rebuilds them and client-test fails when they are stale.
+CLIENT       := clients/typescript
+CLIENT_LOCK  := $(CLIENT)/package-lock.json
+CLIENT_STAMP := $(CLIENT)/node_modules/.installed-$(shell sha256sum $(CLIENT_LOCK) 2>/dev/null | cut -c1-16)
+
+.PHONY: client-deps client-test ui client-fixtures browser-deps
+
+client-deps: $(CLIENT_STAMP) ## Install clients/typescript's pinned packages (npm ci) if missing or stale
+
+$(CLIENT_STAMP): $(CLIENT_LOCK)
+	@command -v npm >/dev/null || { echo "npm not found: clients/typescript needs Node.js 20 with npm" >&2; exit 1; }
+	cd $(CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+client-test: $(STAMP) $(CLIENT_STAMP) ## Type-check the client, run its vitest suites (recorded + live server), check app/ui is built
+	cd $(CLIENT) && npx tsc --noEmit
+	cd $(CLIENT) && npx vitest run
+	cd $(CLIENT) && node scripts/build-ui.mjs --check
+
+ui: $(CLIENT_STAMP) ## Rebuild the page at /ui and the /docs assets into app/ui/ from clients/typescript
+	cd $(CLIENT) && node scripts/build-ui.mjs
+
+client-fixtures: $(STAMP) ## Record the client's test fixtures from the real service (clients/typescript/fixtures/)
+	$(BIN)/python $(CLIENT)/scripts/capture_fixtures.py
+
+browser-deps: ## Install Debian's chromium for tests/browser when missing (root + apt-get; else a one-line skip)
+	@bash scripts/ensure-chromium.sh

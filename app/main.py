@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app import errors
-from app.api import debug, events, health, messages, metrics, sessions, tool_requests, turns
+from app.api import debug, events, health, messages, metrics, sessions, tool_requests, turns, ui
 from app.api.deps import Services, known_query_only
 from app.api.middleware import RequestContextMiddleware
 from app.api.tools import router as tools_router
@@ -66,6 +66,8 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
         summary="Agent sessions with queued messages, stop, and one enriched SSE stream per session.",
         lifespan=_lifespan(settings, keys, catalog),
         dependencies=[Depends(known_query_only)],
+        docs_url=None,  # served by app.api.ui with local assets instead of FastAPI's CDN ones
+        redoc_url=None,
     )
     errors.install(app)
     app.include_router(health.router)
@@ -75,6 +77,9 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(turns.router)
     app.include_router(tools_router)
     app.include_router(tool_requests.router)
+    app.include_router(ui.docs_router)
+    if settings.ui:
+        app.include_router(ui.router)
     if settings.debug_stats:
         app.include_router(debug.router)
     if settings.metrics:

@@ -133,6 +133,11 @@ class Settings(BaseSettings):
     messages_per_minute: int = Field(
         60, ge=0, description="Messages a principal may post a minute, in bursts of as many (0: no limit)."
     )
+    ui: bool = Field(
+        True,
+        description="Serve the reference chat page at /ui (static files that call the API with the key "
+        "its user enters; 0 turns it off).",
+    )
 
     # --- operations --------------------------------------------------------------------------------------
     missing_key: Literal["warn", "error"] = Field(

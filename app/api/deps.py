@@ -81,14 +81,20 @@ _access_token = APIKeyQuery(
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _identify(services: Services, key: str | None) -> str:
+# The event stream's refusals also name `?access_token=`: EventSource cannot send the header, and a
+# browser that gets a 401 just closes its EventSource (readyState 2) without saying why.
+_STREAM_HINT = " An EventSource, which cannot send headers, passes it as `?access_token=<key>`."
+
+
+def _identify(services: Services, key: str | None, *, stream: bool = False) -> str:
     if services.keys.is_open:
         return OPEN_PRINCIPAL
+    hint = _STREAM_HINT if stream else ""
     if not key:
-        raise Unauthorized("An API key is required: send `Authorization: Bearer <key>`.")
+        raise Unauthorized("An API key is required: send `Authorization: Bearer <key>`." + hint)
     principal = services.keys.identify(key)
     if principal is None:
-        raise Unauthorized("The API key is not valid.")
+        raise Unauthorized("The API key is not valid." + hint)
     return principal
 
 
@@ -103,7 +109,7 @@ async def get_stream_principal(
     access_token: Annotated[str | None, Depends(_access_token)],
 ) -> str:
     """As get_principal, also accepting the key as `?access_token=`; the header wins when both are sent."""
-    return _identify(services, credentials.credentials if credentials else access_token)
+    return _identify(services, credentials.credentials if credentials else access_token, stream=True)
 
 
 PrincipalDep = Annotated[str, Depends(get_principal)]

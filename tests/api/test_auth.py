@@ -233,3 +233,16 @@ async def test_racing_tenants_with_one_idempotency_key_each_get_their_own_messag
         assert [r.status_code for r in answers] == [202, 202]
         assert answers[0].json()["id"] != answers[1].json()["id"]
         assert re.fullmatch(r"m_[0-9a-f]{12}", answers[1].json()["id"])
+
+
+async def test_the_streams_401_names_access_token_and_other_routes_do_not(keyed: LiveServer) -> None:
+    """A page whose EventSource got a 401 fetches the same URL to learn why: the answer says how a browser
+    passes the key. Other routes take no query key, so their 401 does not suggest one."""
+    async with httpx.AsyncClient(base_url=keyed.base_url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions", json={}, headers=bearer(ALICE))).json()["id"]
+        for params in ({}, {"access_token": "wrong-key-0000000000000"}):
+            response = await client.get(f"/v1/sessions/{sid}/events", params=params)
+            assert response.status_code == 401
+            assert "?access_token=<key>" in response.json()["error"]["message"]
+        plain = await client.get("/v1/sessions", headers=bearer("wrong-key-0000000000000"))
+        assert plain.status_code == 401 and "access_token" not in plain.json()["error"]["message"]

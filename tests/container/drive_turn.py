@@ -31,6 +31,10 @@ async def _ready(client: httpx.AsyncClient, timeout: float = 60) -> None:
 async def drive(base_url: str, key: str) -> None:
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
         await _ready(client)
+        # The page and the docs ship in the image, with their assets (no CDN, no Node in the image).
+        for path in ("/ui", "/ui/assets/parley.js", "/docs", "/docs/assets/swagger-ui-bundle.js"):
+            shipped = await client.get(path)
+            assert shipped.status_code == 200 and shipped.content, path
         anonymous = await client.post("/v1/sessions", json={"title": "container"})
         assert anonymous.status_code == 401, anonymous.text
         assert anonymous.headers["www-authenticate"] == "Bearer"

@@ -1,0 +1,136 @@
+// The REST side: one small fetch wrapper per route, each answering the route's typed body or throwing a
+// ParleyHttpError with the service's error JSON.
+import { httpError } from "./errors";
+import type {
+  ApprovalDecision,
+  CancelResult,
+  ClientToolResult,
+  HistoryPage,
+  HistoryRow,
+  MessageAccepted,
+  MessageCreate,
+  ModelList,
+  Session,
+  SessionCreate,
+  SessionPage,
+} from "./types";
+
+export interface ClientOptions {
+  /** The service's origin, e.g. http://127.0.0.1:8000 ("" in a page the service serves). */
+  baseUrl: string;
+  /** A bearer key; none when the server runs without keys. */
+  apiKey?: string | null;
+  fetch?: typeof fetch;
+}
+
+/** What GET .../pending answers (issue 14): what waits for a person or for this page. */
+export interface PendingRequests {
+  approvals: { tool_call_id: string; name: string; arguments: unknown; expires_at: string | null }[];
+  client_tools: { tool_call_id: string; name: string; arguments: unknown; expires_at: string | null }[];
+}
+
+export class ParleyClient {
+  readonly baseUrl: string;
+  readonly apiKey: string | null;
+  readonly fetchImpl: typeof fetch;
+
+  constructor(options: ClientOptions) {
+    this.baseUrl = options.baseUrl.replace(/\/$/, "");
+    this.apiKey = options.apiKey ?? null;
+    this.fetchImpl = options.fetch ?? globalThis.fetch.bind(globalThis);
+  }
+
+  async request<T>(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<T> {
+    const all: Record<string, string> = { accept: "application/json", ...headers };
+    if (this.apiKey) all.authorization = `Bearer ${this.apiKey}`;
+    if (body !== undefined) all["content-type"] = "application/json";
+    const response = await this.fetchImpl(`${this.baseUrl}${path}`, {
+      method,
+      headers: all,
+      body: body === undefined ? null : JSON.stringify(body),
+    });
+    if (!response.ok) throw await httpError(response);
+    return (await response.json()) as T;
+  }
+
+  private session(sessionId: string): string {
+    return `/v1/sessions/${encodeURIComponent(sessionId)}`;
+  }
+
+  models(): Promise<ModelList> {
+    return this.request("GET", "/v1/models");
+  }
+
+  listSessions(limit = 50, cursor?: string): Promise<SessionPage> {
+    const query = new URLSearchParams({ limit: String(limit) });
+    if (cursor) query.set("cursor", cursor);
+    return this.request("GET", `/v1/sessions?${query}`);
+  }
+
+  createSession(body: SessionCreate = {}, idempotencyKey?: string): Promise<Session> {
+    return this.request("POST", "/v1/sessions", body, idempotencyKey ? { "idempotency-key": idempotencyKey } : {});
+  }
+
+  getSession(sessionId: string): Promise<Session> {
+    return this.request("GET", this.session(sessionId));
+  }
+
+  deleteSession(sessionId: string): Promise<unknown> {
+    return this.request("DELETE", this.session(sessionId));
+  }
+
+  /** One page of the history, in order, with the stream position it includes. */
+  historyPage(sessionId: string, after?: string | null, limit = 500): Promise<HistoryPage> {
+    const query = new URLSearchParams({ limit: String(limit) });
+    if (after) query.set("after", after);
+    return this.request("GET", `${this.session(sessionId)}/messages?${query}`);
+  }
+
+  /** The whole history, and the position of the newest read (subscribe after it). */
+  async history(sessionId: string): Promise<{ rows: HistoryRow[]; lastEventId: number }> {
+    const rows: HistoryRow[] = [];
+    let cursor: string | null = null;
+    let lastEventId = 0;
+    do {
+      const page: HistoryPage = await this.historyPage(sessionId, cursor);
+      rows.push(...page.chat_messages);
+      lastEventId = page.last_event_id;
+      cursor = page.next_cursor;
+    } while (cursor);
+    return { rows, lastEventId };
+  }
+
+  /** Posts a message; the idempotency key makes a retry of the same send safe. */
+  postMessage(sessionId: string, message: Partial<MessageCreate> & { content: string }, idempotencyKey?: string): Promise<MessageAccepted> {
+    return this.request(
+      "POST",
+      `${this.session(sessionId)}/messages`,
+      message,
+      idempotencyKey ? { "idempotency-key": idempotencyKey } : {},
+    );
+  }
+
+  /** Stop: the server ends the running turn, keeping what streamed (not just a dropped connection). */
+  cancel(sessionId: string, clearQueue = false): Promise<CancelResult> {
+    return this.request("POST", `${this.session(sessionId)}/cancel`, { clear_queue: clearQueue });
+  }
+
+  withdraw(sessionId: string, messageId: string): Promise<unknown> {
+    return this.request("DELETE", `${this.session(sessionId)}/queue/${encodeURIComponent(messageId)}`);
+  }
+
+  /** POST .../approvals (issue 14): one answer covering every open request of the round. */
+  decide(sessionId: string, decisions: ApprovalDecision[]): Promise<unknown> {
+    return this.request("POST", `${this.session(sessionId)}/approvals`, { decisions });
+  }
+
+  /** POST .../tool_results (issue 14): the results of client tools the turn waits for. */
+  toolResults(sessionId: string, results: ClientToolResult[]): Promise<unknown> {
+    return this.request("POST", `${this.session(sessionId)}/tool_results`, { results });
+  }
+
+  /** GET .../pending (issue 14): what waits, for a page that reloads. */
+  pending(sessionId: string): Promise<PendingRequests> {
+    return this.request("GET", `${this.session(sessionId)}/pending`);
+  }
+}

@@ -1,0 +1,7 @@
+export { ParleyClient, type ClientOptions, type PendingRequests } from "./client";
+export { ParleyHttpError } from "./errors";
+export * from "./format";
+export * from "./reduce";
+export { ChatSession, type ChatSessionOptions, type ClientToolHandler } from "./session";
+export { SessionStream, type ConnectionState, type ConnectionStatus, type StreamOptions } from "./stream";
+export type * from "./types";
