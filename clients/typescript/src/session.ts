@@ -90,6 +90,7 @@ export class ChatSession {
           context_percent: window ? Math.round((session.context_used / window) * 1000) / 10 : null,
           session_total_tokens: session.total_tokens,
           model: session.model,
+          estimated: false,
         },
       };
     }
