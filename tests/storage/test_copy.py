@@ -101,7 +101,14 @@ async def test_a_sqlite_database_copied_into_postgresql_serves_the_same_historie
     first = migrate_data(source, target_url)
     assert first.returncode == 0, first.stderr
     copied = counts(first.stdout)
-    assert set(copied) == {"chat_sessions", "chat_messages", "queued_messages", "events", "idempotency_keys"}
+    assert set(copied) == {
+        "chat_sessions",
+        "chat_messages",
+        "queued_messages",
+        "events",
+        "idempotency_keys",
+        "pending_tool_requests",
+    }
     assert copied["chat_sessions"] == (3, 3, 3)
     assert copied["idempotency_keys"] == (1, 1, 1)
     for table, (in_source, new, in_target) in copied.items():
