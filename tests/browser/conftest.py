@@ -31,8 +31,11 @@ KEY = "browser-test-key-0123456789abcdef"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    """Module-scoped on purpose: Playwright's sync API keeps an event loop marked running in the main thread
+    until it stops, and anyio's test runner cannot start one while it is (every async test after the browser
+    module failed with "Cannot run the event loop while another loop is running")."""
     if not CHROMIUM.exists():
         line = f"browser tests skipped: {CHROMIUM} is missing (make browser-deps installs it as root)"
         if os.environ.get("CI") == "true":
