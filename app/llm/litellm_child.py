@@ -267,7 +267,7 @@ async def read_stream(
     kept = getattr(response, "chunks", None)
     try:
         async for chunk in response:
-            parts = _parts(chunk)
+            parts = _parts(chunk, kept)
             if parts:
                 emit(parts)
             if type(kept) is list and len(kept) >= TRIM_AT:
@@ -298,7 +298,7 @@ def trim_kept_chunks(chunks: list[Any]) -> None:
     chunks[:] = [*(c for c in older if getattr(c, "usage", None) is not None), *chunks[-_LAST_KEPT:]]
 
 
-def _parts(chunk: Any) -> list[StreamPart]:
+def _parts(chunk: Any, kept: Any = None) -> list[StreamPart]:
     parts: list[StreamPart] = []
     choices = chunk.choices
     if choices:
@@ -326,9 +326,19 @@ def _parts(chunk: Any) -> list[StreamPart]:
                 prompt_tokens=int(usage.prompt_tokens or 0),
                 completion_tokens=int(usage.completion_tokens or 0),
                 total_tokens=int(usage.total_tokens or 0),
+                estimated=not _provider_sent_usage(kept),
             )
         )
     return parts
+
+
+def _provider_sent_usage(kept: Any) -> bool:
+    """Whether the upstream itself reported usage. LiteLLM emits a usage chunk either way (with no
+    provider usage it counts the tokens itself), but keeps a provider's usage chunk in `chunks`, which
+    `trim_kept_chunks` never drops; without that list nothing says, and the usage counts as the provider's."""
+    if type(kept) is not list:
+        return True
+    return any(getattr(c, "usage", None) is not None for c in kept)
 
 
 class _ToService(logging.Handler):

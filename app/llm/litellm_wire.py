@@ -11,7 +11,7 @@ writes it as one line, with one `write`: never a syscall per part.
     child -> service
       ["hello", VERSION, pid]              once, in answer to init
       ["parts", stream_id, [part, ...]]    part: ["t", text] | ["c", index, id, name, arguments]
-                                           | ["u", prompt, completion, total] | ["f", reason]
+                                           | ["u", prompt, completion, total, estimated] | ["f", reason]
       ["end", stream_id, error]            error: null, or [code, message, status, retryable]
       ["log", level, logger_name, text]    a record of the child's logging, for the service's own logging
 
@@ -30,7 +30,7 @@ from app.llm.types import FinishPart, ProviderError, StreamPart, TextPart, ToolC
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2  # 2: a usage part carries `estimated`
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -41,7 +41,7 @@ def encode_part(part: StreamPart) -> list[Any]:
     if isinstance(part, ToolCallPart):
         return ["c", part.index, part.id, part.name, part.arguments]
     if isinstance(part, UsagePart):
-        return ["u", part.prompt_tokens, part.completion_tokens, part.total_tokens]
+        return ["u", part.prompt_tokens, part.completion_tokens, part.total_tokens, part.estimated]
     return ["f", part.reason]
 
 
@@ -52,7 +52,9 @@ def decode_part(item: list[Any]) -> StreamPart:
     if kind == "c":
         return ToolCallPart(index=item[1], id=item[2], name=item[3], arguments=item[4])
     if kind == "u":
-        return UsagePart(prompt_tokens=item[1], completion_tokens=item[2], total_tokens=item[3])
+        return UsagePart(
+            prompt_tokens=item[1], completion_tokens=item[2], total_tokens=item[3], estimated=item[4]
+        )
     if kind == "f":
         return FinishPart(item[1])
     raise ValueError(f"unknown part kind {kind!r}")

@@ -30,6 +30,7 @@ PARTS: list[StreamPart] = [
     ToolCallPart(index=1, id="call_1", name="calculate", arguments='{"expression": "6*7"}'),
     ToolCallPart(index=1, id=None, name=None, arguments=""),
     UsagePart(prompt_tokens=12, completion_tokens=3, total_tokens=15),
+    UsagePart(prompt_tokens=9, completion_tokens=4, total_tokens=13, estimated=True),
     FinishPart("tool_calls"),
     FinishPart(None),
 ]

@@ -61,10 +61,9 @@ async def _turn(settings: Settings) -> EventReader:
 async def test_no_usage_chunk_gives_an_estimated_token_usage(
     configured: Settings, upstream: FakeUpstream
 ) -> None:
-    """The lean reader passes on only what the provider sent; LiteLLM's own stream (the `litellm` adapter)
-    already counts usage itself when none comes, so its figures arrive as usage and are not re-estimated."""
-    if configured.stream_adapter == "litellm":
-        pytest.skip("LiteLLM's stream computes the usage itself (stream_chunk_builder)")
+    """The lean reader passes on only what the provider sent, and the estimate fills the gap; LiteLLM's own
+    stream (the `litellm` adapter) counts the tokens itself when none come, and its figures are marked
+    estimated because no usage chunk came from the upstream (the provider's own is kept in its chunks)."""
     upstream.enqueue(Script.text(ANSWER, chunks=3, usage=None))
     reader = await _turn(configured)
     [usage] = reader.of_type("token_usage")
