@@ -11,7 +11,17 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-STAGES = ("cold_start", "baselines", "sweep", "stop", "demo", "storage", "idle_streams", "postgres")
+STAGES = (
+    "cold_start",
+    "baselines",
+    "sweep",
+    "stop",
+    "demo",
+    "storage",
+    "idle_streams",
+    "postgres",
+    "tools",
+)
 # "auto" is the server's default (a lean reader for OpenAI-compatible providers once it lands); "litellm"
 # forces litellm's stream for every model through PARLEY_STREAM_ADAPTER (ignored by servers without it).
 ADAPTERS = ("auto", "litellm")
@@ -51,6 +61,8 @@ class Config:
     replays: int = 5
     # Idle open streams.
     idle_streams: int = 2_000
+    # Tool calls (bench/tools.py): turns of one call each, per kind of tool.
+    tool_calls: int = 200
     stages: tuple[str, ...] = STAGES
     # PARLEY_DEBUG_STALL_MS for every server with debug stats: where the loop was when it stalled this
     # long (app/monitor.py). Off by default: the sampler thread takes the GIL, a little.
@@ -94,6 +106,7 @@ SMOKE = Config(
     page_calls=3,
     replays=1,
     idle_streams=20,
+    tool_calls=10,
 )
 
 

@@ -12,8 +12,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench.figure import Figure
+from bench.figure import Figure, get
 from bench.procs import ROOT, Cores
+from bench.tools import markdown as tools_markdown
 
 
 def _version(package: str) -> str | None:
@@ -201,6 +202,8 @@ def markdown(results: dict[str, Any], figures: list[Figure]) -> str:
         "distribution (n, p50, p99, max) is in [latest.json](latest.json).",
     ]
     lines += _stall_rows(results)
+    if get(results, "tools", "kinds"):
+        lines += ["", "## Tool calls", "", tools_markdown(results["tools"])]
     if results.get("errors"):
         lines += ["", "## Stage errors", ""]
         lines += [f"- {e['stage']}: `{e['error'][:300]}`" for e in results["errors"]]

@@ -3,7 +3,8 @@
 Order: the upstream starts (core 1) and stays up for the whole run; cold starts; the raw-SDK baselines
 (core 0, while no server runs); then per stream adapter one server (core 0) for the concurrency sweep, the
 stop stage and, on the first, the demo model; then a server over a seeded database for storage and idle
-streams; last the sweep and storage again on PostgreSQL (bench/postgres.py). A stage that fails is recorded
+streams; the sweep and storage again on PostgreSQL (bench/postgres.py); last the cost of a tool call per kind
+of tool (bench/tools.py: its own servers, unpinned). A stage that fails is recorded
 (its figures stay empty) and the run goes on; the exit status is 1 if any stage failed, whatever the
 figures say: a missed target is a finding, not an error.
 """
@@ -30,6 +31,7 @@ from bench.report import machine, write
 from bench.startup import baselines, cold_start
 from bench.storage import storage
 from bench.streaming import demo, stop, sweep, warm_up
+from bench.tools import measure as measure_tools
 
 T = TypeVar("T")
 
@@ -96,6 +98,10 @@ async def _stages(ctx: Context, results: dict[str, Any]) -> None:
         )
     if "postgres" in stages:
         results["postgres"] = await guarded(results, "postgres", lambda: postgres(ctx))
+    if "tools" in stages:
+        calls, work = ctx.config.tool_calls, ctx.work / "tools"
+        measured = partial(asyncio.to_thread, measure_tools, work, calls)
+        results["tools"] = await guarded(results, "tools", measured)
 
 
 def _turn_errors(results: dict[str, Any]) -> int:

@@ -39,6 +39,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from bench.figure import Figure, get
+
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvicorn[standard] brings it
@@ -263,15 +265,16 @@ def _interleaved(
     """Each kind in `rounds` blocks, the kinds and the bare clients taking turns, so a busy spell of the
     machine weighs on every kind alike rather than on the one measured at that moment."""
     block = max(1, calls // rounds)
+    warm = min(20, calls)
     sessions: dict[str, str] = {}
     cpu = dict.fromkeys(KINDS, 0.0)
     tool_cpu = dict.fromkeys(KINDS, 0.0)
     alone_ms: dict[str, list[float]] = {kind: [] for kind in KINDS if kind != "builtin"}
     for kind, (tool, arguments) in KINDS.items():
         sessions[kind] = _session(api, tool)
-        _turns(api, sessions[kind], tool, arguments, 20)  # warm-up
+        _turns(api, sessions[kind], tool, arguments, warm)  # warm-up
         if kind != "builtin":
-            alone.calls(kind, 20)
+            alone.calls(kind, warm)
     for _ in range(rounds):
         for kind, (tool, arguments) in KINDS.items():
             tool_pid = pids.get(kind)
@@ -284,7 +287,7 @@ def _interleaved(
     found: dict[str, Any] = {}
     total = block * rounds
     for kind, (tool, _) in KINDS.items():
-        times = _call_times(api, sessions[kind])[20:]  # the warm-up's first
+        times = _call_times(api, sessions[kind])[warm:]  # the warm-up's first
         entry: dict[str, Any] = {
             "tool": tool,
             "call_ms": _percentiles(times),
@@ -297,6 +300,27 @@ def _interleaved(
         found[kind] = entry
     for entry in found.values():
         entry["beyond_builtin_ms"] = round(entry["server_cpu_ms"] - found["builtin"]["server_cpu_ms"], 3)
+    return found
+
+
+def figures(results: dict[str, Any]) -> list[Figure]:
+    """The issue's target: an MCP call adds at most 5 ms p50 over the server's own handling (make bench)."""
+    found: list[Figure] = []
+    for kind, transport in (("mcp_http", "streamable HTTP"), ("mcp_stdio", "stdio")):
+        entry = get(results, "tools", "kinds", kind)
+        found.append(
+            Figure(
+                f"tool_{kind}_added_p50_ms",
+                f"An MCP tool call over {transport}: time the service adds, p50",
+                get(entry, "added_ms_p50"),
+                "ms",
+                5,
+                note=f"call p50 {get(entry, 'call_ms', 'p50')} ms as the server times it, the same call by a "
+                f"bare SDK client p50 {get(entry, 'alone_ms', 'p50')} ms; server CPU per turn "
+                f"{get(entry, 'server_cpu_ms')} ms "
+                f"({get(entry, 'beyond_builtin_ms')} ms beyond a built-in call)",
+            )
+        )
     return found
 
 
