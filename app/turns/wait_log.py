@@ -142,7 +142,8 @@ class WaitLog(TurnLog):
             # A client's execution is its wait; a reject or an expiry ran nothing.
             duration_ms = answer.wait_ms if w.kind == "client" else 0
             row |= {"result": outcome.content, "is_error": outcome.is_error, "duration_ms": duration_ms}
-            self._open_tools.pop(w.call_id, None)
+            row |= {"truncated": outcome.truncated}
+            tool = self._open_tools.pop(w.call_id, None)
             self._emit(
                 ToolExecEnd,
                 id=row_id,
@@ -151,6 +152,9 @@ class WaitLog(TurnLog):
                 ),
                 timestamp=at,
                 duration_ms=duration_ms,
+                # As its tool_exec_start said: `client` for a client tool, the tool's own for a rejected one.
+                source=tool.source if tool is not None else ("client" if w.kind == "client" else "builtin"),
+                truncated=outcome.truncated,
             )
         if row:
             await repository.update_message(db, row_id, row)

@@ -171,6 +171,6 @@ async def test_approval_of_an_unknown_tool_is_refused_at_creation(server: LiveSe
         created = await session.client.post(
             "/v1/sessions", json={"tools": ["calculate"], "approval": ["nope"]}
         )
-        assert (created.status_code, created.json()["error"]["code"]) == (400, "unknown_tool")
+        assert (created.status_code, created.json()["error"]["code"]) == (422, "unknown_tool")
         every = await session.client.post("/v1/sessions", json={"approval": {"calculate": "always"}})
         assert (every.status_code, every.json()["approval"]) == (201, ["calculate"])

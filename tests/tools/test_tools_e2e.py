@@ -150,11 +150,11 @@ async def test_listing_names_every_tool_and_each_servers_state(server: LiveServe
         )
         assert servers["local"]["transport"] == "stdio"
         assert servers["down"]["state"] == "error" and "ConnectError" in servers["down"]["error"]
-        # A session may name a whole server; an unknown name is a 400 that stores nothing.
+        # A session may name a whole server; an unknown name is a 422 that stores nothing.
         created = await client.post("/v1/sessions", json={"tools": ["demo", "local/*", "down", "calculate"]})
         assert created.status_code == 201, created.text
         refused = await client.post("/v1/sessions", json={"tools": ["demo", "nosuch"]})
-        assert refused.status_code == 400 and refused.json()["error"]["details"]["unknown"] == ["nosuch"]
+        assert refused.status_code == 422 and refused.json()["error"]["details"]["unknown"] == ["nosuch"]
         assert len((await client.get("/v1/sessions")).json()["sessions"]) == 1
 
 
