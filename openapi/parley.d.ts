@@ -616,7 +616,7 @@ export interface components {
             description: string;
             /**
              * Name
-             * @description 1-64 letters, digits, '_' or '-'; not the name of a server tool.
+             * @description 1-64 letters, digits, '_' or '-'; not the name of a server tool; unique in its list.
              */
             name: string;
             /**
@@ -624,6 +624,9 @@ export interface components {
              * @description The arguments' JSON schema (an object schema), as the model sees it.
              */
             parameters?: {
+                /** @constant */
+                type?: "object";
+            } & {
                 [key: string]: components["schemas"]["JsonValue"];
             };
         };
@@ -699,7 +702,10 @@ export interface components {
              */
             wait_ms: number;
         };
-        /** DecisionItem */
+        /**
+         * DecisionItem
+         * @description `arguments` with an `edit` decision, and only with it.
+         */
         DecisionItem: {
             /**
              * Arguments
@@ -720,7 +726,15 @@ export interface components {
             reason?: string | null;
             /** Tool Call Id */
             tool_call_id: string;
-        };
+        } & ({
+            arguments: Record<string, never>;
+            /** @constant */
+            decision?: "edit";
+        } | {
+            arguments?: null;
+            /** @enum {unknown} */
+            decision?: "approve" | "reject";
+        });
         /** ErrorBody */
         ErrorBody: {
             /**
@@ -1588,7 +1602,10 @@ export interface components {
             /** Tool Call Id */
             tool_call_id: string;
         };
-        /** ToolResultItem */
+        /**
+         * ToolResultItem
+         * @description Exactly one of `output` and `error` (null counts as absent).
+         */
         ToolResultItem: {
             /**
              * Error
@@ -1599,7 +1616,13 @@ export interface components {
             output?: components["schemas"]["JsonValue"];
             /** Tool Call Id */
             tool_call_id: string;
-        };
+        } & ({
+            error?: null;
+            output: unknown;
+        } | {
+            error: string;
+            output?: null;
+        });
         /** ToolResultsIn */
         ToolResultsIn: {
             /** Results */

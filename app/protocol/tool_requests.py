@@ -26,11 +26,15 @@ def _empty_object() -> dict[str, JsonValue]:
 class ClientTool(_Strict):
     """A tool the client (a browser) runs itself: the model may call it, the service never runs it."""
 
-    name: str = Field(description="1-64 letters, digits, '_' or '-'; not the name of a server tool.")
+    name: str = Field(
+        description="1-64 letters, digits, '_' or '-'; not the name of a server tool; unique in its list.",
+        json_schema_extra={"pattern": _NAME.pattern},
+    )
     description: str = Field("", max_length=10_000)
     parameters: dict[str, JsonValue] = Field(
         default_factory=_empty_object,
         description="The arguments' JSON schema (an object schema), as the model sees it.",
+        json_schema_extra={"properties": {"type": {"const": "object"}}},
     )
 
     @field_validator("name")
@@ -69,7 +73,32 @@ def approval_names(rule: ApprovalRule | None) -> list[str]:
     return [name for name, when in rule.items() if when == "always"]
 
 
+# "Exactly one of" as the spec states it (the validators below enforce the same; 422 otherwise).
+_OUTPUT_OR_ERROR: dict[str, JsonValue] = {
+    "oneOf": [
+        {
+            "required": ["output"],
+            "properties": {"output": {"not": {"type": "null"}}, "error": {"type": "null"}},
+        },
+        {"required": ["error"], "properties": {"error": {"type": "string"}, "output": {"type": "null"}}},
+    ]
+}
+_ARGUMENTS_WITH_EDIT: dict[str, JsonValue] = {
+    "oneOf": [
+        {
+            "required": ["arguments"],
+            "properties": {"decision": {"const": "edit"}, "arguments": {"type": "object"}},
+        },
+        {"properties": {"decision": {"enum": ["approve", "reject"]}, "arguments": {"type": "null"}}},
+    ]
+}
+
+
 class ToolResultItem(_Strict):
+    """Exactly one of `output` and `error` (null counts as absent)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_OUTPUT_OR_ERROR)
+
     tool_call_id: str = Field(min_length=1, max_length=200)
     output: JsonValue = Field(None, description="The result: text, or any JSON (sent to the model as JSON).")
     error: str | None = Field(None, max_length=100_000, description="An error the model reads instead.")
@@ -86,6 +115,10 @@ class ToolResultsIn(_Strict):
 
 
 class DecisionItem(_Strict):
+    """`arguments` with an `edit` decision, and only with it."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_ARGUMENTS_WITH_EDIT)
+
     tool_call_id: str = Field(min_length=1, max_length=200)
     decision: Decision
     arguments: dict[str, JsonValue] | None = Field(

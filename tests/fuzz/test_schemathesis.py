@@ -17,6 +17,8 @@ What the spec cannot say in JSON Schema, the harness does as a client that read 
   new one each, so no case depends on what an earlier one changed), a `turn_id` or `message_id` a real one,
   a `model` the demo model, `tools` real tool names, a cursor (`cursor`, `after`, `before`) a real one.
   Invalid cases keep what was generated: the server must refuse them anyway.
+* Client tool names are unique and none is a server tool's name; an approval rule names the session's
+  server tools (`"*"` where it has none).
 * `timeout` is valid only with `wait=true` (its description says so; the server answers 422
   `wait_required`): a valid case with a timeout gets `wait=true`.
 * An Idempotency-Key is per request: a valid case's key gets a suffix naming its path and body, so that a
@@ -201,6 +203,26 @@ class Target:
             query.setdefault("until_idle", "true")
         case.query = query
 
+    def _tool_rules(self, body: dict[str, Any]) -> None:
+        """Client tool names unique and none a server tool's (their descriptions say so); an approval rule
+        names the session's server tools (a reference, as `tools` is)."""
+        client = body.get("client_tools")
+        if isinstance(client, list):
+            taken = set(self.tools)
+            for n, tool in enumerate(client):
+                if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+                    while tool["name"] in taken:
+                        tool["name"] = f"client_{n}_{len(taken)}"
+                    taken.add(tool["name"])
+        rule = body.get("approval")
+        named = body.get("tools")
+        available = named if isinstance(named, list) else self.tools
+        if isinstance(rule, list):
+            body["approval"] = [available[n % len(available)] if available else "*" for n in range(len(rule))]
+        elif isinstance(rule, dict) and rule:
+            names = list(dict.fromkeys(available)) or ["*"]
+            body["approval"] = {names[n % len(names)]: when for n, when in enumerate(rule.values())}
+
     def _references(self, case: Case[Any]) -> None:
         self._until_idle(case)
         if case.meta is None or not case.meta.generation.mode.is_positive:
@@ -224,6 +246,7 @@ class Target:
             tools = case.body.get("tools")
             if isinstance(tools, list):
                 case.body["tools"] = [self.tools[n % len(self.tools)] for n in range(len(tools))]
+            self._tool_rules(case.body)
         headers = case.headers if case.headers is not None else {}
         key = headers.get("Idempotency-Key")
         if isinstance(key, str):
