@@ -2,7 +2,8 @@
 
 `python tests/tools/mcp_server.py stdio` serves over stdio; `... http PORT` over streamable HTTP on
 127.0.0.1:PORT at /mcp. With MCP_TEST_LOG set, the server appends one line per notable thing it saw
-(`start <pid>`, `cancelled <tool>`, `child <pid>`) to that file, so a test can check what the server saw.
+(`start <pid>`, `started slow`, `cancelled <tool>`, `child <pid>`) to that file, so a test can check what
+the server saw.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ async def echo(text: str) -> str:
 
 @server.tool()
 async def slow(seconds: float) -> str:
-    """Sleep, then answer; notes a cancellation."""
+    """Sleep, then answer; notes its start and a cancellation."""
+    note("started slow")
     try:
         await asyncio.sleep(seconds)
     except asyncio.CancelledError:

@@ -100,7 +100,8 @@ async def test_timeout_is_an_error_result_and_the_server_sees_the_cancel(
 async def test_cancel_during_a_call_reaches_the_server(config: McpServerConfig, log: Path) -> None:
     async with connected({"demo": config}) as (_servers, registry):
         task = asyncio.create_task(call(registry, "demo__slow", {"seconds": 30}))
-        await asyncio.sleep(0.5)
+        # Cancelled once the server runs it (a cancel before the request left has nothing to tell it).
+        await wait_for(lambda: "started slow" in seen(log), what="the server to start the call")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

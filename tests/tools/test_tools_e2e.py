@@ -219,6 +219,9 @@ async def test_stop_during_an_mcp_call_cancels_it_at_the_server(
         async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
             await client.post(f"/v1/sessions/{sid}/messages", json={"content": "be slow"})
             await reader.wait_type("tool_exec_start")
+            # tool_exec_start precedes the request to the MCP server: stop once the server runs the call,
+            # so that there is a call there to cancel (a stop before the request left sends nothing).
+            await wait_for(lambda: "started slow" in seen(mcp_http.log), what="the MCP server to start it")
             stopped = await client.post(f"/v1/sessions/{sid}/cancel")
             assert stopped.json()["interrupted_tool_call_ids"] == ["call_s"]
             await reader.wait_type("turn_done")
