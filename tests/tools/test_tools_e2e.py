@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -243,6 +244,7 @@ def test_no_stdio_server_survives_a_sigterm(
         "PARLEY_TOOLS_FILE": str(configured.tools_file),
         "PARLEY_MODELS_FILE": str(configured.models_file),
         "PARLEY_DEFAULT_MODEL": MODEL,
+        "PYTHONFAULTHANDLER": "1",
     }
     log = tmp_path / "stdio-mcp.log"
     parley = ServerProcess(env, tmp_path / "server.log")
@@ -264,7 +266,13 @@ def test_no_stdio_server_survives_a_sigterm(
         assert len(pids) == 2 and all(alive(pid) for pid in pids)
         assert parley.process is not None
         parley.process.send_signal(signal.SIGTERM)
-        parley.process.wait(timeout=30)
+        try:
+            parley.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Where it hangs: PYTHONFAULTHANDLER makes SIGABRT print every thread's stack into the log.
+            parley.process.send_signal(signal.SIGABRT)
+            parley.process.wait(timeout=10)
+            pytest.fail(f"no stop within 60 s of the SIGTERM; the server log:\n{parley.log()[-8000:]}")
     finally:
         parley.kill()
     assert not any(alive(pid) for pid in pids), "the stdio MCP server or its child outlived the server"
