@@ -19,6 +19,18 @@ async def last_event_seq(db: AsyncSession, session_id: str) -> int:
     return int(found[0][0] or 0) if found else 0
 
 
+async def last_event_seqs(db: AsyncSession, session_ids: Sequence[str]) -> dict[str, int]:
+    """The last seq of each of these sessions that has events (one read for all of them)."""
+    if not session_ids:
+        return {}
+    marks = ", ".join("?" for _ in session_ids)
+    found = await (await raw(db)).fetchall(
+        f"SELECT session_id, max(seq) FROM events WHERE session_id IN ({marks}) GROUP BY session_id",
+        tuple(session_ids),
+    )
+    return {str(sid): int(seq) for sid, seq in found}
+
+
 _INSERT_EVENTS = "INSERT INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
 _INSERT_EVENTS_UNNEST = (
     "INSERT INTO events (session_id, seq, type, data)"
