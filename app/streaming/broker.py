@@ -289,9 +289,13 @@ class Broker:
         if self.closed:
             raise StreamsClosed("The server is shutting down; reconnect in a moment.")
         channel = await self.channel(session_id)
-        if not channel.subscribers and self._on_watch is not None:
-            self._on_watch(session_id)
+        if self._on_watch is not None:
+            await self._catch_up(channel, after)
+        watched = bool(channel.subscribers)
         sub = channel.subscribe()
+        if not watched and self._on_watch is not None:
+            # After registering: the reader it wakes then finds the session among the watched.
+            self._on_watch(session_id)
         head = channel.delivered_seq
         if after is None or after == head:
             return Subscription(channel, sub, [])
@@ -310,6 +314,12 @@ class Broker:
             # Frames delivered meanwhile are in the buffer, all after `head`: the resync names `head`.
             return Subscription(channel, sub, [channel.resync(head, "expired")])
         return Subscription(channel, sub, older + recent)
+
+    async def _catch_up(self, channel: Channel, after: int | None) -> None:
+        """Shared mode: a position the client saw on another replica may be ahead of what this channel
+        has delivered so far; the log has it, so the channel catches up rather than resync."""
+        if after is not None and after > channel.delivered_seq and self._load_frames is not None:
+            channel.deliver(await self._load_frames(channel.session_id, channel.delivered_seq, after + 1))
 
     async def _older(self, session_id: str, after: int, before: int) -> list[Frame] | None:
         """Frames after < seq < before from the log, or None when it no longer holds all of them."""

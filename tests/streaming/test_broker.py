@@ -242,3 +242,20 @@ def make_shared(log: Log, watched: list[str]) -> Broker:
     broker = Broker(log.last_seq, 1000, load_frames=log.load, on_gap=lambda _: None, on_watch=watched.append)
     log.broker = broker
     return broker
+
+
+async def test_shared_mode_catches_up_to_a_position_seen_on_another_replica() -> None:
+    """A client that saw seq 4 on another replica resumes here while this channel (watched, so not
+    rebuilt) has delivered only 2: the log holds 3 and 4, so the channel catches up from it and the stream
+    goes on live from 4, where a single process would have answered a resync."""
+    log = Log()
+    broker = make_shared(log, [])
+    watching = await broker.subscribe(SID, None)
+    await log.publish(2)
+    log.rows.update({seq: Frame(seq, "agent_status", "{}") for seq in (3, 4)})
+    log.last = 4
+    resumed = await broker.subscribe(SID, 4)
+    assert resumed.replay == []
+    assert [f.seq for f in await take(watching, 4)] == [1, 2, 3, 4]
+    await log.publish(1)
+    assert [f.seq for f in await take(resumed, 1)] == [5]
