@@ -32,6 +32,7 @@ from app.settings import Settings
 from app.storage import event_log
 from app.storage.engine import Database, pool_options
 from app.streaming.broker import RING_SIZE, Broker
+from app.streaming.control import ControlBus
 from app.streaming.frames import Frame
 from app.streaming.redis_fanout import RedisRelay
 from app.streaming.writer import WriteBehind
@@ -40,6 +41,7 @@ from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.control import TurnControl
 from app.turns.live import LocalLiveStatus
 from app.turns.recovery import close_open_turns, resume_suspended
+from app.turns.replicas import ReplicaTurns
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
 
@@ -131,11 +133,16 @@ def _lifespan(
         live = LocalLiveStatus()
         runner = Runner(settings, database, writer, models, registry, live, broker)
         turns: TurnControl = runner
+        bus = None
+        if settings.redis_url is not None:
+            bus = ControlBus(settings.redis_url, settings.redis_prefix)
+            turns = ReplicaTurns(runner, bus, broker, database)
         services = _services(settings, database, turns, models, catalog, broker, keys)
         drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
         writer.start()
-        if relay is not None:
+        if relay is not None and bus is not None:
             await relay.start()
+            await bus.start()
         await close_open_turns(database, writer, live)
         # The repair is in the log (and the turns it closed are announced) before any client can ask.
         await writer.flush()
@@ -152,9 +159,10 @@ def _lifespan(
             await drain.run()
             await catalog.stop()
             await writer.stop()
-            if relay is not None:
+            if relay is not None and bus is not None:
                 # After the write-behind's last flush: its frames are published too.
                 await relay.stop()
+                await bus.stop()
             await models.stop()
             await database.dispose()
             if debug_stats is not None:
