@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -32,18 +32,18 @@ from app.settings import Settings
 from app.storage import event_log
 from app.storage.engine import Database, pool_options
 from app.streaming.broker import RING_SIZE, Broker
-from app.streaming.control import ControlBus
 from app.streaming.frames import Frame
-from app.streaming.redis_fanout import RedisRelay
 from app.streaming.writer import WriteBehind
 from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.control import TurnControl
 from app.turns.live import LocalLiveStatus
 from app.turns.recovery import close_open_turns, resume_suspended
-from app.turns.replicas import ReplicaTurns
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
+
+if TYPE_CHECKING:
+    from app.streaming.redis_fanout import RedisRelay
 
 log = logging.getLogger("parley")
 install_request_id_logging()
@@ -135,6 +135,10 @@ def _lifespan(
         turns: TurnControl = runner
         bus = None
         if settings.redis_url is not None:
+            # Imported only here: a single server never loads the Redis client (its memory, its import).
+            from app.streaming.control import ControlBus
+            from app.turns.replicas import ReplicaTurns
+
             bus = ControlBus(settings.redis_url, settings.redis_prefix)
             turns = ReplicaTurns(runner, bus, broker, database)
         services = _services(settings, database, turns, models, catalog, broker, keys)
@@ -197,6 +201,8 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
 
     relay = None
     if settings.redis_url is not None:
+        from app.streaming.redis_fanout import RedisRelay
+
         relay = RedisRelay(settings.redis_url, settings.redis_prefix, load_frames, load_heads)
     broker = Broker(
         last_seq,
