@@ -43,6 +43,7 @@ from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
 
 if TYPE_CHECKING:
+    from app.streaming.control import ControlBus
     from app.streaming.redis_fanout import RedisRelay
 
 log = logging.getLogger("parley")
@@ -132,15 +133,7 @@ def _lifespan(
         registry = catalog.registry
         live = LocalLiveStatus()
         runner = Runner(settings, database, writer, models, registry, live, broker)
-        turns: TurnControl = runner
-        bus = None
-        if settings.redis_url is not None:
-            # Imported only here: a single server never loads the Redis client (its memory, its import).
-            from app.streaming.control import ControlBus
-            from app.turns.replicas import ReplicaTurns
-
-            bus = ControlBus(settings.redis_url, settings.redis_prefix)
-            turns = ReplicaTurns(runner, bus, broker, database)
+        turns, bus = _turn_control(settings, runner, broker, database)
         services = _services(settings, database, turns, models, catalog, broker, keys)
         drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
         writer.start()
@@ -219,6 +212,20 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
         writer.deliver_to(broker.deliver)
     broker.start_heartbeat(settings.sse_ping_interval)
     return writer, broker, relay
+
+
+def _turn_control(
+    settings: Settings, runner: Runner, broker: Broker, database: Database
+) -> tuple[TurnControl, ControlBus | None]:
+    """The runner alone, or with PARLEY_REDIS_URL the runner reached across replicas (turns.replicas)."""
+    if settings.redis_url is None:
+        return runner, None
+    # Imported only here: a single server never loads the Redis client (its memory, its import).
+    from app.streaming.control import ControlBus
+    from app.turns.replicas import ReplicaTurns
+
+    bus = ControlBus(settings.redis_url, settings.redis_prefix)
+    return ReplicaTurns(runner, bus, broker, database), bus
 
 
 def _services(
