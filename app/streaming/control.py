@@ -35,7 +35,7 @@ _ERRORS = (RedisError, OSError, TimeoutError)
 class ControlBus:
     def __init__(self, url: str, prefix: str) -> None:
         self.replica_id = uuid.uuid4().hex
-        self._client = redis_client(url, socket_timeout=5)
+        self._client = redis_client(url, socket_timeout=5, client_name=f"{prefix}:control")
         self._prefix = prefix
         self._channel = f"{prefix}:control"
         self._reply_channel = f"{prefix}:reply:{self.replica_id}"

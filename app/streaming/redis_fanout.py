@@ -80,15 +80,23 @@ class RedisRelay:
         self._load_heads = load_heads
         self._poll_interval = poll_interval
         self._sweep_interval = sweep_interval
-        self._client = redis_client(url, socket_timeout=5)
+        # Named, so that CLIENT LIST shows what each connection is for (tests count them).
+        self._client = redis_client(url, socket_timeout=5, client_name=f"{prefix}:fanout")
         # The reader's own connection: a blocked XREAD holds it.
-        self._reader = redis_client(url, socket_timeout=BLOCK_MS / 1000 + 5, single_connection_client=True)
+        self._reader = redis_client(
+            url,
+            socket_timeout=BLOCK_MS / 1000 + 5,
+            single_connection_client=True,
+            client_name=f"{prefix}:fanout-reader",
+        )
         self._wake_key = f"{prefix}:wake:{uuid.uuid4().hex}"
         self._wake_last = "0-0"
         self._broker: Broker | None = None
         self._outbox: list[tuple[str, Frame]] = []
         self._outbox_ready = asyncio.Event()
         self._reading: set[str] = set()
+        self._wake_wanted = False
+        self._waker: asyncio.Task[None] | None = None
         self._filling: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.connected = False
@@ -147,15 +155,26 @@ class RedisRelay:
     # --- reading ---------------------------------------------------------------------------------------
 
     def watch(self, session_id: str) -> None:
-        """The broker's `on_watch`: a session got its first stream here; the reader must include it."""
-        if session_id not in self._reading and self.connected:
-            self._spawn(self._wake(session_id), "fanout-wake")
+        """The broker's `on_watch`: a session got its first stream here; the reader must include it.
+        Wakes are coalesced in one task: a hundred new streams at once cost a few XADDs on one
+        connection, not a hundred connections."""
+        if session_id in self._reading or not self.connected:
+            return
+        self._wake_wanted = True
+        if self._waker is None or self._waker.done():
+            self._waker = asyncio.get_running_loop().create_task(self._wake(), name="fanout-wake")
+            self._tasks.add(self._waker)
+            self._waker.add_done_callback(self._tasks.discard)
 
-    async def _wake(self, session_id: str) -> None:
-        # If Redis fails here the reader is not blocked on it: it polls the log, this session included.
-        with contextlib.suppress(*_ERRORS):
-            await self._client.xadd(self._wake_key, {"s": session_id}, maxlen=16, approximate=True)
-            await self._client.expire(self._wake_key, STREAM_TTL)
+    async def _wake(self) -> None:
+        # Each XADD makes the reader read the watched sessions again: one asked for after an XADD was
+        # sent gets another.
+        while self._wake_wanted:
+            self._wake_wanted = False
+            # If Redis fails here the reader is not blocked on it: it polls the log, these sessions too.
+            with contextlib.suppress(*_ERRORS):
+                await self._client.xadd(self._wake_key, {"w": "1"}, maxlen=16, approximate=True)
+                await self._client.expire(self._wake_key, STREAM_TTL)
 
     async def _read_loop(self) -> None:
         assert self._broker is not None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import redis
 
 from tests.fakes.upstream import FakeUpstream
 from tests.support.postgres import ScratchDatabase, require_postgres
@@ -29,6 +30,14 @@ class Cluster:
     upstream: FakeUpstream
     a: ServerProcess
     b: ServerProcess
+    redis_url: str
+    prefix: str
+
+    def redis_connections(self) -> list[str]:
+        """The names of the replicas' open Redis connections (each relay and bus names its own)."""
+        with redis.Redis.from_url(self.redis_url) as client:
+            clients = client.client_list()
+        return sorted(c["name"] for c in clients if c["name"].startswith(f"{self.prefix}:"))
 
     def logged(self, session_id: str) -> list[tuple[int, str, str]]:
         """The session's event log as the database holds it: (seq, type, data)."""
@@ -87,7 +96,7 @@ def cluster(
     try:
         a.start()
         b.start()
-        yield Cluster(fanout_database, fanout_upstream, a, b)
+        yield Cluster(fanout_database, fanout_upstream, a, b, REDIS_URL, prefix)
     finally:
         a.kill()
         b.kill()

@@ -36,7 +36,7 @@ def cluster(
     try:
         a.start()
         b.start()
-        yield Cluster(fanout_database, fanout_upstream, a, b)
+        yield Cluster(fanout_database, fanout_upstream, a, b, own_redis.url, "outage")
     finally:
         a.kill()
         b.kill()

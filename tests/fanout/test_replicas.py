@@ -170,3 +170,35 @@ async def test_a_delete_on_the_other_replica_stops_the_turn_and_ends_every_strea
     assert gone.disconnected
     assert outcomes == ["ended", "ended"]
     assert found == [404, 404]
+
+
+async def test_many_streams_share_each_replicas_few_redis_connections(cluster: Cluster) -> None:
+    """Sixty streams of thirty sessions on both replicas: each replica still holds one reader connection
+    (one XREAD for all its sessions), and the replicas' connections grow by at most the publisher's pool
+    taking a second one, never by a connection per stream; a turn on B then reaches every stream on A."""
+    a, b = clients(cluster)
+    async with a, b:
+        before = cluster.redis_connections()
+        sessions = [await new_session(a) for _ in range(30)]
+        streams = [StreamClient(c, sid) for sid in sessions for c in (a, b)]
+        opened = [asyncio.Event() for _ in streams]
+        reads = [
+            asyncio.create_task(s.read(s.turns_done(1), seconds=60, opened=o))
+            for s, o in zip(streams, opened, strict=True)
+        ]
+        for event in opened:
+            await event.wait()
+        await asyncio.sleep(0.5)
+        during = cluster.redis_connections()
+        for sid in sessions[:3]:
+            await post(b, sid, bench_content(f"many-{sid}", chunks=5, delay_ms=5))
+        outcomes = await asyncio.gather(*reads[:6])
+        for read in reads[6:]:
+            read.cancel()
+        await asyncio.gather(*reads[6:], return_exceptions=True)
+    assert before.count(f"{cluster.prefix}:fanout-reader") == 2
+    assert during.count(f"{cluster.prefix}:fanout-reader") == 2
+    assert len(during) <= len(before) + 2, (before, during)
+    assert outcomes == ["matched"] * 6
+    for stream in streams[:6]:
+        assert as_log(stream.frames) == cluster.logged(stream.session_id)
