@@ -100,6 +100,7 @@ class RedisRelay:
         self._filling: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.connected = False
+        self._was_connected = False
         self._publish_failing = False
 
     def key(self, session_id: str) -> str:
@@ -224,10 +225,13 @@ class RedisRelay:
 
     def _set_connected(self, connected: bool, exc: BaseException | None = None) -> None:
         if connected != self.connected:
-            if connected:
+            if connected and not self._was_connected:
+                log.info("fan-out: reading and publishing events through Redis")
+            elif connected:
                 log.warning("fan-out: Redis answers; streams are live again")
             else:
                 log.warning("fan-out: Redis unreachable (%s); streams poll the event log", exc)
+        self._was_connected = self._was_connected or connected
         self.connected = connected
         redis_state(connected)
 

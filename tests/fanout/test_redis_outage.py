@@ -92,3 +92,24 @@ async def test_redis_killed_and_restarted_mid_turn_loses_nothing(
         hopping.frames[0].id - 1 :
     ]
     assert hopping.connects == 2
+
+
+async def test_a_replica_stops_promptly_on_sigterm_with_redis_away(
+    cluster: Cluster, own_redis: RedisServer
+) -> None:
+    """SIGTERM with a stream open and Redis killed: the replica's stream ends, its last publish and its
+    Redis connections give up at once instead of hanging the exit, and it exits cleanly well within its
+    shutdown time (5 s) plus a margin; the other replica is untouched and keeps serving."""
+    a, b = (httpx.AsyncClient(base_url=r.base_url, timeout=30) for r in (cluster.a, cluster.b))
+    async with a, b:
+        sid = await new_session(a)
+        watcher = StreamClient(a, sid)
+        opened = asyncio.Event()
+        reading = asyncio.create_task(watcher.read(seconds=60, opened=opened))
+        await opened.wait()
+        await asyncio.to_thread(own_redis.stop)
+        seconds = await asyncio.to_thread(cluster.a.terminate)
+        assert await reading in ("ended", "broken")
+        assert (await b.get(f"/v1/sessions/{sid}")).status_code == 200
+    assert cluster.a.returncode in (0, -15), cluster.a.log()[-2000:]  # uvicorn re-raises SIGTERM
+    assert seconds < 10
