@@ -5,6 +5,8 @@ This process's runner still runs the turns it took. What a request needs from a 
 another replica goes there, or is read from what that replica commits:
 - cancel (and the stop before a delete) is broadcast on the control channel; the replica that runs the
   turn stops it with its own runner and answers with the same result a local cancel gives;
+- client tool results and approval decisions go to the turn's replica the same way, and its refusal
+  (409, 410, 422) comes back as it would have been given there;
 - a delete is then done here and announced, so every replica forgets the session and ends its streams;
 - `turn_end` and `taker` (what `?wait=true` waits on) follow the session's committed events (the fan-out,
   which falls back to polling the log without Redis) and the turn's rows, never another process's memory.
@@ -27,7 +29,7 @@ from app.streaming.broker import EventFanOut, Subscription
 from app.streaming.control import ControlBus
 from app.turns.live import LiveStatus
 from app.turns.runner import Runner
-from app.turns.waiting import Kind
+from app.turns.waiting import AnswerRefused, Kind
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,24 @@ class ReplicaTurns:
         return await self._runner.withdraw(session_id, message_ids)
 
     async def answer(self, session_id: str, kind: Kind, items: list[dict[str, Any]]) -> list[Resolution]:
-        return await self._runner.answer(session_id, kind, items)
+        """Client tool results and approval decisions, to the replica whose turn waits for them."""
+        if self._runner.runs(session_id) or await self._open_turn(session_id) is None:
+            return await self._runner.answer(session_id, kind, items)
+        reply = await self._bus.request(
+            "answer", session_id, {"kind": kind, "items": items}, timeout=CONTROL_TIMEOUT
+        )
+        if reply is None:
+            if self._runner.runs(session_id) or await self._open_turn(session_id) is None:
+                return await self._runner.answer(session_id, kind, items)
+            raise OwnerUnreachable(
+                "The turn runs on another replica that did not take the answer; send it again.",
+                details={"session_id": session_id},
+                retry_after=1,
+            )
+        refused = reply.get("refused")
+        if refused is not None:
+            raise _refusal(refused)
+        return [Resolution.model_validate(r) for r in reply["resolved"]]
 
     # --- stopping --------------------------------------------------------------------------------------
 
@@ -130,6 +149,13 @@ class ReplicaTurns:
         if op == "delete":
             await self._runner.delete_session(session_id)
             return {}
+        if op == "answer":
+            try:
+                resolved = await self._runner.answer(session_id, args["kind"], args["items"])
+            except AnswerRefused as refused:
+                # Carried back whole: the asking replica answers with the same status and body.
+                return {"refused": {**vars(refused), "status": refused.status, "code": refused.code}}
+            return {"resolved": [r.model_dump(mode="json") for r in resolved]}
         return None
 
     async def _open_turn(self, session_id: str) -> str | None:
@@ -180,6 +206,13 @@ class ReplicaTurns:
     async def _ended(self, turn_id: str) -> bool:
         state = await self._turn_state(turn_id)
         return state is None or state[1]
+
+
+def _refusal(refused: dict[str, Any]) -> AnswerRefused:
+    """The owner's refusal of an answer, as this replica raises it (same status, code and body)."""
+    error = AnswerRefused(refused["message"], details=refused.get("details"))
+    error.status, error.code = int(refused["status"]), str(refused["code"])
+    return error
 
 
 async def _next_batch(subscription: Subscription) -> list[str]:

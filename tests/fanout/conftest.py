@@ -22,6 +22,7 @@ from tests.support.server import migrate
 
 MODEL = "openai/fake-model"
 UPSTREAM_KEY = "sk-fanout-test"
+STARTUP_SECONDS = 120
 
 
 @dataclass
@@ -94,8 +95,9 @@ def cluster(
     env = replica_env(tmp, fanout_database.url, REDIS_URL, prefix, fanout_upstream)
     a, b = ServerProcess(env, tmp / "a.log"), ServerProcess(env, tmp / "b.log")
     try:
-        a.start()
-        b.start()
+        # The model layer loads in each (seconds on a busy 2-core machine) before /readyz says ready.
+        a.start(timeout=STARTUP_SECONDS)
+        b.start(timeout=STARTUP_SECONDS)
         yield Cluster(fanout_database, fanout_upstream, a, b, REDIS_URL, prefix)
     finally:
         a.kill()

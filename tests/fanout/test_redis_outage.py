@@ -15,7 +15,7 @@ import pytest
 
 from tests.fakes.directive import bench_content
 from tests.fakes.upstream import FakeUpstream
-from tests.fanout.conftest import Cluster, replica_env
+from tests.fanout.conftest import STARTUP_SECONDS, Cluster, replica_env
 from tests.support.client import new_session, post
 from tests.support.postgres import ScratchDatabase
 from tests.support.process import ServerProcess
@@ -34,8 +34,9 @@ def cluster(
     env["PARLEY_METRICS"] = "1"
     a, b = ServerProcess(env, tmp_path / "a.log"), ServerProcess(env, tmp_path / "b.log")
     try:
-        a.start()
-        b.start()
+        # The model layer loads in each (seconds on a busy 2-core machine) before /readyz says ready.
+        a.start(timeout=STARTUP_SECONDS)
+        b.start(timeout=STARTUP_SECONDS)
         yield Cluster(fanout_database, fanout_upstream, a, b, own_redis.url, "outage")
     finally:
         a.kill()

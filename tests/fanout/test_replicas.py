@@ -15,6 +15,7 @@ import pytest
 from app.turns.replicas import CONTROL_TIMEOUT, ReplicaTurns
 from tests.fakes.directive import bench_content
 from tests.fakes.record import RecordedRequest
+from tests.fakes.upstream import Script
 from tests.fanout.conftest import Cluster
 from tests.support.client import new_session, post
 from tests.support.stream import Frame, StreamClient, assert_contiguous
@@ -202,3 +203,39 @@ async def test_many_streams_share_each_replicas_few_redis_connections(cluster: C
     assert outcomes == ["matched"] * 6
     for stream in streams[:6]:
         assert as_log(stream.frames) == cluster.logged(stream.session_id)
+
+
+async def test_an_approval_sent_to_the_other_replica_reaches_the_turn(cluster: Cluster) -> None:
+    """The turn runs on B and waits for a person's approval; the decisions go to A. A decision that does
+    not fit the tool's schema gets B's own 422 (nothing taken, the call still waits), the fitting one
+    B's resolution; the turn goes on, runs the edited call and completes, and the model read its result.
+    The same decision again on A is a replay."""
+    cluster.upstream.enqueue(
+        Script.tool_calls([("call_c", "calculate", '{"expression": "6*7"}')]), Script.text("It is 9.")
+    )
+    a, b = clients(cluster)
+    async with a, b:
+        created = await b.post("/v1/sessions", json={"tools": ["calculate"], "approval": ["calculate"]})
+        sid = created.json()["id"]
+        watcher = StreamClient(a, sid)
+        reading = asyncio.create_task(watcher.read(watcher.turns_done(1), seconds=60))
+        await post(b, sid, "what is 6*7?")
+        await watcher.wait(lambda frames: any(f.event == "approval_requested" for f in frames))
+        route = f"/v1/sessions/{sid}/approvals"
+        wrong = {"tool_call_id": "call_c", "decision": "edit", "arguments": {"expression": 5}}
+        refused = await a.post(route, json={"decisions": [wrong]})
+        still = (await a.get(f"/v1/sessions/{sid}/pending")).json()["pending"]
+        edited = {"tool_call_id": "call_c", "decision": "edit", "arguments": {"expression": "3*3"}}
+        answered = await a.post(route, json={"decisions": [edited]})
+        assert await reading == "matched"
+        again = await a.post(route, json={"decisions": [edited]})
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "invalid_answer", refused.text
+    assert len(still) == 1
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["resolved"] == [
+        {"tool_call_id": "call_c", "resolution": "edit", "replayed": False}
+    ]
+    assert again.status_code == 200 and again.json()["resolved"][0]["replayed"] is True
+    assert watcher.of_type("turn_done")[0]["status"] == "completed"
+    last = cluster.upstream.requests[-1].body["messages"]
+    assert [m["content"] for m in last if m["role"] == "tool"] == ["9"]
