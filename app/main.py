@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -36,10 +36,15 @@ from app.streaming.frames import Frame
 from app.streaming.writer import WriteBehind
 from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
+from app.turns.control import TurnControl
 from app.turns.live import LocalLiveStatus
 from app.turns.recovery import close_open_turns, resume_suspended
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
+
+if TYPE_CHECKING:
+    from app.streaming.control import ControlBus
+    from app.streaming.redis_fanout import RedisRelay
 
 log = logging.getLogger("parley")
 install_request_id_logging()
@@ -124,13 +129,17 @@ def _lifespan(
         if settings.debug_stats:
             debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)
         models = ModelGateway(settings)
-        writer, broker = _event_log(settings, database)
+        writer, broker, relay = _event_log(settings, database)
         registry = catalog.registry
         live = LocalLiveStatus()
         runner = Runner(settings, database, writer, models, registry, live, broker)
-        services = _services(settings, database, runner, models, catalog, broker, keys)
+        turns, bus = _turn_control(settings, runner, broker, database)
+        services = _services(settings, database, turns, models, catalog, broker, keys)
         drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
         writer.start()
+        if relay is not None and bus is not None:
+            await relay.start()
+            await bus.start()
         await close_open_turns(database, writer, live)
         # The repair is in the log (and the turns it closed are announced) before any client can ask.
         await writer.flush()
@@ -147,6 +156,10 @@ def _lifespan(
             await drain.run()
             await catalog.stop()
             await writer.stop()
+            if relay is not None and bus is not None:
+                # After the write-behind's last flush: its frames are published too.
+                await relay.stop()
+                await bus.stop()
             await models.stop()
             await database.dispose()
             if debug_stats is not None:
@@ -156,8 +169,9 @@ def _lifespan(
     return lifespan
 
 
-def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Broker]:
-    """The write-behind that numbers, logs and commits events, and the fan-out it delivers them to."""
+def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Broker, RedisRelay | None]:
+    """The write-behind that numbers, logs and commits events, and the fan-out it delivers them to; with
+    PARLEY_REDIS_URL, through the relay that also carries them to and from the other replicas."""
     writer = WriteBehind(
         database,
         interval=settings.event_flush_interval,
@@ -174,21 +188,50 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
             rows = await event_log.events_between(db, session_id, after, before)
         return [Frame(seq, type_, data) for seq, type_, data in rows]
 
+    async def load_heads(session_ids: list[str]) -> dict[str, int]:
+        async with database.session() as db:
+            return await event_log.last_event_seqs(db, session_ids)
+
+    relay = None
+    if settings.redis_url is not None:
+        from app.streaming.redis_fanout import RedisRelay
+
+        relay = RedisRelay(settings.redis_url, settings.redis_prefix, load_frames, load_heads)
     broker = Broker(
         last_seq,
         settings.subscriber_queue_size,
         load_frames=load_frames,
         ring_size=min(RING_SIZE, settings.event_retention),
+        on_gap=relay.gap if relay is not None else None,
+        on_watch=relay.watch if relay is not None else None,
     )
-    writer.deliver_to(broker.deliver)
+    if relay is not None:
+        relay.attach(broker)
+        writer.deliver_to(relay.deliver)
+    else:
+        writer.deliver_to(broker.deliver)
     broker.start_heartbeat(settings.sse_ping_interval)
-    return writer, broker
+    return writer, broker, relay
+
+
+def _turn_control(
+    settings: Settings, runner: Runner, broker: Broker, database: Database
+) -> tuple[TurnControl, ControlBus | None]:
+    """The runner alone, or with PARLEY_REDIS_URL the runner reached across replicas (turns.replicas)."""
+    if settings.redis_url is None:
+        return runner, None
+    # Imported only here: a single server never loads the Redis client (its memory, its import).
+    from app.streaming.control import ControlBus
+    from app.turns.replicas import ReplicaTurns
+
+    bus = ControlBus(settings.redis_url, settings.redis_prefix)
+    return ReplicaTurns(runner, bus, broker, database), bus
 
 
 def _services(
     settings: Settings,
     database: Database,
-    runner: Runner,
+    turns: TurnControl,
     models: ModelGateway,
     catalog: ToolCatalog,
     broker: Broker,
@@ -196,14 +239,14 @@ def _services(
 ) -> Services:
     """The use cases the routes call, and what the routes' dependencies read."""
     idempotency = Idempotency(database, ttl_seconds=settings.idempotency_ttl_hours * 3600)
-    sessions = Sessions(settings, database, runner, models, catalog.registry, idempotency)
-    messages = Messages(settings, database, sessions, runner, broker, idempotency)
+    sessions = Sessions(settings, database, turns, models, catalog.registry, idempotency)
+    messages = Messages(settings, database, sessions, turns, broker, idempotency)
     return Services(
         settings=settings,
         sessions=sessions,
         messages=messages,
-        turns=Turns(settings, database, sessions, messages, runner),
-        answers=ToolAnswers(database, sessions, runner),
+        turns=Turns(settings, database, sessions, messages, turns),
+        answers=ToolAnswers(database, sessions, turns),
         broker=broker,
         models=models,
         keys=keys,

@@ -97,6 +97,13 @@ class Settings(BaseSettings):
         description="Longest `?wait=true` wait, in seconds (a request's `timeout` is capped by it): then 504 "
         "with the turn id, and the turn goes on. Keep it below any proxy's idle timeout.",
     )
+    # --- replicas ----------------------------------------------------------------------------------------
+    redis_url: str | None = None
+    redis_prefix: str = Field(
+        "parley",
+        description="With PARLEY_REDIS_URL: the prefix of every Redis key and channel the replicas share "
+        "(replicas of one deployment must use the same one).",
+    )
     subscriber_queue_size: int = Field(10_000, ge=16, description="Events buffered per slow SSE client.")
     page_size_max: int = Field(1000, ge=1)
     idempotency_ttl_hours: float = Field(24.0, gt=0, description="Hours an Idempotency-Key is remembered.")

@@ -268,6 +268,18 @@ def streams_dropped(count: int) -> None:
         _active.metrics.streams_dropped.inc(count)
 
 
+def redis_state(connected: bool) -> None:
+    """The fan-out's Redis reader: 1 while it reads the streams, 0 while it polls the event log."""
+    if _active.metrics is not None:
+        _active.metrics.redis_connected.set(1 if connected else 0)
+
+
+def fanout_backfilled(count: int) -> None:
+    """Events a replica read from the log to fill a hole in what Redis brought it."""
+    if _active.metrics is not None:
+        _active.metrics.fanout_backfilled.inc(count)
+
+
 def commit_observed(kind: str, seconds: float) -> None:
     """A database commit of `kind` (batch: the write-behind; turn: a turn's own write; request)."""
     if _active.metrics is not None:

@@ -101,6 +101,15 @@ class Metrics:
         )
         self.resumes = Counter("parley_stream_resumes", "Streams opened at a position (resumed).", registry=r)
         self.resyncs = Counter("parley_stream_resyncs", "Streams that began with a resync.", registry=r)
+        self.redis_connected = Gauge(
+            "parley_fanout_redis_connected",
+            "1 while the fan-out reads Redis streams, 0 while it polls the event log (PARLEY_REDIS_URL).",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.fanout_backfilled = Counter(
+            "parley_fanout_backfilled", "Events read from the log to fill a hole in the fan-out.", registry=r
+        )
         self.cancels = Counter("parley_cancels", "Stops that stopped a running turn.", registry=r)
         self.disconnect_seconds = Histogram(
             "parley_cancel_disconnect_seconds",

@@ -19,6 +19,22 @@ async def last_event_seq(db: AsyncSession, session_id: str) -> int:
     return int(found[0][0] or 0) if found else 0
 
 
+async def last_event_seqs(db: AsyncSession, session_ids: Sequence[str]) -> dict[str, int]:
+    """The last seq of each of these sessions that has events (one read per thousand sessions: the
+    drivers bound a statement's parameters)."""
+    conn = await raw(db)
+    heads: dict[str, int] = {}
+    for start in range(0, len(session_ids), 1000):
+        chunk = tuple(session_ids[start : start + 1000])
+        marks = ", ".join("?" for _ in chunk)
+        found = await conn.fetchall(
+            f"SELECT session_id, max(seq) FROM events WHERE session_id IN ({marks}) GROUP BY session_id",
+            chunk,
+        )
+        heads.update({str(sid): int(seq) for sid, seq in found})
+    return heads
+
+
 _INSERT_EVENTS = "INSERT INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
 _INSERT_EVENTS_UNNEST = (
     "INSERT INTO events (session_id, seq, type, data)"

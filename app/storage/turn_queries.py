@@ -43,3 +43,27 @@ async def messages_of_turns(
         .order_by(col(ChatMessageRow.position))
     )
     return list((await db.exec(query)).all())
+
+
+async def open_turn_id(db: AsyncSession, session_id: str) -> str | None:
+    """The session's turn that has a turn_start and no turn_done yet (it runs somewhere), if any."""
+    done = select(ChatMessageRow.turn_id).where(
+        col(ChatMessageRow.session_id) == session_id, col(ChatMessageRow.type) == "turn_done"
+    )
+    query = select(ChatMessageRow.turn_id).where(
+        col(ChatMessageRow.session_id) == session_id,
+        col(ChatMessageRow.type) == "turn_start",
+        col(ChatMessageRow.turn_id).not_in(done),
+    )
+    return (await db.exec(query.order_by(col(ChatMessageRow.position).desc()))).first()
+
+
+async def turn_state(db: AsyncSession, turn_id: str) -> tuple[str, bool] | None:
+    """(session_id, ended) of the turn: ended once its turn_done row is stored; None if no such turn."""
+    query = select(ChatMessageRow.session_id, ChatMessageRow.type).where(
+        col(ChatMessageRow.turn_id) == turn_id, col(ChatMessageRow.type).in_(("turn_start", "turn_done"))
+    )
+    rows = list((await db.exec(query)).all())
+    if not rows:
+        return None
+    return rows[0][0], any(type_ == "turn_done" for _, type_ in rows)

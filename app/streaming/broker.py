@@ -11,6 +11,11 @@ A subscription starts at a position: it is registered for live frames first, the
 position are taken from the channel's ring of recent frames and, for older ones, from the log, all without
 an await between registering and reading the ring. So nothing falls between replay and live, and nothing
 comes twice. A position the log no longer holds (or never held) starts the stream with a `resync` frame.
+
+Shared mode (several replicas, streaming.redis_fanout): frames also come from other processes, so they may
+arrive out of order or with a hole. A channel then holds back a frame that does not follow its last one and
+reports the hole (`on_gap`) for the relay to fill from the log; and a channel nobody watches is not kept
+current (no replica reads its session's stream), so it is rebuilt from the log when next used.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ RING_SIZE = 1024
 
 # Frames of one session with after < seq < before, in order, as the event log holds them.
 LoadFrames = Callable[[str, int, int], Awaitable[list[Frame]]]
+# Shared mode: a channel holds frames after a hole (Channel.held), to be filled from the log.
+OnGap = Callable[["Channel"], None]
+# Shared mode: a session that had no stream here got one (the relay starts reading its session's stream).
+OnWatch = Callable[[str], None]
 
 
 class StreamsClosed(Unavailable):
@@ -95,10 +104,20 @@ class Channel:
     pruned from it by retention).
     """
 
-    def __init__(self, session_id: str, delivered_seq: int, limit: int, ring_size: int = RING_SIZE) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        delivered_seq: int,
+        limit: int,
+        ring_size: int = RING_SIZE,
+        on_gap: OnGap | None = None,
+    ) -> None:
         self.session_id = session_id
         self.delivered_seq = delivered_seq
         self._limit = limit
+        # Shared mode only: frames after a hole, by seq, until the hole is filled (from the log).
+        self._on_gap = on_gap
+        self.held: dict[int, Frame] = {}
         # Recent frames as plain (seq, type, data) tuples: a tuple of strings and an int is not tracked by
         # the garbage collector, and a hundred busy sessions keep a hundred thousand of them; as Frame
         # objects each full collection walked them all (tens of milliseconds with the event loop stopped).
@@ -106,9 +125,13 @@ class Channel:
         self.subscribers: set[Subscriber] = set()
 
     def deliver(self, frames: Iterable[Frame]) -> None:
-        """Committed frames, in order: into the ring and every subscriber's buffer."""
+        """Committed frames, in order: into the ring and every subscriber's buffer. In shared mode a frame
+        that does not follow the last one waits in `held` until the frames before it come."""
         for frame in frames:
             if frame.seq <= self.delivered_seq:
+                continue
+            if frame.seq != self.delivered_seq + 1 and self._on_gap is not None:
+                self.held[frame.seq] = frame
                 continue
             self.delivered_seq = frame.seq
             self._ring.append((frame.seq, frame.type, frame.data))
@@ -116,6 +139,20 @@ class Channel:
             for sub in dropped:
                 self.subscribers.discard(sub)
             streams_dropped(len(dropped))
+        if self.held:
+            self._release_held()
+
+    def _release_held(self) -> None:
+        held = self.held
+        for seq in [s for s in held if s <= self.delivered_seq]:
+            del held[seq]
+        run: list[Frame] = []
+        while (frame := held.pop(self.delivered_seq + 1 + len(run), None)) is not None:
+            run.append(frame)
+        if run:
+            self.deliver(run)
+        elif held and self._on_gap is not None:
+            self._on_gap(self)
 
     def recent_after(self, after: int) -> list[Frame]:
         """The ring's frames after `after`: contiguous, ending at delivered_seq."""
@@ -191,8 +228,13 @@ class Broker:
         *,
         load_frames: LoadFrames | None = None,
         ring_size: int = RING_SIZE,
+        on_gap: OnGap | None = None,
+        on_watch: OnWatch | None = None,
     ) -> None:
+        """`on_gap` and `on_watch` turn on shared mode (see the module docstring)."""
         self._load_last_seq = load_last_seq
+        self._on_gap = on_gap
+        self._on_watch = on_watch
         self._load_frames = load_frames
         self._limit = subscriber_limit
         self._ring_size = ring_size
@@ -207,14 +249,17 @@ class Broker:
     async def channel(self, session_id: str) -> Channel:
         existing = self._channels.get(session_id)
         if existing is not None:
-            return existing
+            if existing.subscribers or self._on_watch is None:
+                return existing
+            # Shared mode: nobody watched it, so no replica's frames kept it current.
+            del self._channels[session_id]
         lock = self._locks.setdefault(session_id, asyncio.Lock())
         try:
             async with lock:
                 existing = self._channels.get(session_id)
                 if existing is None:
                     last = await self._load_last_seq(session_id)
-                    existing = Channel(session_id, last, self._limit, self._ring_size)
+                    existing = Channel(session_id, last, self._limit, self._ring_size, self._on_gap)
                     existing.deliver(self._early.pop(session_id, ()))
                     self._channels[session_id] = existing
         finally:
@@ -244,7 +289,13 @@ class Broker:
         if self.closed:
             raise StreamsClosed("The server is shutting down; reconnect in a moment.")
         channel = await self.channel(session_id)
+        if self._on_watch is not None:
+            await self._catch_up(channel, after)
+        watched = bool(channel.subscribers)
         sub = channel.subscribe()
+        if not watched and self._on_watch is not None:
+            # After registering: the reader it wakes then finds the session among the watched.
+            self._on_watch(session_id)
         head = channel.delivered_seq
         if after is None or after == head:
             return Subscription(channel, sub, [])
@@ -264,6 +315,12 @@ class Broker:
             return Subscription(channel, sub, [channel.resync(head, "expired")])
         return Subscription(channel, sub, older + recent)
 
+    async def _catch_up(self, channel: Channel, after: int | None) -> None:
+        """Shared mode: a position the client saw on another replica may be ahead of what this channel
+        has delivered so far; the log has it, so the channel catches up rather than resync."""
+        if after is not None and after > channel.delivered_seq and self._load_frames is not None:
+            channel.deliver(await self._load_frames(channel.session_id, channel.delivered_seq, after + 1))
+
     async def _older(self, session_id: str, after: int, before: int) -> list[Frame] | None:
         """Frames after < seq < before from the log, or None when it no longer holds all of them."""
         if self._load_frames is None:
@@ -273,6 +330,13 @@ class Broker:
         if len(frames) != len(expected) or any(f.seq != s for f, s in zip(frames, expected, strict=True)):
             return None
         return frames
+
+    def existing(self, session_id: str) -> Channel | None:
+        return self._channels.get(session_id)
+
+    def watched(self) -> dict[str, int]:
+        """Sessions with a stream here, each with the last seq its channel delivered."""
+        return {sid: ch.delivered_seq for sid, ch in self._channels.items() if ch.subscribers}
 
     def drop(self, session_id: str) -> None:
         channel = self._channels.pop(session_id, None)

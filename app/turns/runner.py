@@ -79,6 +79,20 @@ class Runner:
     def closing(self) -> bool:
         return self._closing
 
+    def runs(self, session_id: str) -> bool:
+        """A turn of the session runs in this process."""
+        state = self._states.get(session_id)
+        return state is not None and state.task is not None
+
+    def holds_waiting(self, session_id: str, message_id: str) -> bool:
+        """The message waits in this process's mirror of the session's waiting line."""
+        state = self._states.get(session_id)
+        return state is not None and message_id in state.waiting
+
+    def owns_turn(self, turn_id: str) -> bool:
+        """The turn runs in this process (from before its first row is written until its task is done)."""
+        return turn_id in self._turn_ends
+
     def state(self, session_id: str) -> SessionState:
         state = self._states.get(session_id)
         if state is None:
@@ -354,8 +368,13 @@ class Runner:
         async with self._database.session() as db:
             await repository.delete_session(db, session_id)
             await db.commit()
+        self.forget(session_id)
+
+    def forget(self, session_id: str) -> None:
+        """The session is gone (deleted here or by another replica): its state here and its streams end."""
         state = self._states.pop(session_id, None)
         if state is not None:
+            state.closed = True
             state.resolve_takers(list(state.takers), None)
         self._live.forget(session_id)
         self._fanout.drop(session_id)

@@ -392,6 +392,19 @@ async def test_queued_and_dequeue(database: Database) -> None:
 # --- the event log ---------------------------------------------------------------------------------------
 
 
+async def test_last_event_seqs_reads_the_heads_of_many_sessions_at_once(database: Database) -> None:
+    """The fan-out's poll: each named session's last seq, none for a session without events, also past
+    the thousand ids one statement takes (s_b comes after 1,500 others)."""
+    await add_sessions(database, "s_a", "s_b")
+    async with database.session() as db:
+        await event_log.insert_events(db, [event("s_a", seq) for seq in (1, 2, 3)] + [event("s_b", 1)])
+        await db.commit()
+    async with database.session() as db:
+        names = ["s_a", *(f"s_none{i}" for i in range(1500)), "s_b"]
+        assert await event_log.last_event_seqs(db, names) == {"s_a": 3, "s_b": 1}
+        assert await event_log.last_event_seqs(db, []) == {}
+
+
 async def test_events_insert_last_seq_and_replay(database: Database) -> None:
     await add_sessions(database, "s_a", "s_b")
     async with database.session() as db:

@@ -105,3 +105,19 @@ async def test_messages_of_turns_are_the_sessions_rows_of_those_turns_in_history
     assert {r.session_id for r in rows} == {SID}  # OTHER's turn with FIRST's id is not among them
     positions = [r.position or 0 for r in rows]
     assert positions == sorted(positions)
+
+
+async def test_the_open_turn_and_the_state_of_a_turn(database: Database) -> None:
+    """open_turn_id: the session's turn with a turn_start and no turn_done (what another replica runs);
+    turn_state: the turn's session and whether its end is stored, None for an unknown turn."""
+    running = [r for r in turn(OTHER, "t_d_running") if r.type != "turn_done"]
+    async with database.session() as db:
+        assert await turn_queries.open_turn_id(db, OTHER) is None
+        await repository.insert_messages(db, running)
+        await db.commit()
+    async with database.session() as db:
+        assert await turn_queries.open_turn_id(db, OTHER) == "t_d_running"
+        assert await turn_queries.open_turn_id(db, SID) is None
+        assert await turn_queries.turn_state(db, "t_d_running") == (OTHER, False)
+        assert await turn_queries.turn_state(db, SECOND) == (SID, True)
+        assert await turn_queries.turn_state(db, "t_unknown") is None

@@ -186,3 +186,76 @@ async def test_frames_committed_while_a_channel_is_being_created_reach_it() -> N
     assert reads == 1
     assert await broker.last_seq(SID) == 5
     assert [f.seq for f in await take(subscription, 2)] == [4, 5]
+
+
+def numbered(*seqs: int) -> list[tuple[str, Frame]]:
+    return [(SID, Frame(seq, "agent_status", f'{{"seq":{seq}}}')) for seq in seqs]
+
+
+async def test_shared_mode_holds_frames_after_a_hole_until_it_is_filled() -> None:
+    """Several replicas (on_gap set): frames 5 and 6 arriving before 3 and 4 wait, the hole is reported
+    once per arrival that leaves it open, and all go out in order once the hole is filled; a frame
+    delivered twice goes out once. Without on_gap (one process) the broker is as it always was."""
+    log = Log()
+    gaps: list[list[int]] = []
+    broker = Broker(
+        log.last_seq,
+        1000,
+        load_frames=log.load,
+        on_gap=lambda ch: gaps.append(sorted(ch.held)),
+        on_watch=lambda _: None,
+    )
+    log.broker = broker
+    subscription = await broker.subscribe(SID, None)
+    broker.deliver(numbered(1, 2))
+    broker.deliver(numbered(5, 6))
+    assert await take(subscription, 2) == [f for _, f in numbered(1, 2)]
+    assert gaps == [[5, 6]]
+    broker.deliver(numbered(2, 3))
+    assert gaps == [[5, 6], [5, 6]]
+    broker.deliver(numbered(4))
+    assert [f.seq for f in await take(subscription, 4)] == [3, 4, 5, 6]
+    channel = broker.existing(SID)
+    assert channel is not None and channel.held == {}
+    assert broker.watched() == {SID: 6}
+
+
+async def test_shared_mode_rebuilds_a_channel_nobody_watched_from_the_log() -> None:
+    """A channel whose streams all left is no longer fed by other replicas: the next stream of its session
+    starts from the log's head, not from the stale channel, and the broker says it is watched again."""
+    log = Log()
+    watched: list[str] = []
+    broker = make_shared(log, watched)
+    first = await broker.subscribe(SID, None)
+    await log.publish(2)
+    assert len(await take(first, 2)) == 2
+    first.close()
+    # Committed by another replica while nobody here watched: this broker never saw them.
+    log.rows.update({seq: Frame(seq, "agent_status", "{}") for seq in (3, 4)})
+    assert await broker.last_seq(SID) == 4
+    again = await broker.subscribe(SID, 2)
+    assert [f.seq for f in again.replay] == [3, 4]
+    assert watched == [SID, SID]
+
+
+def make_shared(log: Log, watched: list[str]) -> Broker:
+    broker = Broker(log.last_seq, 1000, load_frames=log.load, on_gap=lambda _: None, on_watch=watched.append)
+    log.broker = broker
+    return broker
+
+
+async def test_shared_mode_catches_up_to_a_position_seen_on_another_replica() -> None:
+    """A client that saw seq 4 on another replica resumes here while this channel (watched, so not
+    rebuilt) has delivered only 2: the log holds 3 and 4, so the channel catches up from it and the stream
+    goes on live from 4, where a single process would have answered a resync."""
+    log = Log()
+    broker = make_shared(log, [])
+    watching = await broker.subscribe(SID, None)
+    await log.publish(2)
+    log.rows.update({seq: Frame(seq, "agent_status", "{}") for seq in (3, 4)})
+    log.last = 4
+    resumed = await broker.subscribe(SID, 4)
+    assert resumed.replay == []
+    assert [f.seq for f in await take(watching, 4)] == [1, 2, 3, 4]
+    await log.publish(1)
+    assert [f.seq for f in await take(resumed, 1)] == [5]

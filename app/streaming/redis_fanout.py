@@ -1,0 +1,313 @@
+"""Fan-out across replicas: committed events go to a Redis Stream per session, and one reader per replica
+feeds the local broker's channels from the streams of the sessions its clients watch.
+
+The event log stays the only truth; Redis only carries events faster than polling it would.
+
+- Publishing: after each commit the write-behind hands its frames to this process's broker (local streams
+  get them at once, never through Redis) and to `deliver`, which queues them for one publisher task. It
+  XADDs each frame with its seq as the stream id (`<seq>-0`), so a frame published twice is refused by
+  Redis; each stream is capped (MAXLEN ~) and expires once its session is idle for STREAM_TTL.
+- Reading: one task, one connection, XREAD BLOCK over the streams of every watched session, each from the
+  last seq its channel delivered, so nothing falls between a stream's replay from the log and its live
+  frames. A new watched session wakes the reader through a wake stream of this replica's own (an XADD the
+  blocked XREAD returns for), not through a connection of its own.
+- Holes: a frame that does not follow its channel's last one (a publish lost while Redis was away, a
+  stream trimmed past a slow reader) is held by the channel and the frames before it are read from the log
+  (`_fill`); the sequencer commits a number only after every smaller one, so the log has them. If
+  retention pruned them, the session's streams end and their clients resume with a resync.
+- Redis down: the reader polls the log every `poll_interval` for the watched sessions (latency grows,
+  nothing is lost), pings Redis meanwhile, and once it answers reads the log once more and goes back to
+  XREAD. Failed publishes are dropped (the log has the frames). Every `sweep_interval` the reader also
+  compares each watched channel with the log's head: whatever could still slip through arrives then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from app.observability.hooks import fanout_backfilled, redis_state
+from app.streaming.broker import Broker, Channel, LoadFrames
+from app.streaming.frames import Frame
+
+log = logging.getLogger(__name__)
+
+STREAM_MAXLEN = 2000
+# Seconds a session's stream outlives its last event: idle sessions leave nothing behind.
+STREAM_TTL = 3600
+BLOCK_MS = 2000
+READ_COUNT = 2000
+POLL_INTERVAL = 0.5
+SWEEP_INTERVAL = 5.0
+# Frames waiting for the publisher beyond this are dropped (Redis is away; the log has them).
+OUTBOX_LIMIT = 100_000
+# Attempts to fill a hole from the log before its streams are ended (they resume from the log).
+FILL_ATTEMPTS = 20
+
+# The log's last seq of each of these sessions (absent: no event).
+LoadHeads = Callable[[list[str]], Awaitable[dict[str, int]]]
+
+_ERRORS = (RedisError, OSError, TimeoutError)
+
+
+def redis_client(url: str, **options: Any) -> Redis:
+    return Redis.from_url(url, decode_responses=True, socket_connect_timeout=2, **options)
+
+
+class RedisRelay:
+    """Publishes this replica's committed frames and feeds its broker with every other replica's."""
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        load_frames: LoadFrames,
+        load_heads: LoadHeads,
+        *,
+        poll_interval: float = POLL_INTERVAL,
+        sweep_interval: float = SWEEP_INTERVAL,
+    ) -> None:
+        self._prefix = prefix
+        self._load_frames = load_frames
+        self._load_heads = load_heads
+        self._poll_interval = poll_interval
+        self._sweep_interval = sweep_interval
+        # Named, so that CLIENT LIST shows what each connection is for (tests count them).
+        self._client = redis_client(url, socket_timeout=5, client_name=f"{prefix}:fanout")
+        # The reader's own connection: a blocked XREAD holds it.
+        self._reader = redis_client(
+            url,
+            socket_timeout=BLOCK_MS / 1000 + 5,
+            single_connection_client=True,
+            client_name=f"{prefix}:fanout-reader",
+        )
+        self._wake_key = f"{prefix}:wake:{uuid.uuid4().hex}"
+        self._wake_last = "0-0"
+        self._broker: Broker | None = None
+        self._outbox: list[tuple[str, Frame]] = []
+        self._outbox_ready = asyncio.Event()
+        self._reading: set[str] = set()
+        self._wake_wanted = False
+        self._waker: asyncio.Task[None] | None = None
+        self._filling: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.connected = False
+        self._was_connected = False
+        self._publish_failing = False
+
+    def key(self, session_id: str) -> str:
+        return f"{self._prefix}:events:{session_id}"
+
+    def attach(self, broker: Broker) -> None:
+        self._broker = broker
+
+    # --- publishing ------------------------------------------------------------------------------------
+
+    def deliver(self, committed: Sequence[tuple[str, Frame]]) -> None:
+        """The write-behind's delivery: local streams at once, other replicas through Redis."""
+        assert self._broker is not None
+        self._broker.deliver(committed)
+        if len(self._outbox) < OUTBOX_LIMIT:
+            self._outbox.extend(committed)
+            self._outbox_ready.set()
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            batch, self._outbox = self._outbox, []
+            try:
+                await self._publish(batch)
+            except _ERRORS as exc:
+                if not self._publish_failing:
+                    log.warning("fan-out: publishing to Redis failed (%s); other replicas poll the log", exc)
+                self._publish_failing = True
+                await asyncio.sleep(self._poll_interval)
+            else:
+                if self._publish_failing:
+                    log.warning("fan-out: publishing to Redis works again")
+                self._publish_failing = False
+
+    async def _publish(self, batch: list[tuple[str, Frame]]) -> None:
+        if not batch:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        keys: set[str] = set()
+        for session_id, frame in batch:
+            key = self.key(session_id)
+            keys.add(key)
+            fields = {"t": frame.type, "d": frame.data}
+            pipe.xadd(key, fields, id=f"{frame.seq}-0", maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+        for key in keys:
+            pipe.expire(key, STREAM_TTL)
+        for result in await pipe.execute(raise_on_error=False):
+            # A duplicate (its id is not above the stream's last) is refused: that is the point of it.
+            if isinstance(result, Exception) and not isinstance(result, ResponseError):
+                raise result
+
+    # --- reading ---------------------------------------------------------------------------------------
+
+    def watch(self, session_id: str) -> None:
+        """The broker's `on_watch`: a session got its first stream here; the reader must include it.
+        Wakes are coalesced in one task: a hundred new streams at once cost a few XADDs on one
+        connection, not a hundred connections."""
+        if session_id in self._reading or not self.connected:
+            return
+        self._wake_wanted = True
+        if self._waker is None or self._waker.done():
+            self._waker = asyncio.get_running_loop().create_task(self._wake(), name="fanout-wake")
+            self._tasks.add(self._waker)
+            self._waker.add_done_callback(self._tasks.discard)
+
+    async def _wake(self) -> None:
+        # Each XADD makes the reader read the watched sessions again: one asked for after an XADD was
+        # sent gets another.
+        while self._wake_wanted:
+            self._wake_wanted = False
+            # If Redis fails here the reader is not blocked on it: it polls the log, these sessions too.
+            with contextlib.suppress(*_ERRORS):
+                await self._client.xadd(self._wake_key, {"w": "1"}, maxlen=16, approximate=True)
+                await self._client.expire(self._wake_key, STREAM_TTL)
+
+    async def _read_loop(self) -> None:
+        assert self._broker is not None
+        swept = time.monotonic()
+        while True:
+            if not self.connected:
+                await self._until_connected()
+            watched = self._broker.watched()
+            streams = {self._wake_key: self._wake_last}
+            streams.update({self.key(sid): f"{seq}-0" for sid, seq in watched.items()})
+            self._reading = set(watched)
+            try:
+                reply = await self._reader.xread(streams, count=READ_COUNT, block=BLOCK_MS)  # type: ignore[arg-type]
+            except _ERRORS as exc:
+                self._set_connected(False, exc)
+                continue
+            self._apply(reply or [])
+            if time.monotonic() - swept >= self._sweep_interval:
+                swept = time.monotonic()
+                await self._poll_log()
+
+    def _apply(self, reply: Any) -> None:
+        assert self._broker is not None
+        start = len(self._prefix) + len(":events:")
+        # A list of [key, entries] pairs (RESP2), or a mapping of them (RESP3).
+        for key, entries in reply.items() if isinstance(reply, dict) else reply:
+            if key == self._wake_key:
+                self._wake_last = entries[-1][0]
+                continue
+            frames = [Frame(int(id_.partition("-")[0]), f["t"], f["d"]) for id_, f in entries]
+            channel = self._broker.existing(key[start:])
+            if channel is not None:
+                channel.deliver(frames)
+
+    async def _until_connected(self) -> None:
+        """Redis is away: poll the log until it answers, then catch up once more from the log."""
+        while True:
+            await self._poll_log()
+            try:
+                await asyncio.wait_for(self._reader.ping(), timeout=1.0)
+            except _ERRORS:
+                await asyncio.sleep(self._poll_interval)
+                continue
+            self._set_connected(True)
+            await self._poll_log()
+            return
+
+    def _set_connected(self, connected: bool, exc: BaseException | None = None) -> None:
+        if connected != self.connected:
+            if connected and not self._was_connected:
+                log.info("fan-out: reading and publishing events through Redis")
+            elif connected:
+                log.warning("fan-out: Redis answers; streams are live again")
+            else:
+                log.warning("fan-out: Redis unreachable (%s); streams poll the event log", exc)
+        self._was_connected = self._was_connected or connected
+        self.connected = connected
+        redis_state(connected)
+
+    async def _poll_log(self) -> None:
+        """Every watched channel brought up to the log's head."""
+        assert self._broker is not None
+        watched = self._broker.watched()
+        if not watched:
+            return
+        try:
+            heads = await self._load_heads(list(watched))
+            for sid, head in heads.items():
+                channel = self._broker.existing(sid)
+                if channel is not None and head > channel.delivered_seq:
+                    channel.deliver(await self._load_frames(sid, channel.delivered_seq, head + 1))
+        except Exception:
+            log.exception("fan-out: reading the event log failed; will retry")
+
+    # --- holes -----------------------------------------------------------------------------------------
+
+    def gap(self, channel: Channel) -> None:
+        """The broker's `on_gap`: the channel holds frames after a hole; fill it from the log."""
+        if channel.session_id not in self._filling and channel.subscribers:
+            self._filling.add(channel.session_id)
+            self._spawn(self._fill(channel), f"fanout-fill:{channel.session_id}")
+
+    async def _fill(self, channel: Channel) -> None:
+        assert self._broker is not None
+        sid = channel.session_id
+        try:
+            for _ in range(FILL_ATTEMPTS):
+                if not channel.held or self._broker.existing(sid) is not channel:
+                    return
+                after = channel.delivered_seq
+                frames = await self._load_frames(sid, after, min(channel.held))
+                if frames and frames[0].seq == after + 1:
+                    fanout_backfilled(len(frames))
+                    channel.deliver(frames)
+                    continue
+                if frames:
+                    break  # the log starts after the hole: retention pruned it
+                await asyncio.sleep(0.05)
+            if not channel.held or self._broker.existing(sid) is not channel:
+                return
+            log.warning("fan-out: events of session %s are no longer in the log; its streams resync", sid)
+            self._broker.drop(sid)
+        except Exception:
+            log.exception("fan-out: filling a hole of session %s failed; its streams resume", sid)
+            self._broker.drop(sid)
+        finally:
+            self._filling.discard(sid)
+
+    # --- life ------------------------------------------------------------------------------------------
+
+    def _spawn(self, work: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(work)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def start(self) -> None:
+        try:
+            await asyncio.wait_for(self._reader.ping(), timeout=2.0)
+            self._set_connected(True)
+        except _ERRORS as exc:
+            log.warning("fan-out: Redis unreachable at start (%s); streams poll the event log", exc)
+        self._spawn(self._publish_loop(), "fanout-publish")
+        self._spawn(self._read_loop(), "fanout-read")
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # The last batch of the write-behind's final flush, once, without waiting on a Redis that is away.
+        batch, self._outbox = self._outbox, []
+        with contextlib.suppress(*_ERRORS):
+            await asyncio.wait_for(self._publish(batch), timeout=1.0)
+        await self._client.aclose()
+        await self._reader.aclose()

@@ -1,0 +1,235 @@
+"""Turn control when several replicas serve one database (PARLEY_REDIS_URL): requests act on a turn
+wherever it runs.
+
+This process's runner still runs the turns it took. What a request needs from a turn that runs on
+another replica goes there, or is read from what that replica commits:
+- cancel (and the stop before a delete) is broadcast on the control channel; the replica that runs the
+  turn stops it with its own runner and answers with the same result a local cancel gives;
+- client tool results and approval decisions go to the turn's replica the same way, and its refusal
+  (409, 410, 422) comes back as it would have been given there;
+- a delete is then done here and announced, so every replica forgets the session and ends its streams;
+- `turn_end` and `taker` (what `?wait=true` waits on) follow the session's committed events (the fan-out,
+  which falls back to polling the log without Redis) and the turn's rows, never another process's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from app.errors import Unavailable
+from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
+from app.protocol.tool_requests import ClientTool, Resolution
+from app.storage import repository, turn_queries
+from app.storage.engine import Database
+from app.storage.tables import ChatSessionRow
+from app.streaming.broker import EventFanOut, Subscription
+from app.streaming.control import ControlBus
+from app.turns.live import LiveStatus
+from app.turns.runner import Runner
+from app.turns.waiting import AnswerRefused, Kind
+
+log = logging.getLogger(__name__)
+
+# Longest wait for the turn's replica to answer a cancel (it answers once the turn's end is committed).
+CONTROL_TIMEOUT = 10.0
+# A wait on another replica's turn also re-reads the turn's rows this often (events carry the end).
+RECHECK_SECONDS = 1.0
+
+
+class OwnerUnreachable(Unavailable):
+    code = "turn_owner_unreachable"
+
+
+class ReplicaTurns:
+    """The TurnControl of a replica: the local runner, plus the control channel and the fan-out."""
+
+    def __init__(self, runner: Runner, bus: ControlBus, fanout: EventFanOut, database: Database) -> None:
+        self._runner = runner
+        self._bus = bus
+        self._fanout = fanout
+        self._database = database
+        bus.handle_with(self._handle)
+
+    @property
+    def closing(self) -> bool:
+        return self._runner.closing
+
+    def live(self, session_id: str) -> LiveStatus:
+        return self._runner.live(session_id)
+
+    def is_closed(self, session_id: str) -> bool:
+        return self._runner.is_closed(session_id)
+
+    async def post(
+        self,
+        session: ChatSessionRow,
+        content: str,
+        sender: str,
+        delivery: Delivery,
+        *,
+        message_id: str | None = None,
+        client_message_id: str | None = None,
+        client_tools: list[ClientTool] | None = None,
+    ) -> MessageAccepted:
+        return await self._runner.post(
+            session,
+            content,
+            sender,
+            delivery,
+            message_id=message_id,
+            client_message_id=client_message_id,
+            client_tools=client_tools,
+        )
+
+    async def queue(self, session_id: str) -> list[QueuedMessage]:
+        return await self._runner.queue(session_id)
+
+    async def withdraw(self, session_id: str, message_ids: list[str] | None = None) -> list[QueuedMessage]:
+        return await self._runner.withdraw(session_id, message_ids)
+
+    async def answer(self, session_id: str, kind: Kind, items: list[dict[str, Any]]) -> list[Resolution]:
+        """Client tool results and approval decisions, to the replica whose turn waits for them."""
+        if self._runner.runs(session_id) or await self._open_turn(session_id) is None:
+            return await self._runner.answer(session_id, kind, items)
+        reply = await self._bus.request(
+            "answer", session_id, {"kind": kind, "items": items}, timeout=CONTROL_TIMEOUT
+        )
+        if reply is None:
+            if self._runner.runs(session_id) or await self._open_turn(session_id) is None:
+                return await self._runner.answer(session_id, kind, items)
+            raise OwnerUnreachable(
+                "The turn runs on another replica that did not take the answer; send it again.",
+                details={"session_id": session_id},
+                retry_after=1,
+            )
+        refused = reply.get("refused")
+        if refused is not None:
+            raise _refusal(refused)
+        return [Resolution.model_validate(r) for r in reply["resolved"]]
+
+    # --- stopping --------------------------------------------------------------------------------------
+
+    async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult:
+        if self._runner.runs(session_id) or await self._open_turn(session_id) is None:
+            return await self._runner.cancel(session_id, clear_queue=clear_queue)
+        answer = await self._bus.request(
+            "cancel", session_id, {"clear_queue": clear_queue}, timeout=CONTROL_TIMEOUT
+        )
+        if answer is not None:
+            return CancelResult.model_validate(answer)
+        if self._runner.runs(session_id) or await self._open_turn(session_id) is None:
+            # It ended (or came here) meanwhile: what a cancel says now.
+            return await self._runner.cancel(session_id, clear_queue=clear_queue)
+        raise OwnerUnreachable(
+            "The turn runs on another replica that did not answer the stop; try again in a moment.",
+            details={"session_id": session_id},
+            retry_after=1,
+        )
+
+    async def delete_session(self, session_id: str) -> None:
+        if not self._runner.runs(session_id) and await self._open_turn(session_id) is not None:
+            # Its replica stops the turn (and deletes the session); then the rows are surely gone here too.
+            await self._bus.request("delete", session_id, {}, timeout=CONTROL_TIMEOUT)
+        await self._runner.delete_session(session_id)
+        await self._bus.notify("deleted", session_id, {})
+
+    async def _handle(self, op: str, session_id: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        """A request from another replica: answered only where the session's turn runs."""
+        if op == "deleted":
+            self._runner.forget(session_id)
+            return None
+        if not self._runner.runs(session_id):
+            return None
+        if op == "cancel":
+            result = await self._runner.cancel(session_id, clear_queue=bool(args.get("clear_queue")))
+            return result.model_dump(mode="json")
+        if op == "delete":
+            await self._runner.delete_session(session_id)
+            return {}
+        if op == "answer":
+            try:
+                resolved = await self._runner.answer(session_id, args["kind"], args["items"])
+            except AnswerRefused as refused:
+                # Carried back whole: the asking replica answers with the same status and body.
+                return {"refused": {**vars(refused), "status": refused.status, "code": refused.code}}
+            return {"resolved": [r.model_dump(mode="json") for r in resolved]}
+        return None
+
+    async def _open_turn(self, session_id: str) -> str | None:
+        async with self._database.session() as db:
+            return await turn_queries.open_turn_id(db, session_id)
+
+    # --- waiting ---------------------------------------------------------------------------------------
+
+    async def turn_end(self, turn_id: str) -> None:
+        """Returns once the turn's end is committed, wherever it runs."""
+        if self._runner.owns_turn(turn_id):
+            await self._runner.turn_end(turn_id)
+            return
+        state = await self._turn_state(turn_id)
+        if state is None or state[1]:
+            return
+        subscription = await self._fanout.subscribe(state[0], None)
+        try:
+            # Subscribed first, then read: an end committed in between is in the rows.
+            while not await self._ended(turn_id):
+                if await _next_turn_done(subscription, turn_id):
+                    return
+        finally:
+            subscription.close()
+
+    async def taker(self, session_id: str, message_id: str) -> str | None:
+        """As the runner's, also for a message another replica's turn takes."""
+        if self._runner.holds_waiting(session_id, message_id):
+            return await self._runner.taker(session_id, message_id)
+        subscription = await self._fanout.subscribe(session_id, None)
+        try:
+            while True:
+                async with self._database.session() as db:
+                    row = await repository.get_message(db, message_id)
+                    waiting = row is None and await repository.get_queued(db, message_id) is not None
+                if row is not None:
+                    return row.turn_id if row.session_id == session_id else None
+                if not waiting or self.closing:
+                    return None
+                await _next_batch(subscription)
+        finally:
+            subscription.close()
+
+    async def _turn_state(self, turn_id: str) -> tuple[str, bool] | None:
+        async with self._database.session() as db:
+            return await turn_queries.turn_state(db, turn_id)
+
+    async def _ended(self, turn_id: str) -> bool:
+        state = await self._turn_state(turn_id)
+        return state is None or state[1]
+
+
+def _refusal(refused: dict[str, Any]) -> AnswerRefused:
+    """The owner's refusal of an answer, as this replica raises it (same status, code and body)."""
+    error = AnswerRefused(refused["message"], details=refused.get("details"))
+    error.status, error.code = int(refused["status"]), str(refused["code"])
+    return error
+
+
+async def _next_batch(subscription: Subscription) -> list[str]:
+    """The JSON of the subscription's next frames; [] after RECHECK_SECONDS without any."""
+    try:
+        async with asyncio.timeout(RECHECK_SECONDS):
+            batch = await subscription.subscriber.next_batch()
+    except TimeoutError:
+        return []
+    if batch is None:  # the stream ended (deleted, shutdown, overflow): the rows decide
+        await asyncio.sleep(RECHECK_SECONDS)
+        return []
+    return [frame.data for frame in batch]
+
+
+async def _next_turn_done(subscription: Subscription, turn_id: str) -> bool:
+    for data in await _next_batch(subscription):
+        if data.startswith('{"type":"turn_done"') and json.loads(data).get("turn_id") == turn_id:
+            return True
+    return False

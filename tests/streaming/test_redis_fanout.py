@@ -1,0 +1,174 @@
+"""The Redis relay (app.streaming.redis_fanout) in one process: two replicas' event stacks (write-behind,
+broker, relay, wired as app.main wires them) over one migrated SQLite file and a real Redis, the events
+written by one and streamed by the other. Multi-process proofs: tests/fanout/."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio
+
+from app.main import _event_log
+from app.protocol.events import AgentStatus
+from app.settings import Settings
+from app.storage import event_log
+from app.storage.engine import Database
+from app.streaming.broker import Broker, Subscription
+from app.streaming.frames import Frame
+from app.streaming.redis_fanout import STREAM_TTL, RedisRelay
+from app.streaming.writer import WriteBehind
+from tests.support.redis import REDIS_URL, RedisServer, own_redis, redis_prefix
+from tests.support.rows import add_sessions
+
+pytestmark = pytest.mark.anyio
+__all__ = ["own_redis", "redis_prefix"]  # fixtures
+
+SID = "s_relay"
+
+
+@dataclass
+class Replica:
+    database: Database
+    writer: WriteBehind
+    broker: Broker
+    relay: RedisRelay | None
+
+    def publish(self, count: int) -> None:
+        events = self.writer.publisher(SID)
+        for _ in range(count):
+            events.emit(AgentStatus, status="thinking")
+
+    async def close(self) -> None:
+        await self.writer.stop()
+        if self.relay is not None:
+            await self.relay.stop()
+        self.broker.close_all()
+        await self.database.dispose()
+
+
+async def replica(database_url: str, redis_url: str | None, prefix: str) -> Replica:
+    settings = Settings(database_url=database_url, redis_url=redis_url, redis_prefix=prefix)
+    database = Database(database_url)
+    writer, broker, relay = _event_log(settings, database)
+    writer.start()
+    if relay is not None:
+        await relay.start()
+    return Replica(database, writer, broker, relay)
+
+
+@pytest.fixture
+async def pair(database_url: str, redis_prefix: str) -> AsyncIterator[tuple[Replica, Replica]]:
+    a = await replica(database_url, REDIS_URL, redis_prefix)
+    b = await replica(database_url, REDIS_URL, redis_prefix)
+    await add_sessions(a.database, SID)
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+class Reader:
+    """A subscription's frames so far (its replay first)."""
+
+    def __init__(self, subscription: Subscription) -> None:
+        self.subscription = subscription
+        self.frames: list[Frame] = list(subscription.replay)
+
+    async def until(self, count: int, within: float = 5.0) -> list[Frame]:
+        """The frames once there are `count` of them."""
+        async with asyncio.timeout(within):
+            while len(self.frames) < count:
+                batch = await self.subscription.subscriber.next_batch()
+                assert batch is not None, "the stream ended"
+                self.frames.extend(batch)
+        return list(self.frames)
+
+
+async def reconnected(relay: RedisRelay, within: float = 5.0) -> None:
+    for _ in range(int(within / 0.05)):
+        if relay.connected:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the relay did not reconnect within {within} s")
+
+
+async def logged(database: Database) -> list[tuple[int, str, str]]:
+    async with database.session() as db:
+        return await event_log.events_between(db, SID, 0, 1_000_000)
+
+
+async def test_events_written_on_one_replica_stream_on_another_as_logged(
+    pair: tuple[Replica, Replica], redis_prefix: str
+) -> None:
+    """B writes, A streams: A's subscriber gets every event, contiguous, byte for byte what the log holds;
+    one that resumes mid-way on A gets the rest from its position with nothing twice. Each session's
+    Redis stream carries the seq as its id and expires (no idle session leaks)."""
+    a, b = pair
+    live = Reader(await a.broker.subscribe(SID, 0))
+    b.publish(30)
+    first = await live.until(30)
+    resumed = Reader(await a.broker.subscribe(SID, 10))
+    b.publish(20)
+    rest = await resumed.until(40)
+    everything = await live.until(50)
+    rows = await logged(b.database)
+    assert [(f.seq, f.type, f.data) for f in everything] == rows
+    assert [f.seq for f in first] == list(range(1, 31))
+    assert [(f.seq, f.data) for f in rest] == [(s, d) for s, _, d in rows[10:]]
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        key = f"{redis_prefix}:events:{SID}"
+        ids = [entry_id for entry_id, _ in await client.xrange(key) or []]
+        assert ids == [f"{n}-0" for n in range(1, 51)]
+        assert 0 < await client.ttl(key) <= STREAM_TTL
+    finally:
+        await client.aclose()
+
+
+async def test_a_hole_in_what_redis_brings_is_filled_from_the_log(
+    database_url: str, pair: tuple[Replica, Replica]
+) -> None:
+    """Events committed by a writer that never published them (as when Redis was away at its publish)
+    and then events that were published: the reader sees a hole before the first published one, holds
+    it, fills the hole from the log and delivers all in order, long before its periodic sweep (5 s)."""
+    a, b = pair
+    live = Reader(await a.broker.subscribe(SID, None))
+    silent = await replica(database_url, None, "unused")
+    try:
+        silent.publish(7)
+        await silent.writer.flush()
+    finally:
+        await silent.close()
+    b.publish(3)
+    frames = await live.until(10, within=2.0)
+    assert [f.seq for f in frames] == list(range(1, 11))
+    assert [(f.seq, f.type, f.data) for f in frames] == await logged(a.database)
+
+
+async def test_without_redis_streams_poll_the_log_and_recover(
+    database_url: str, own_redis: RedisServer
+) -> None:
+    """Redis killed (its data lost) while B writes: A's stream still gets every event, from the log, and
+    once Redis is back (empty) live delivery resumes; nothing missing, nothing twice."""
+    a = await replica(database_url, own_redis.url, "p")
+    b = await replica(database_url, own_redis.url, "p")
+    try:
+        await add_sessions(a.database, SID)
+        live = Reader(await a.broker.subscribe(SID, None))
+        b.publish(5)
+        await live.until(5)
+        await asyncio.to_thread(own_redis.stop)
+        b.publish(5)
+        await live.until(10, within=5.0)
+        assert a.relay is not None and not a.relay.connected
+        await asyncio.to_thread(own_redis.start)
+        await reconnected(a.relay)
+        b.publish(5)
+        frames = await live.until(15, within=5.0)
+        assert [f.seq for f in frames] == list(range(1, 16))
+        assert [(f.seq, f.type, f.data) for f in frames] == await logged(a.database)
+    finally:
+        await a.close()
+        await b.close()
