@@ -5,6 +5,7 @@ timeout, and optionally no server-side prepared statements (for PgBouncer in tra
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -116,17 +117,37 @@ def _postgres_engine(url: str, pool: PoolOptions) -> AsyncEngine:
     }
     if pool.pgbouncer:
         connect_args["prepare_threshold"] = None
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         connect_args=connect_args,
         pool_size=pool.size,
         max_overflow=pool.max_overflow,
         pool_timeout=pool.timeout,
-        # A connection the server (or a proxy) closed is replaced at checkout, so the service recovers
-        # by itself once the database is back; the hot path's raw statements bypass SQLAlchemy's own
-        # detection of a dead connection.
-        pool_pre_ping=True,
     )
+    # A connection the server (or a proxy) closed is replaced at checkout, so the service recovers by
+    # itself once the database is back: by a look at its socket (_check_alive), not by pool_pre_ping's
+    # round trip before every transaction.
+    event.listen(engine.sync_engine, "checkout", _check_alive)
+    return engine
+
+
+def _check_alive(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """Raises DisconnectionError (the pool then opens a new connection in its place) for a pooled
+    connection that is dead: psycopg saw it break, or its socket has something to read.
+
+    A connection idle in the pool is owed nothing by the server: whatever arrives on it is the server
+    closing it (a restart, pg_terminate_backend, idle_session_timeout: an error message, then EOF) or a
+    proxy resetting it, both seen as a readable socket without a round trip. (A server message that is
+    harmless, a parameter change after a configuration reload, costs a reconnect, no error.) The hot
+    path's raw statements bypass SQLAlchemy's own detection of a dead connection; psycopg marks the
+    connection broken or closed, and the next checkout replaces it."""
+    connection = dbapi_connection.driver_connection
+    if connection.closed or connection.broken:
+        raise DisconnectionError("the connection is closed")
+    poller = select.poll()
+    poller.register(connection.pgconn.socket, select.POLLIN | select.POLLPRI)
+    if poller.poll(0):
+        raise DisconnectionError("the server closed the connection, or sent on it while idle")
 
 
 class Database:

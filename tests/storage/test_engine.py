@@ -3,6 +3,8 @@ file; PostgreSQL's bounded pool, statement timeout and PgBouncer mode."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import sqlalchemy.exc
 from sqlalchemy import create_engine, text
@@ -94,5 +96,32 @@ async def test_a_session_that_waits_for_a_full_pool_times_out(postgres_database:
             async with database.session() as db:
                 with pytest.raises(sqlalchemy.exc.TimeoutError):
                     await db.connection()
+    finally:
+        await database.dispose()
+
+
+async def test_pooled_connections_the_server_closed_are_replaced_at_checkout(
+    postgres_database: ScratchDatabase,
+) -> None:
+    """A restart of PostgreSQL (here: every backend of the database terminated) while the pool holds idle
+    connections: the sessions that come next each get a live connection, none fails. Without the check at
+    checkout the first of them fails on its dead connection (tried: the statement raises
+    OperationalError), and the pool pings no connection before use any more, so this is what proves that
+    a dead one is still noticed."""
+    database = Database(postgres_database.url, pool=PoolOptions(size=3, max_overflow=0))
+
+    async def read() -> int:
+        async with database.session() as db:
+            found = await (await raw(db)).fetchall("SELECT count(*) FROM chat_sessions")
+            await asyncio.sleep(0.05)  # held together, so the pool opens all three connections
+            return int(found[0][0])
+
+    try:
+        assert list(await asyncio.gather(read(), read(), read())) == [0, 0, 0]
+        assert database.engine.pool.checkedin() == 3  # type: ignore[attr-defined]
+        assert postgres_database.terminate_backends() == 3
+        await asyncio.sleep(0.2)  # the server's goodbye reaches the idle sockets
+        assert list(await asyncio.gather(read(), read(), read())) == [0, 0, 0]
+        assert [await read() for _ in range(3)] == [0, 0, 0]
     finally:
         await database.dispose()
