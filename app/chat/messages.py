@@ -89,7 +89,7 @@ class Messages:
 
     async def _find(self, session_id: str, message_id: str) -> MessageAccepted | None:
         """A message an earlier attempt stored before it could answer (it crashed in between)."""
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             stored = await repository.get_message(db, message_id)
             waiting = await repository.get_queued(db, message_id) if stored is None else None
         if stored is not None and stored.session_id == session_id:
@@ -145,7 +145,7 @@ class Messages:
         try:
             [withdrawn] = await self._turns.withdraw(session_id, [message_id])
         except NotWaiting as exc:
-            async with self._database.session() as db:
+            async with self._database.read() as db:
                 taken = await repository.message_position(db, session_id, message_id)
             if taken is not None:
                 raise Conflict(
@@ -165,7 +165,7 @@ class Messages:
         # Read before the rows: events published meanwhile come after it, so a client that subscribes
         # with after=last_event_id gets them; nothing falls in between.
         last_event_id = await self._fanout.last_seq(session_id)
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             after_pos = await _position(db, session_id, after) if after else None
             before_pos = await _position(db, session_id, before) if before else None
             rows = await repository.list_messages(

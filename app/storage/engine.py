@@ -159,10 +159,25 @@ class Database:
         self.engine = create_engine(url, busy_timeout_ms=busy_timeout_ms, pool=pool)
         self.dialect = self.engine.dialect.name
         self._factory = async_sessionmaker(self.engine, class_=AsyncSession, expire_on_commit=False)
+        # PostgreSQL's reads in autocommit: the same snapshots as in a transaction (READ COMMITTED takes one
+        # per statement either way), without its BEGIN and ROLLBACK round trips, and without the
+        # DEALLOCATE ALL that psycopg sends after a ROLLBACK, forgetting the statements it had prepared.
+        reads = self.engine
+        if self.dialect == "postgresql":
+            reads = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._read_factory = async_sessionmaker(reads, class_=AsyncSession, expire_on_commit=False)
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncSession]:
         async with self._factory() as db:
+            yield db
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncSession]:
+        """A session that only reads: every statement sees what was committed before it began. Nothing
+        written in it is atomic (on PostgreSQL each statement commits by itself): writes go in
+        `session()`. On SQLite the same as `session()`."""
+        async with self._read_factory() as db:
             yield db
 
     async def ping(self, timeout: float = 2.0) -> bool:
