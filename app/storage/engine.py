@@ -19,6 +19,8 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.storage.sql import load_json
+
 if TYPE_CHECKING:
     from app.settings import Settings
 
@@ -123,6 +125,7 @@ def _postgres_engine(url: str, pool: PoolOptions) -> AsyncEngine:
         pool_size=pool.size,
         max_overflow=pool.max_overflow,
         pool_timeout=pool.timeout,
+        json_deserializer=load_json,
     )
     # A connection the server (or a proxy) closed is replaced at checkout, so the service recovers by
     # itself once the database is back: by a look at its socket (_check_alive), not by pool_pre_ping's

@@ -12,7 +12,7 @@ from sqlalchemy.orm import configure_mappers
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage.sql import Raw, dialect_insert, raw
+from app.storage.sql import Raw, dialect_insert, load_json, raw
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
 
 # --- chat sessions ---------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def _decoder(column: Any) -> Any:
     JSON and booleans decoded already)."""
     kind = column.type.__class__.__name__
     if kind == "JSON":
-        return lambda v: None if v is None else json.loads(v)
+        return lambda v: None if v is None else load_json(v)
     if kind == "Boolean":
         return lambda v: None if v is None else bool(v)
     return None

@@ -8,6 +8,7 @@ placeholders and SQL both dialects read; `RawPostgres` turns the placeholders in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol
@@ -98,6 +99,16 @@ async def raw(db: AsyncSession) -> Raw:
     if dialect_name(db) == "postgresql":
         return RawPostgres(connection)
     return RawSqlite(connection)
+
+
+def load_json(stored: str | bytes) -> Any:
+    """A JSON column's stored text as Python, for both drivers (psycopg hands bytes). Most stored values
+    are `null` (a message without arguments or client tools): those skip the parser. Bytes are decoded
+    first, since json.loads would otherwise sniff their encoding byte by byte (measured: a third of the
+    JSON cost of a history page on PostgreSQL)."""
+    if stored == b"null" or stored == "null":
+        return None
+    return json.loads(stored.decode() if isinstance(stored, bytes) else stored)
 
 
 def dialect_name(db: AsyncSession) -> str:
