@@ -12,7 +12,7 @@ from sqlalchemy.orm import configure_mappers
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage.sql import Raw, dialect_insert, load_json, raw
+from app.storage.sql import Raw, RawPostgres, dialect_insert, load_json, raw
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
 
 # --- chat sessions ---------------------------------------------------------------------------------
@@ -226,8 +226,8 @@ async def set_message_texts(db: AsyncSession, texts: Sequence[tuple[str, str]]) 
     if not texts:
         return
     conn = await raw(db)
-    if conn.dialect == "postgresql":  # one statement over two arrays (event_log.log_events says why)
-        await conn.execute(
+    if isinstance(conn, RawPostgres):  # one statement over two arrays (event_log.log_events says why)
+        await conn.execute_columns(
             "UPDATE chat_messages SET content = t.content FROM unnest(?::varchar[], ?::varchar[])"
             " AS t(id, content) WHERE chat_messages.id = t.id",
             ([mid for mid, _ in texts], [text for _, text in texts]),

@@ -415,6 +415,40 @@ async def test_events_insert_last_seq_and_replay(database: Database) -> None:
         assert [e.session_id for e in await event_log.events_after(db, "s_b", 0, 10)] == ["s_b", "s_b"]
 
 
+# What the hot path's whole-column statements carry (PostgreSQL sends them as binary arrays): JSON with
+# quotes and escapes, backslashes, braces and commas (an array literal's own syntax), non-ASCII text, an
+# empty string, the word NULL, a long string.
+AWKWARD = [
+    '{"type":"text_delta","text":"say \\"hi\\", then {a,b} \\\\ done"}',
+    '{"text":"Grüße, 東京 🚀\\nnext line\\ttab"}',
+    "",
+    "NULL",
+    '"' + "x, y} " * 2000 + '"',
+]
+
+
+async def test_the_event_log_and_streamed_text_keep_every_byte(database: Database) -> None:
+    """Events logged in one batch and streamed texts written in one statement come back exactly as they
+    went in, whatever their characters: a mangled byte would be a stream that replays differently from
+    what clients saw live."""
+    await add_sessions(database, "s_a")
+    rows = [message("s_a", "t_1", "text", role="assistant", content="") for _ in AWKWARD]
+    await add_messages(database, rows)
+    async with database.session() as db:
+        await event_log.log_events(
+            db, [("s_a", seq, f"type {seq}", data) for seq, data in enumerate(AWKWARD, start=1)]
+        )
+        await repository.set_message_texts(
+            db, [(row.id, text) for row, text in zip(rows, AWKWARD, strict=True)]
+        )
+        await db.commit()
+    async with database.session() as db:
+        logged = await event_log.events_between(db, "s_a", 0, len(AWKWARD) + 1)
+        stored = {row.id: row.content for row in await repository.list_messages(db, "s_a")}
+    assert logged == [(seq, f"type {seq}", data) for seq, data in enumerate(AWKWARD, start=1)]
+    assert [stored[row.id] for row in rows] == AWKWARD
+
+
 async def test_a_number_is_logged_once(database: Database) -> None:
     """Numbers are taken in the transaction that logs them (streaming.sequencing): a duplicate is a bug,
     and the log refuses it rather than ignoring it."""
