@@ -257,6 +257,35 @@ async def list_messages(
         where += " AND position < ?"
         params.append(before_position)
     backwards = before_position is not None
+    return await _page(db, where, params, backwards=backwards, limit=limit)
+
+
+async def page_messages(
+    db: AsyncSession,
+    session_id: str,
+    *,
+    limit: int,
+    after_id: str | None = None,
+    before_id: str | None = None,
+) -> list[ChatMessageRow]:
+    """As `list_messages`, with the bounds given as message ids of the session, found by the same
+    statement (one round trip where a lookup of the position first made two). A bound that names no
+    message of the session gives no rows: `message_position` tells that apart from an empty page."""
+    where = "WHERE session_id = ?"
+    params: list[Any] = [session_id]
+    position = "(SELECT position FROM chat_messages WHERE session_id = ? AND id = ?)"
+    if after_id is not None:
+        where += f" AND position > {position}"
+        params += [session_id, after_id]
+    if before_id is not None:
+        where += f" AND position < {position}"
+        params += [session_id, before_id]
+    return await _page(db, where, params, backwards=before_id is not None, limit=limit)
+
+
+async def _page(
+    db: AsyncSession, where: str, params: list[Any], *, backwards: bool, limit: int | None
+) -> list[ChatMessageRow]:
     where += " ORDER BY position DESC" if backwards else " ORDER BY position"
     if limit is not None:
         where += " LIMIT ?"

@@ -256,6 +256,33 @@ async def test_add_usage_accumulates_tokens(database: Database) -> None:
 # --- chat messages ---------------------------------------------------------------------------------------
 
 
+async def test_a_page_bounded_by_message_ids(database: Database) -> None:
+    """page_messages finds its bounds by id in the same statement: the same pages as list_messages with
+    their positions, and no rows for an id that is not a message of the session (another session's
+    included), which the caller then reports as an invalid cursor."""
+    await add_sessions(database, "s_a", "s_b")
+    rows = [message("s_a", "t_1", "text", role="user", content=f"msg {i}") for i in range(10)]
+    await add_messages(database, rows)
+    other = message("s_b", "t_9", "text", role="user", content="other")
+    await add_messages(database, [other])
+    ids = [row.id for row in rows]
+
+    def contents(found: list[ChatMessageRow]) -> list[str | None]:
+        return [m.content for m in found]
+
+    async with database.read() as db:
+        assert contents(await repository.page_messages(db, "s_a", limit=3)) == ["msg 0", "msg 1", "msg 2"]
+        after = await repository.page_messages(db, "s_a", limit=4, after_id=ids[3])
+        assert contents(after) == ["msg 4", "msg 5", "msg 6", "msg 7"]
+        before = await repository.page_messages(db, "s_a", limit=3, before_id=ids[8])
+        assert contents(before) == ["msg 5", "msg 6", "msg 7"]
+        between = await repository.page_messages(db, "s_a", limit=10, after_id=ids[2], before_id=ids[6])
+        assert contents(between) == ["msg 3", "msg 4", "msg 5"]
+        assert await repository.page_messages(db, "s_a", limit=3, after_id=ids[9]) == []
+        assert await repository.page_messages(db, "s_a", limit=3, after_id="m_nope") == []
+        assert await repository.page_messages(db, "s_a", limit=3, before_id=other.id) == []
+
+
 async def test_list_messages_in_position_order_with_paging(database: Database) -> None:
     await add_sessions(database, "s_a", "s_b")
     # Ids and timestamps run backwards, so only `position` gives the insertion order.
