@@ -180,11 +180,11 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
     )
 
     async def last_seq(session_id: str) -> int:
-        async with database.session() as db:
+        async with database.read() as db:
             return await event_log.last_event_seq(db, session_id)
 
     async def load_frames(session_id: str, after: int, before: int) -> list[Frame]:
-        async with database.session() as db:
+        async with database.read() as db:
             rows = await event_log.events_between(db, session_id, after, before)
         return [Frame(seq, type_, data) for seq, type_, data in rows]
 

@@ -341,7 +341,8 @@ def _storage(results: dict[str, Any]) -> list[Figure]:
             "ms",
             20,
             note=f"p50 {get(storage, 'pages_ms', 'all', 'p50')} ms; first, middle (after=) and newest "
-            f"(before=) pages; {get(storage, 'pages_ms', 'messages_in_session')} messages",
+            f"(before=) pages; {get(storage, 'pages_ms', 'messages_in_session')} messages; server CPU "
+            f"{get(storage, 'pages_ms', 'server_cpu_ms_per_page')} ms a page",
         ),
         Figure(
             "replay_ms",
@@ -349,7 +350,8 @@ def _storage(results: dict[str, Any]) -> list[Figure]:
             get(storage, "replay", "ms", "p50"),
             "ms",
             200,
-            note=f"{get(storage, 'replay', 'events')} events; max {get(storage, 'replay', 'ms', 'max')} ms",
+            note=f"{get(storage, 'replay', 'events')} events; max {get(storage, 'replay', 'ms', 'max')} ms; "
+            f"server CPU {get(storage, 'replay', 'server_cpu_ms_per_replay')} ms a replay",
         ),
         Figure(
             "idle_streams_rss_mb",

@@ -108,7 +108,8 @@ def figures(results: dict[str, Any]) -> list[Figure]:
             "ms",
             20,
             note=f"p50 {get(storage, 'pages_ms', 'all', 'p50')} ms; "
-            f"{get(storage, 'pages_ms', 'messages_in_session')} messages",
+            f"{get(storage, 'pages_ms', 'messages_in_session')} messages; server CPU "
+            f"{get(storage, 'pages_ms', 'server_cpu_ms_per_page')} ms a page",
         ),
         Figure(
             "postgres_replay_ms",
@@ -116,6 +117,7 @@ def figures(results: dict[str, Any]) -> list[Figure]:
             get(storage, "replay", "ms", "p50"),
             "ms",
             200,
-            note=f"{get(storage, 'replay', 'events')} events; max {get(storage, 'replay', 'ms', 'max')} ms",
+            note=f"{get(storage, 'replay', 'events')} events; max {get(storage, 'replay', 'ms', 'max')} ms; "
+            f"server CPU {get(storage, 'replay', 'server_cpu_ms_per_replay')} ms a replay",
         ),
     ]

@@ -45,12 +45,16 @@ async def pages(server: ServerProcess, seeded: Seeded, page: int, calls: int) ->
         for path in paths.values():  # warm: the first call pays for code paths, not for the data
             await _timed_get(conn, path)
         samples: dict[str, list[float]] = {name: [] for name in paths}
+        cpu = server.cpu_seconds()
         for _ in range(calls):
             for name, path in paths.items():
                 samples[name].append(await _timed_get(conn, path))
+        cpu = server.cpu_seconds() - cpu
     finally:
         await conn.close()
     result: dict[str, Any] = {name: dist(values, MS) for name, values in samples.items()}
+    # The server's own CPU per page: what a busy machine does not change, unlike the times above.
+    result["server_cpu_ms_per_page"] = round(cpu * MS / (calls * len(paths)), 3)
     result["all"] = dist([v for values in samples.values() for v in values], MS)
     result["messages_in_session"] = seeded.history_messages
     result["page_size"] = page
@@ -60,6 +64,7 @@ async def pages(server: ServerProcess, seeded: Seeded, page: int, calls: int) ->
 async def replay(server: ServerProcess, seeded: Seeded, runs: int) -> dict[str, Any]:
     times: list[float] = []
     resyncs = 0
+    cpu = server.cpu_seconds()
     for _ in range(runs):
         stream = EventStream(server.port, seeded.replay_session, after=0)
         began = time.monotonic()
@@ -70,7 +75,14 @@ async def replay(server: ServerProcess, seeded: Seeded, runs: int) -> dict[str, 
             resyncs += stream.counts["resync"]
         finally:
             await stream.close()
-    return {"events": seeded.replay_events, "runs": runs, "resyncs": resyncs, "ms": dist(times, MS)}
+    cpu = server.cpu_seconds() - cpu
+    return {
+        "events": seeded.replay_events,
+        "runs": runs,
+        "resyncs": resyncs,
+        "ms": dist(times, MS),
+        "server_cpu_ms_per_replay": round(cpu * MS / runs, 1),
+    }
 
 
 async def idle_streams(server: ServerProcess, seeded: Seeded, settle_s: float) -> dict[str, Any]:

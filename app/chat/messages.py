@@ -89,7 +89,7 @@ class Messages:
 
     async def _find(self, session_id: str, message_id: str) -> MessageAccepted | None:
         """A message an earlier attempt stored before it could answer (it crashed in between)."""
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             stored = await repository.get_message(db, message_id)
             waiting = await repository.get_queued(db, message_id) if stored is None else None
         if stored is not None and stored.session_id == session_id:
@@ -145,7 +145,7 @@ class Messages:
         try:
             [withdrawn] = await self._turns.withdraw(session_id, [message_id])
         except NotWaiting as exc:
-            async with self._database.session() as db:
+            async with self._database.read() as db:
                 taken = await repository.message_position(db, session_id, message_id)
             if taken is not None:
                 raise Conflict(
@@ -165,14 +165,17 @@ class Messages:
         # Read before the rows: events published meanwhile come after it, so a client that subscribes
         # with after=last_event_id gets them; nothing falls in between.
         last_event_id = await self._fanout.last_seq(session_id)
-        async with self._database.session() as db:
-            after_pos = await _position(db, session_id, after) if after else None
-            before_pos = await _position(db, session_id, before) if before else None
-            rows = await repository.list_messages(
-                db, session_id, limit=limit + 1, after_position=after_pos, before_position=before_pos
+        after, before = after or None, before or None
+        async with self._database.read() as db:
+            rows = await repository.page_messages(
+                db, session_id, limit=limit + 1, after_id=after, before_id=before
             )
+            if not rows:  # an empty page, or a cursor that names no message of the session
+                for cursor in (after, before):
+                    if cursor is not None:
+                        await _position(db, session_id, cursor)
         more = len(rows) > limit
-        if before_pos is not None:
+        if before is not None:
             rows = rows[-limit:] if more else rows
             next_cursor = rows[0].id if more and rows else None
         else:

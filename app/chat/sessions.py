@@ -58,7 +58,7 @@ class Sessions:
         request = fingerprint("POST", "/v1/sessions", body.model_dump(mode="json", exclude=absent))
 
         async def find(session_id: str) -> SessionOut | None:
-            async with self._database.session() as db:
+            async with self._database.read() as db:
                 row = await repository.owned_session(db, principal, session_id)
             return self._out(row) if row is not None else None
 
@@ -130,7 +130,7 @@ class Sessions:
     async def owned(self, principal: str, session_id: str) -> ChatSessionRow:
         """The session, if `principal` owns it; 404 otherwise, so another principal's sessions stay unseen.
         A session being deleted is already gone."""
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             row = await repository.owned_session(db, principal, session_id)
         if row is None or self._turns.is_closed(session_id):
             raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id})
@@ -141,7 +141,7 @@ class Sessions:
 
     async def page(self, principal: str, limit: int, cursor: str | None) -> SessionPage:
         before = _decode_cursor(cursor) if cursor else None
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             rows = await repository.list_sessions(db, principal, limit=limit + 1, before=before)
         more = len(rows) > limit
         rows = rows[:limit]

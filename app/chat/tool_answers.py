@@ -43,7 +43,7 @@ class ToolAnswers:
 
     async def pending(self, principal: str, session_id: str) -> PendingList:
         await self._sessions.owned(principal, session_id)
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             rows = await pending.waiting_in_session(db, session_id)
         return PendingList(pending=[_pending(row) for row in rows])
 
@@ -60,7 +60,7 @@ class ToolAnswers:
     ) -> ResolutionResult:
         await self._sessions.owned(principal, session_id)
         ids = [item["tool_call_id"] for item in items]
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             rows = await pending.latest_for_calls(db, session_id, ids)
         try:
             for call_id in ids:

@@ -39,7 +39,7 @@ class Turns:
     async def page(self, principal: str, session_id: str, *, limit: int, before: str | None) -> TurnPage:
         """The session's `limit` newest turns, or the ones just before the turn `before`."""
         await self._sessions.owned(principal, session_id)
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             before_position = None
             if before is not None:
                 before_position = await turn_queries.turn_position(db, session_id, before)
@@ -55,7 +55,7 @@ class Turns:
 
     async def get(self, principal: str, session_id: str, turn_id: str) -> Turn:
         await self._sessions.owned(principal, session_id)
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             rows = await turn_queries.messages_of_turns(db, session_id, [turn_id])
         if not rows:
             raise NotFound(

@@ -5,6 +5,7 @@ timeout, and optionally no server-side prepared statements (for PgBouncer in tra
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -13,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.storage.sql import load_json
 
 if TYPE_CHECKING:
     from app.settings import Settings
@@ -116,17 +119,38 @@ def _postgres_engine(url: str, pool: PoolOptions) -> AsyncEngine:
     }
     if pool.pgbouncer:
         connect_args["prepare_threshold"] = None
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         connect_args=connect_args,
         pool_size=pool.size,
         max_overflow=pool.max_overflow,
         pool_timeout=pool.timeout,
-        # A connection the server (or a proxy) closed is replaced at checkout, so the service recovers
-        # by itself once the database is back; the hot path's raw statements bypass SQLAlchemy's own
-        # detection of a dead connection.
-        pool_pre_ping=True,
+        json_deserializer=load_json,
     )
+    # A connection the server (or a proxy) closed is replaced at checkout, so the service recovers by
+    # itself once the database is back: by a look at its socket (_check_alive), not by pool_pre_ping's
+    # round trip before every transaction.
+    event.listen(engine.sync_engine, "checkout", _check_alive)
+    return engine
+
+
+def _check_alive(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """Raises DisconnectionError (the pool then opens a new connection in its place) for a pooled
+    connection that is dead: psycopg saw it break, or its socket has something to read.
+
+    A connection idle in the pool is owed nothing by the server: whatever arrives on it is the server
+    closing it (a restart, pg_terminate_backend, idle_session_timeout: an error message, then EOF) or a
+    proxy resetting it, both seen as a readable socket without a round trip. (A server message that is
+    harmless, a parameter change after a configuration reload, costs a reconnect, no error.) The hot
+    path's raw statements bypass SQLAlchemy's own detection of a dead connection; psycopg marks the
+    connection broken or closed, and the next checkout replaces it."""
+    connection = dbapi_connection.driver_connection
+    if connection.closed or connection.broken:
+        raise DisconnectionError("the connection is closed")
+    poller = select.poll()
+    poller.register(connection.pgconn.socket, select.POLLIN | select.POLLPRI)
+    if poller.poll(0):
+        raise DisconnectionError("the server closed the connection, or sent on it while idle")
 
 
 class Database:
@@ -138,10 +162,25 @@ class Database:
         self.engine = create_engine(url, busy_timeout_ms=busy_timeout_ms, pool=pool)
         self.dialect = self.engine.dialect.name
         self._factory = async_sessionmaker(self.engine, class_=AsyncSession, expire_on_commit=False)
+        # PostgreSQL's reads in autocommit: the same snapshots as in a transaction (READ COMMITTED takes one
+        # per statement either way), without its BEGIN and ROLLBACK round trips, and without the
+        # DEALLOCATE ALL that psycopg sends after a ROLLBACK, forgetting the statements it had prepared.
+        reads = self.engine
+        if self.dialect == "postgresql":
+            reads = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._read_factory = async_sessionmaker(reads, class_=AsyncSession, expire_on_commit=False)
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncSession]:
         async with self._factory() as db:
+            yield db
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncSession]:
+        """A session that only reads: every statement sees what was committed before it began. Nothing
+        written in it is atomic (on PostgreSQL each statement commits by itself): writes go in
+        `session()`. On SQLite the same as `session()`."""
+        async with self._read_factory() as db:
             yield db
 
     async def ping(self, timeout: float = 2.0) -> bool:

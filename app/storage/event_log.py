@@ -10,7 +10,7 @@ from sqlalchemy import text
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage.sql import json_text_field, json_text_sql, raw
+from app.storage.sql import RawPostgres, json_text_field, json_text_sql, raw
 from app.storage.tables import ChatMessageRow, EventRow
 
 
@@ -54,11 +54,11 @@ async def log_events(db: AsyncSession, params: Sequence[tuple[str, int, str, str
     if not params:
         return
     conn = await raw(db)
-    if conn.dialect == "postgresql":
-        # One statement over four arrays: psycopg adapts a list in C, where an executemany handles every
-        # row in Python (measured: the event log was most of PostgreSQL's extra CPU per streamed chunk).
+    if isinstance(conn, RawPostgres):
+        # One statement over four arrays, where an executemany handles every row in Python (measured: the
+        # event log was most of PostgreSQL's extra CPU per streamed chunk).
         columns = [list(column) for column in zip(*params, strict=True)]
-        await conn.execute(_INSERT_EVENTS_UNNEST, columns)
+        await conn.execute_columns(_INSERT_EVENTS_UNNEST, columns)
     else:
         await conn.executemany(_INSERT_EVENTS, params)
 

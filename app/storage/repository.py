@@ -12,7 +12,7 @@ from sqlalchemy.orm import configure_mappers
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage.sql import Raw, dialect_insert, raw
+from app.storage.sql import Raw, RawPostgres, dialect_insert, load_json, raw
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
 
 # --- chat sessions ---------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def _decoder(column: Any) -> Any:
     JSON and booleans decoded already)."""
     kind = column.type.__class__.__name__
     if kind == "JSON":
-        return lambda v: None if v is None else json.loads(v)
+        return lambda v: None if v is None else load_json(v)
     if kind == "Boolean":
         return lambda v: None if v is None else bool(v)
     return None
@@ -226,8 +226,8 @@ async def set_message_texts(db: AsyncSession, texts: Sequence[tuple[str, str]]) 
     if not texts:
         return
     conn = await raw(db)
-    if conn.dialect == "postgresql":  # one statement over two arrays (event_log.log_events says why)
-        await conn.execute(
+    if isinstance(conn, RawPostgres):  # one statement over two arrays (event_log.log_events says why)
+        await conn.execute_columns(
             "UPDATE chat_messages SET content = t.content FROM unnest(?::varchar[], ?::varchar[])"
             " AS t(id, content) WHERE chat_messages.id = t.id",
             ([mid for mid, _ in texts], [text for _, text in texts]),
@@ -257,6 +257,35 @@ async def list_messages(
         where += " AND position < ?"
         params.append(before_position)
     backwards = before_position is not None
+    return await _page(db, where, params, backwards=backwards, limit=limit)
+
+
+async def page_messages(
+    db: AsyncSession,
+    session_id: str,
+    *,
+    limit: int,
+    after_id: str | None = None,
+    before_id: str | None = None,
+) -> list[ChatMessageRow]:
+    """As `list_messages`, with the bounds given as message ids of the session, found by the same
+    statement (one round trip where a lookup of the position first made two). A bound that names no
+    message of the session gives no rows: `message_position` tells that apart from an empty page."""
+    where = "WHERE session_id = ?"
+    params: list[Any] = [session_id]
+    position = "(SELECT position FROM chat_messages WHERE session_id = ? AND id = ?)"
+    if after_id is not None:
+        where += f" AND position > {position}"
+        params += [session_id, after_id]
+    if before_id is not None:
+        where += f" AND position < {position}"
+        params += [session_id, before_id]
+    return await _page(db, where, params, backwards=before_id is not None, limit=limit)
+
+
+async def _page(
+    db: AsyncSession, where: str, params: list[Any], *, backwards: bool, limit: int | None
+) -> list[ChatMessageRow]:
     where += " ORDER BY position DESC" if backwards else " ORDER BY position"
     if limit is not None:
         where += " LIMIT ?"

@@ -8,6 +8,7 @@ placeholders and SQL both dialects read; `RawPostgres` turns the placeholders in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol
@@ -53,10 +54,10 @@ class RawSqlite:
 
 
 @lru_cache(maxsize=256)
-def _pyformat(statement: str) -> str:
-    """`?` placeholders as psycopg's `%s` (a literal `%` doubled). The storage modules' statements hold no
-    `?` or `%` inside string literals."""
-    return statement.replace("%", "%%").replace("?", "%s")
+def _pyformat(statement: str, placeholder: str = "%s") -> str:
+    """`?` placeholders as psycopg's `%s` (or `%b`, binary; a literal `%` doubled). The storage modules'
+    statements hold no `?` or `%` inside string literals."""
+    return statement.replace("%", "%%").replace("?", placeholder)
 
 
 class RawPostgres:
@@ -73,6 +74,15 @@ class RawPostgres:
     async def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
         async with self.connection.cursor() as cursor:
             await cursor.execute(_pyformat(statement), params)
+            return int(cursor.rowcount)
+
+    async def execute_columns(self, statement: str, columns: Sequence[list[Any]]) -> int:
+        """Runs one statement whose parameters are whole columns (arrays, for unnest); returns its row
+        count. They go in binary format: in the text format psycopg escapes each quote of each element
+        with a regular expression in Python, which for the event log's JSON was 50 us per row (measured:
+        12.6 ms of CPU for a batch of 250 events, 1 ms in binary)."""
+        async with self.connection.cursor() as cursor:
+            await cursor.execute(_pyformat(statement, "%b"), columns)
             return int(cursor.rowcount)
 
     async def executemany(self, statement: str, params: Sequence[Sequence[Any]]) -> int:
@@ -98,6 +108,16 @@ async def raw(db: AsyncSession) -> Raw:
     if dialect_name(db) == "postgresql":
         return RawPostgres(connection)
     return RawSqlite(connection)
+
+
+def load_json(stored: str | bytes) -> Any:
+    """A JSON column's stored text as Python, for both drivers (psycopg hands bytes). Most stored values
+    are `null` (a message without arguments or client tools): those skip the parser. Bytes are decoded
+    first, since json.loads would otherwise sniff their encoding byte by byte (measured: a third of the
+    JSON cost of a history page on PostgreSQL)."""
+    if stored == b"null" or stored == "null":
+        return None
+    return json.loads(stored.decode() if isinstance(stored, bytes) else stored)
 
 
 def dialect_name(db: AsyncSession) -> str:

@@ -50,7 +50,7 @@ class AgentFactory:
         """`session` is the row the turn was started with, read just before (a deleted session stops its
         turn first, and an update between that read and this moment is not seen: the next turn sees it).
         `resuming`: the turn was suspended before a restart; its waiting round goes on first."""
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             rows = await repository.list_messages(db, session.id)
             plan = await resumed_round(db, turn_id, rows) if resuming else None
         messages = rebuild(rows, session.system_prompt)

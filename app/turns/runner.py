@@ -264,7 +264,7 @@ class Runner:
             task.add_done_callback(self._retries.discard)
 
     async def _take_waiting(self, session_id: str, state: SessionState) -> None:
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             session = await repository.get_session(db, session_id)
             rows = await repository.queued(db, session_id) if session is not None else []
         if session is None or not rows:
@@ -292,7 +292,7 @@ class Runner:
             if future is None:
                 future = state.takers[message_id] = asyncio.get_running_loop().create_future()
             return await asyncio.shield(future)
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             row = await repository.get_message(db, message_id)
         return row.turn_id if row is not None and row.session_id == session_id else None
 
@@ -309,7 +309,7 @@ class Runner:
     # --- the waiting line ----------------------------------------------------------------------------
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             rows = await repository.queued(db, session_id)
         return [queued_message(r) for r in rows]
 
@@ -351,7 +351,7 @@ class Runner:
 
     async def resume_waiting(self) -> None:
         """At startup: messages acknowledged before a restart but never taken start their turns now."""
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             session_ids = await repository.sessions_with_queue(db)
         for session_id in session_ids:
             state = self.state(session_id)

@@ -75,6 +75,33 @@ async def test_requests_get_503_while_the_database_is_away_and_answer_once_it_is
     assert history == []
 
 
+async def test_an_outage_between_requests_costs_no_request_once_the_database_is_back(
+    server: LiveServer, proxy: TcpProxy
+) -> None:
+    """Cut and restored while no request runs: every pooled connection died meanwhile, yet the first
+    requests afterwards all answer, because the pool replaces a dead connection at checkout (it looks
+    at the socket; there is no ping per transaction). Reads and writes, several at once so that more than
+    one dead connection is met, and the history holds exactly what was posted."""
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        sids = await asyncio.gather(*(new_session(client) for _ in range(4)))
+        proxy.cut()
+        await asyncio.sleep(0.2)
+        proxy.restore()
+        pages = await asyncio.gather(*(client.get(f"/v1/sessions/{sid}/messages") for sid in sids))
+        assert [page.status_code for page in pages] == [200] * 4, [page.text for page in pages]
+        posted = await asyncio.gather(
+            *(client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"}) for sid in sids)
+        )
+        assert [answer.status_code for answer in posted] == [202] * 4, [a.text for a in posted]
+        assert (await client.get("/readyz")).status_code == 200
+        histories = [
+            (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"] for sid in sids
+        ]
+    for history, answer in zip(histories, posted, strict=True):
+        users = [m["id"] for m in history if m["type"] == "text" and m.get("role") == "user"]
+        assert users == [answer.json()["id"]]
+
+
 async def test_a_turn_streaming_when_the_connection_goes_ends_failed_once_it_is_back(
     server: LiveServer, proxy: TcpProxy
 ) -> None:

@@ -3,6 +3,9 @@ file; PostgreSQL's bounded pool, statement timeout and PgBouncer mode."""
 
 from __future__ import annotations
 
+import asyncio
+
+import psycopg
 import pytest
 import sqlalchemy.exc
 from sqlalchemy import create_engine, text
@@ -96,3 +99,91 @@ async def test_a_session_that_waits_for_a_full_pool_times_out(postgres_database:
                     await db.connection()
     finally:
         await database.dispose()
+
+
+async def test_pooled_connections_the_server_closed_are_replaced_at_checkout(
+    postgres_database: ScratchDatabase,
+) -> None:
+    """A restart of PostgreSQL (here: every backend of the database terminated) while the pool holds idle
+    connections: the sessions that come next each get a live connection, none fails. Without the check at
+    checkout the first of them fails on its dead connection (tried: the statement raises
+    OperationalError), and the pool pings no connection before use any more, so this is what proves that
+    a dead one is still noticed."""
+    database = Database(postgres_database.url, pool=PoolOptions(size=3, max_overflow=0))
+
+    async def read() -> int:
+        async with database.session() as db:
+            found = await (await raw(db)).fetchall("SELECT count(*) FROM chat_sessions")
+            await asyncio.sleep(0.05)  # held together, so the pool opens all three connections
+            return int(found[0][0])
+
+    try:
+        assert list(await asyncio.gather(read(), read(), read())) == [0, 0, 0]
+        assert database.engine.pool.checkedin() == 3  # type: ignore[attr-defined]
+        assert postgres_database.terminate_backends() == 3
+        await asyncio.sleep(0.2)  # the server's goodbye reaches the idle sockets
+        assert list(await asyncio.gather(read(), read(), read())) == [0, 0, 0]
+        assert [await read() for _ in range(3)] == [0, 0, 0]
+    finally:
+        await database.dispose()
+
+
+@pytest.mark.both_backends
+async def test_a_read_session_sees_what_is_committed_and_leaves_its_connection_transactional(
+    database_url: str,
+) -> None:
+    """`read()` runs its statements outside a transaction on PostgreSQL (no BEGIN and ROLLBACK around
+    them: psycopg reports no open transaction after its SELECT) and sees every commit made before each
+    statement. Its connection goes back to the pool transactional again: on a pool of one connection a
+    write session that follows it and rolls back leaves nothing behind (were autocommit left on, the
+    row would be stored)."""
+    database = Database(database_url, pool=PoolOptions(size=1, max_overflow=0))
+    count = "SELECT count(*) FROM chat_sessions"
+    insert = (
+        "INSERT INTO chat_sessions (id, principal, model, tools, status, created_at, updated_at,"
+        " total_tokens, context_used) VALUES (?, 'p', 'm', '[]', 'idle', 't', 't', 0, 0)"
+    )
+    try:
+        async with database.read() as db:
+            assert await (await raw(db)).fetchall(count) == [(0,)]
+            if database.dialect == "postgresql":
+                status = (await driver(db)).pgconn.transaction_status
+                assert status == psycopg.pq.TransactionStatus.IDLE
+        async with database.session() as db:
+            await (await raw(db)).execute(insert, ("s_kept",))
+            await db.commit()
+        async with database.read() as db:
+            assert await (await raw(db)).fetchall(count) == [(1,)]
+        async with database.session() as db:
+            await (await raw(db)).execute(insert, ("s_dropped",))
+            if database.dialect == "postgresql":
+                status = (await driver(db)).pgconn.transaction_status
+                assert status == psycopg.pq.TransactionStatus.INTRANS
+            await db.rollback()
+        async with database.read() as db:
+            found = await (await raw(db)).fetchall("SELECT id FROM chat_sessions")
+    finally:
+        await database.dispose()
+    assert found == [("s_kept",)]
+
+
+async def test_statements_prepared_on_the_server_outlive_read_sessions(
+    postgres_database: ScratchDatabase,
+) -> None:
+    """psycopg prepares a statement on the server once it has run five times on a connection, and forgets
+    them all at a ROLLBACK (with a DEALLOCATE ALL round trip). A read session ends without one, so the
+    history read that every request makes stays prepared from one request to the next."""
+    database = Database(postgres_database.url, pool=PoolOptions(size=1, max_overflow=0))
+    try:
+        for _ in range(7):
+            async with database.read() as db:
+                await (await raw(db)).fetchall(
+                    "SELECT count(*) FROM chat_messages WHERE session_id = ?", ("s",)
+                )
+        async with database.read() as db:
+            prepared = await (await raw(db)).fetchall(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%chat_messages%'"
+            )
+    finally:
+        await database.dispose()
+    assert prepared == [(1,)]

@@ -256,6 +256,33 @@ async def test_add_usage_accumulates_tokens(database: Database) -> None:
 # --- chat messages ---------------------------------------------------------------------------------------
 
 
+async def test_a_page_bounded_by_message_ids(database: Database) -> None:
+    """page_messages finds its bounds by id in the same statement: the same pages as list_messages with
+    their positions, and no rows for an id that is not a message of the session (another session's
+    included), which the caller then reports as an invalid cursor."""
+    await add_sessions(database, "s_a", "s_b")
+    rows = [message("s_a", "t_1", "text", role="user", content=f"msg {i}") for i in range(10)]
+    await add_messages(database, rows)
+    other = message("s_b", "t_9", "text", role="user", content="other")
+    await add_messages(database, [other])
+    ids = [row.id for row in rows]
+
+    def contents(found: list[ChatMessageRow]) -> list[str | None]:
+        return [m.content for m in found]
+
+    async with database.read() as db:
+        assert contents(await repository.page_messages(db, "s_a", limit=3)) == ["msg 0", "msg 1", "msg 2"]
+        after = await repository.page_messages(db, "s_a", limit=4, after_id=ids[3])
+        assert contents(after) == ["msg 4", "msg 5", "msg 6", "msg 7"]
+        before = await repository.page_messages(db, "s_a", limit=3, before_id=ids[8])
+        assert contents(before) == ["msg 5", "msg 6", "msg 7"]
+        between = await repository.page_messages(db, "s_a", limit=10, after_id=ids[2], before_id=ids[6])
+        assert contents(between) == ["msg 3", "msg 4", "msg 5"]
+        assert await repository.page_messages(db, "s_a", limit=3, after_id=ids[9]) == []
+        assert await repository.page_messages(db, "s_a", limit=3, after_id="m_nope") == []
+        assert await repository.page_messages(db, "s_a", limit=3, before_id=other.id) == []
+
+
 async def test_list_messages_in_position_order_with_paging(database: Database) -> None:
     await add_sessions(database, "s_a", "s_b")
     # Ids and timestamps run backwards, so only `position` gives the insertion order.
@@ -426,6 +453,40 @@ async def test_events_insert_last_seq_and_replay(database: Database) -> None:
         assert [e.seq for e in await event_log.events_after(db, "s_a", 0, 2)] == [1, 2]
         assert await event_log.events_after(db, "s_a", 4, 10) == []
         assert [e.session_id for e in await event_log.events_after(db, "s_b", 0, 10)] == ["s_b", "s_b"]
+
+
+# What the hot path's whole-column statements carry (PostgreSQL sends them as binary arrays): JSON with
+# quotes and escapes, backslashes, braces and commas (an array literal's own syntax), non-ASCII text, an
+# empty string, the word NULL, a long string.
+AWKWARD = [
+    '{"type":"text_delta","text":"say \\"hi\\", then {a,b} \\\\ done"}',
+    '{"text":"Grüße, 東京 🚀\\nnext line\\ttab"}',
+    "",
+    "NULL",
+    '"' + "x, y} " * 2000 + '"',
+]
+
+
+async def test_the_event_log_and_streamed_text_keep_every_byte(database: Database) -> None:
+    """Events logged in one batch and streamed texts written in one statement come back exactly as they
+    went in, whatever their characters: a mangled byte would be a stream that replays differently from
+    what clients saw live."""
+    await add_sessions(database, "s_a")
+    rows = [message("s_a", "t_1", "text", role="assistant", content="") for _ in AWKWARD]
+    await add_messages(database, rows)
+    async with database.session() as db:
+        await event_log.log_events(
+            db, [("s_a", seq, f"type {seq}", data) for seq, data in enumerate(AWKWARD, start=1)]
+        )
+        await repository.set_message_texts(
+            db, [(row.id, text) for row, text in zip(rows, AWKWARD, strict=True)]
+        )
+        await db.commit()
+    async with database.session() as db:
+        logged = await event_log.events_between(db, "s_a", 0, len(AWKWARD) + 1)
+        stored = {row.id: row.content for row in await repository.list_messages(db, "s_a")}
+    assert logged == [(seq, f"type {seq}", data) for seq, data in enumerate(AWKWARD, start=1)]
+    assert [stored[row.id] for row in rows] == AWKWARD
 
 
 async def test_a_number_is_logged_once(database: Database) -> None:
