@@ -189,7 +189,7 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
         return [Frame(seq, type_, data) for seq, type_, data in rows]
 
     async def load_heads(session_ids: list[str]) -> dict[str, int]:
-        async with database.session() as db:
+        async with database.read() as db:
             return await event_log.last_event_seqs(db, session_ids)
 
     relay = None
