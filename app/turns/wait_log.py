@@ -142,7 +142,7 @@ class WaitLog(TurnLog):
             # A client's execution is its wait; a reject or an expiry ran nothing.
             duration_ms = answer.wait_ms if w.kind == "client" else 0
             row |= {"result": outcome.content, "is_error": outcome.is_error, "duration_ms": duration_ms}
-            self._open_tools.pop(w.call_id, None)
+            tool = self._open_tools.pop(w.call_id, None)
             self._emit(
                 ToolExecEnd,
                 id=row_id,
@@ -151,6 +151,9 @@ class WaitLog(TurnLog):
                 ),
                 timestamp=at,
                 duration_ms=duration_ms,
+                # A round adopted after a restart does not know its tools' sources; a client's is known.
+                source="client" if w.kind == "client" else tool.source if tool else "builtin",
+                truncated=outcome.truncated,
             )
         if row:
             await repository.update_message(db, row_id, row)
