@@ -12,7 +12,7 @@ interface Recorded {
   body: unknown;
 }
 
-function routed(routes: Record<string, (call: Recorded) => Response>): { fetch: typeof fetch; calls: Recorded[] } {
+function routed(routes: Record<string, (call: Recorded) => Response | Promise<Response>>): { fetch: typeof fetch; calls: Recorded[] } {
   const calls: Recorded[] = [];
   const impl = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
     const url = new URL(String(input));
@@ -115,16 +115,25 @@ describe("ChatSession", () => {
     const { history, raw } = fixture("time");
     let reads = 0;
     const resync = frame({ type: "resync", seq: history.last_event_id, session_id: "s_1", last_event_id: history.last_event_id, reason: "expired" });
-    const { fetch } = routed({
+    // As a real server does: the resync answers the unreplayable position only; the resumed stream (from
+    // the resync's last_event_id) is an idle one. (Answering every connection with the resync made the
+    // client resync again after each 5 ms backoff, so `resyncs === 1` held only between two polls: the
+    // wait timed out whenever the machine was slow enough that a poll came after the second resync.)
+    let streams = 0;
+    const { fetch, calls } = routed({
       "GET /v1/sessions/s_1/messages": () => json(reads++ === 0 ? EMPTY_HISTORY : history),
       "GET /v1/sessions/s_1": () => json({ ...SESSION, context_used: 3277, total_tokens: 5000 }),
-      "GET /v1/sessions/s_1/events": () => sse(chunkedBody("retry: 5\r\n\r\n" + resync, 1)),
+      "GET /v1/sessions/s_1/events": () =>
+        streams++ === 0 ? sse(chunkedBody("retry: 5\r\n\r\n" + resync, 1)) : new Promise<Response>(() => undefined),
     });
     const chat = new ChatSession({ client: new ParleyClient({ baseUrl: "http://p.test", fetch }), sessionId: "s_1" });
     await chat.open();
-    await until(() => chat.state.resyncs === 1);
+    await until(() => streams === 2); // resumed after the resync: everything before is settled
     chat.close();
+    expect(chat.state.resyncs).toBe(1);
     expect(reads).toBe(2);
+    const resumed = calls.filter((c) => c.path.endsWith("/events")).at(-1)!;
+    expect(resumed.headers["last-event-id"]).toBe(String(history.last_event_id));
     expect(chat.state.items.map((i) => i.id)).toEqual(history.chat_messages.map((r) => r.id));
     expect(chat.state.lastSeq).toBe(history.last_event_id);
     // the header before any token_usage event: the session's stored totals
