@@ -23,7 +23,8 @@ function routed(routes: Record<string, (call: Recorded) => Response | Promise<Re
       body: typeof init?.body === "string" ? JSON.parse(init.body) : null,
     };
     calls.push(call);
-    const route = routes[`${call.method} ${call.path}`];
+    // Nothing waits unless a test says so.
+    const route = routes[`${call.method} ${call.path}`] ?? (call.path.endsWith("/pending") ? () => json({ pending: [] }) : undefined);
     if (!route) return new Promise<Response>(() => undefined);
     return route(call);
   };
@@ -109,6 +110,32 @@ describe("ChatSession", () => {
     expect(results.map((c) => c.body)).toEqual([{ results: [{ tool_call_id: "c1", output: { echo: { a: 1 } } }] }]);
     expect(chat.state.status).toBe("awaiting_input");
     expect(chat.state.approvals).toEqual([{ toolCallId: "c2", name: "rm", arguments: { path: "/" }, expiresAt: null, decisions: ["approve", "reject", "edit"] }]);
+  });
+
+  it("at open shows the approvals that wait and answers the client tool requests that wait (a page that reloads)", async () => {
+    const waiting = (kind: string, id: string, name: string, args: unknown) => ({
+      tool_call_id: id, kind, id: `m_${id}`, turn_id: "t_1", name, arguments: args,
+      requested_at: "2026-11-23T10:00:00+00:00", expires_at: "2026-11-23T10:15:00+00:00",
+      decisions: kind === "approval" ? ["approve", "edit", "reject"] : null,
+    });
+    const history = { chat_messages: [{ type: "turn_start", id: "m_t", turn_id: "t_1", timestamp: "2026-11-23T10:00:00+00:00" }], next_cursor: null, last_event_id: 7 };
+    const { fetch, calls } = routed({
+      "GET /v1/sessions/s_1/messages": () => json(history),
+      "GET /v1/sessions/s_1": () => json(SESSION),
+      "GET /v1/sessions/s_1/pending": () => json({ pending: [waiting("approval", "a1", "calculate", { expression: "1+1" }), waiting("client_tool", "c1", "get_browser_time", {})] }),
+      "POST /v1/sessions/s_1/tool_results": () => json({}),
+    });
+    const chat = new ChatSession({ client: new ParleyClient({ baseUrl: "http://p.test", fetch }), sessionId: "s_1" });
+    chat.registerClientTool("get_browser_time", { description: "d", parameters: {} }, () => "10:00");
+    await chat.open();
+    await until(() => calls.some((c) => c.path.endsWith("/tool_results")));
+    chat.close();
+    expect(chat.state.status).toBe("awaiting_input");
+    expect(chat.state.approvals).toEqual([{ toolCallId: "a1", name: "calculate", arguments: { expression: "1+1" }, expiresAt: "2026-11-23T10:15:00+00:00", decisions: ["approve", "edit", "reject"] }]);
+    expect(calls.filter((c) => c.path.endsWith("/tool_results")).map((c) => c.body)).toEqual([{ results: [{ tool_call_id: "c1", output: "10:00" }] }]);
+    // the history first, then what waits: a request answered in between comes again on the stream
+    const reads = calls.filter((c) => c.method === "GET").map((c) => c.path);
+    expect(reads.indexOf("/v1/sessions/s_1/pending")).toBeGreaterThan(reads.indexOf("/v1/sessions/s_1/messages"));
   });
 
   it("on resync reads the history again and renders it, then goes on", async () => {
