@@ -188,6 +188,7 @@ function approvalCard(session: ChatSession, request: PendingApproval): HTMLEleme
   const card = el("div", "approval-card");
   card.dataset.toolCallId = request.toolCallId;
   card.append(el("div", "approval-title", `Run ${request.name}? The agent waits for your decision.`));
+  card.append(el("div", "approval-help", "Approve runs the arguments below as they are when you click (edit them to change the call)."));
   const args = el("textarea", "approval-args") as HTMLTextAreaElement;
   args.rows = 3;
   args.spellcheck = false;
@@ -197,6 +198,7 @@ function approvalCard(session: ChatSession, request: PendingApproval): HTMLEleme
   problem.hidden = true;
   const reason = el("input", "approval-reason") as HTMLInputElement;
   reason.placeholder = "Reason for a reject (the agent reads it)";
+  args.title = "Edit the arguments to run the call with others: Approve checks them before sending.";
   const note = el("div", "approval-note");
   const buttons = el("div", "approval-buttons");
   const original = JSON.stringify(request.arguments);
