@@ -387,6 +387,9 @@ function wire(): void {
   const key = $<HTMLInputElement>("key");
   key.value = sessionStorage.getItem(KEY_STORAGE) ?? "";
   key.onchange = () => {
+    // The browser fires change again when the field loses focus after a scripted or pasted value: the same
+    // key must not close the open session (a message sent at that moment found no session and was dropped).
+    if (key.value.trim() === (sessionStorage.getItem(KEY_STORAGE) ?? "")) return;
     sessionStorage.setItem(KEY_STORAGE, key.value.trim());
     client = makeClient();
     chat?.close();
@@ -410,7 +413,11 @@ function wire(): void {
   const input = $<HTMLTextAreaElement>("input");
   const send = async (): Promise<void> => {
     const text = input.value.trim();
-    if (!text || !chat) return;
+    if (!text) return;
+    if (!chat) {
+      showError(new Error("Open a session on the left (or create one) to send a message."));
+      return;
+    }
     input.value = "";
     try {
       await chat.send(text);
