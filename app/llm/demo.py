@@ -3,7 +3,8 @@
 `DemoAdapter` streams the reply's parts in-process, paced on an absolute schedule (`PARLEY_DEMO_TOKEN_DELAY`
 per token). Replies are deterministic functions of the messages and the offered tools:
 
-- after tool results: a short answer that uses them;
+- after tool results: a short answer that uses them (a call a person rejected: that it was not run, and
+  the person's reason);
 - a time/date question with `current_time` offered, or arithmetic with `calculate` offered: a short text,
   then (parallel) tool calls with fragmented JSON arguments;
 - a request for a tool that is not offered: a plain "no such tool" answer;
@@ -58,7 +59,18 @@ _CALC_RE = re.compile(r"\b(?:calculate|compute)\s+(.+?)(?:\s+and\s|[?!;,\n]|\.(?
 _CALL_RE = re.compile(r"\[call:([A-Za-z0-9_.-]+)")
 _TOKEN_RE = re.compile(r"\S+\s*")
 # Tool results the agent produces for failures; the demo model just echoes them back.
-_ERROR_PREFIXES = ("unknown tool", "tool '", "error", "invalid", "failed", "timeout", "timed out")
+_ERROR_PREFIXES = (
+    "unknown tool",
+    "tool '",
+    "error",
+    "invalid",
+    "failed",
+    "timeout",
+    "timed out",
+    "approval timed out",
+)
+# What a person's reject gives the model (app/turns/waiting.py), optionally followed by ": reason".
+_REJECTED = "the user rejected this tool call"
 
 
 @dataclass(frozen=True)
@@ -169,6 +181,10 @@ def _describe_result(name: str, content: str) -> str:
         data: object = json.loads(stripped)
     except ValueError:
         data = stripped
+    if isinstance(data, str) and data.lower().startswith(_REJECTED):
+        reason = data[len(_REJECTED) :].lstrip(":. ").strip()
+        because = f" (your reason: {_sentence(reason)[:-1]})" if reason else ""
+        return f"You rejected the {name} call{because}, so I did not run it."
     if isinstance(data, dict) and "error" in data:
         return _sentence(f"The tool reported an error: {data['error']}")
     if isinstance(data, str) and data.lower().startswith(_ERROR_PREFIXES):

@@ -152,8 +152,8 @@ class WaitLog(TurnLog):
                 ),
                 timestamp=at,
                 duration_ms=duration_ms,
-                # As its tool_exec_start said: `client` for a client tool, the tool's own for a rejected one.
-                source=tool.source if tool is not None else ("client" if w.kind == "client" else "builtin"),
+                # A round adopted after a restart does not know its tools' sources; a client's is known.
+                source="client" if w.kind == "client" else tool.source if tool else "builtin",
                 truncated=outcome.truncated,
             )
         if row:

@@ -87,3 +87,28 @@ def history_transcript(base_url: str, session_id: str) -> list[str]:
         for row in rows
         if row["type"] == "text" and row["role"] in ("user", "assistant")
     ]
+
+
+def history_rows(base_url: str, session_id: str, kind: str) -> list[dict[str, Any]]:
+    """The session's stored chat_messages of one type (e.g. tool_group), in order."""
+    response = httpx.get(
+        f"{base_url}/v1/sessions/{session_id}/messages",
+        params={"limit": 1000},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=30,
+    )
+    return [row for row in response.json()["chat_messages"] if row["type"] == kind]
+
+
+def pending(base_url: str, session_id: str) -> list[dict[str, Any]]:
+    response = httpx.get(
+        f"{base_url}/v1/sessions/{session_id}/pending", headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+    )
+    return list(response.json()["pending"])
+
+
+def posts_to(page: Any, path_end: str) -> list[Any]:
+    """Every POST the page sends to a URL ending in `path_end`, from now on (the list fills as they go)."""
+    seen: list[Any] = []
+    page.on("request", lambda r: seen.append(r) if r.method == "POST" and r.url.endswith(path_end) else None)
+    return seen

@@ -181,6 +181,27 @@ def test_tool_error_is_echoed() -> None:
     assert run(messages).text == "The tool reported an error: Unknown tool 'nope'."
 
 
+@pytest.mark.parametrize(
+    ("result", "answer"),
+    [
+        (
+            "The user rejected this tool call: not with these numbers",
+            "You rejected the calculate call (your reason: not with these numbers), so I did not run it.",
+        ),
+        ("The user rejected this tool call.", "You rejected the calculate call, so I did not run it."),
+        ("approval timed out", "The tool reported an error: approval timed out."),
+    ],
+)
+def test_a_rejected_call_is_answered_as_rejected(result: str, answer: str) -> None:
+    """The reply after a person's reject says so and repeats the reason (the page's browser test reads it),
+    rather than presenting the reject as the tool's result."""
+    messages = user("what is 2+3*4?")
+    call = {"id": "c1", "type": "function", "function": {"name": "calculate"}}
+    messages.append({"role": "assistant", "tool_calls": [call]})
+    messages.append({"role": "tool", "tool_call_id": "c1", "content": result})
+    assert run(messages).text == answer
+
+
 def test_unoffered_tool_gets_plain_answer() -> None:
     reply = run(user("What time is it?"), tools=[_tool("calculate")])
     assert reply.finish == "stop"

@@ -10,9 +10,11 @@ import type {
   MessageAccepted,
   MessageCreate,
   ModelList,
+  PendingList,
   Session,
   SessionCreate,
   SessionPage,
+  ToolList,
 } from "./types";
 
 export interface ClientOptions {
@@ -21,12 +23,6 @@ export interface ClientOptions {
   /** A bearer key; none when the server runs without keys. */
   apiKey?: string | null;
   fetch?: typeof fetch;
-}
-
-/** What GET .../pending answers (issue 14): what waits for a person or for this page. */
-export interface PendingRequests {
-  approvals: { tool_call_id: string; name: string; arguments: unknown; expires_at: string | null }[];
-  client_tools: { tool_call_id: string; name: string; arguments: unknown; expires_at: string | null }[];
 }
 
 export class ParleyClient {
@@ -55,6 +51,11 @@ export class ParleyClient {
 
   private session(sessionId: string): string {
     return `/v1/sessions/${encodeURIComponent(sessionId)}`;
+  }
+
+  /** GET /v1/tools: every server tool a session may choose, with its JSON schema. */
+  tools(): Promise<ToolList> {
+    return this.request("GET", "/v1/tools");
   }
 
   models(): Promise<ModelList> {
@@ -130,7 +131,7 @@ export class ParleyClient {
   }
 
   /** GET .../pending (issue 14): what waits, for a page that reloads. */
-  pending(sessionId: string): Promise<PendingRequests> {
+  pending(sessionId: string): Promise<PendingList> {
     return this.request("GET", `${this.session(sessionId)}/pending`);
   }
 }

@@ -1,4 +1,4 @@
-export { ParleyClient, type ClientOptions, type PendingRequests } from "./client";
+export { ParleyClient, type ClientOptions } from "./client";
 export { ParleyHttpError } from "./errors";
 export * from "./format";
 export * from "./reduce";

@@ -4,6 +4,7 @@ import type {
   AgentStatus,
   HistoryRow,
   ParleyEvent,
+  PendingRequest,
   QueuedItem,
   TokenUsageEvent,
 } from "./types";
@@ -46,6 +47,10 @@ export interface ToolGroupItem {
   model: string | null;
   durationMs: number | null;
   interrupted: boolean;
+  /** A person's decision when the call waited for approval (approve, edit, reject, expired, interrupted). */
+  decision: string | null;
+  /** The reason given with a reject. */
+  reason: string | null;
 }
 export interface TurnDoneItem {
   kind: "turn_done";
@@ -161,6 +166,8 @@ export function itemFromRow(row: HistoryRow): ChatItem {
         model: row.model,
         durationMs: row.duration_ms,
         interrupted: row.interrupted,
+        decision: row.decision ?? null,
+        reason: null,
       };
     case "turn_done":
       return {
@@ -199,6 +206,25 @@ export function fromHistory(rows: HistoryRow[], lastEventId: number, previous: C
     currentModel: (lastModel && "model" in lastModel ? lastModel.model : null) ?? previous.currentModel,
     lastSeq: lastEventId,
   };
+}
+
+/** The pending requests as GET .../pending lists them (a page that reloads, or a resync): the approvals and
+ * client tool requests that still wait, replacing what the state had (answered ones are gone). */
+export function fromPending(state: ChatState, pending: PendingRequest[]): ChatState {
+  const approvals: PendingApproval[] = pending
+    .filter((p) => p.kind === "approval")
+    .map((p) => ({
+      toolCallId: p.tool_call_id,
+      name: p.name,
+      arguments: p.arguments,
+      expiresAt: p.expires_at,
+      decisions: p.decisions ?? ["approve", "reject", "edit"],
+    }));
+  const clientTools: PendingClientTool[] = pending
+    .filter((p) => p.kind === "client_tool")
+    .map((p) => ({ toolCallId: p.tool_call_id, name: p.name, arguments: p.arguments, expiresAt: p.expires_at }));
+  const waiting = approvals.length + clientTools.length > 0 && state.runningTurnId !== null;
+  return { ...state, approvals, clientTools, status: waiting ? "awaiting_input" : state.status };
 }
 
 function replaceItem<T extends ChatItem>(items: ChatItem[], id: string, update: (item: T) => T): ChatItem[] {
@@ -284,6 +310,8 @@ export function reduce(state: ChatState, event: ParleyEvent): ChatState {
           model: event.model,
           durationMs: null,
           interrupted: false,
+          decision: null,
+          reason: null,
         }),
       };
     case "tool_exec_end":
@@ -369,7 +397,17 @@ export function reduce(state: ChatState, event: ParleyEvent): ChatState {
         ],
       };
     case "approval_resolved":
-      return { ...s, approvals: s.approvals.filter((a) => a.toolCallId !== event.tool_call_id) };
+      return {
+        ...s,
+        approvals: s.approvals.filter((a) => a.toolCallId !== event.tool_call_id),
+        // The tool group shows the decision, and after an edit the arguments the call runs with.
+        items: replaceItem<ToolGroupItem>(s.items, event.id, (i) => ({
+          ...i,
+          arguments: event.arguments,
+          decision: event.decision,
+          reason: event.reason ?? null,
+        })),
+      };
     case "client_tool_requested":
       return {
         ...s,

@@ -2,9 +2,9 @@
 // includes, every event through the pure reducer; send (optimistic), stop, approvals and client tools.
 import type { ParleyClient } from "./client";
 import { ParleyHttpError } from "./errors";
-import { addOptimistic, emptyState, failOptimistic, fromHistory, reduce, type ChatState } from "./reduce";
+import { addOptimistic, emptyState, failOptimistic, fromHistory, fromPending, reduce, type ChatState } from "./reduce";
 import { SessionStream, type ConnectionState } from "./stream";
-import type { ClientToolDeclaration, MessageAccepted, MessageCreate, ParleyEvent, Session } from "./types";
+import type { ApprovalDecision, ClientToolDeclaration, MessageAccepted, MessageCreate, ParleyEvent, Session } from "./types";
 
 export type ClientToolHandler = (args: unknown) => unknown | Promise<unknown>;
 
@@ -71,14 +71,20 @@ export class ChatSession {
     void this.stream.start();
   }
 
-  /** Reads the session and its whole history again (at open, and on `resync`). */
+  /** Reads the session, its whole history and what waits for an answer again (at open, and on `resync`):
+   * the approval and client tool requests of a suspended turn are older than the history's position, so
+   * the stream will not send them again. */
   async reload(): Promise<void> {
     const [session, { rows, lastEventId }] = await Promise.all([
       this.client.getSession(this.sessionId),
       this.client.history(this.sessionId),
     ]);
+    // After the history: a request answered since is answered again on the stream (after its position),
+    // one made since comes twice (the reducer keeps one per tool_call_id); neither is lost.
+    const { pending } = await this.client.pending(this.sessionId);
     this.session = session;
-    this.state = fromHistory(rows, lastEventId, this.state);
+    this.state = fromPending(fromHistory(rows, lastEventId, this.state), pending);
+    for (const request of this.state.clientTools) void this.runClientTool(request.toolCallId, request.name, request.arguments);
     // The usage header before the next token_usage event: the session's stored totals.
     if (this.state.usage === null && session.total_tokens > 0) {
       const window = session.context_window;
@@ -136,6 +142,11 @@ export class ChatSession {
   /** Stop: the cancel endpoint ends the turn on the server; the stream stays open and shows the stop. */
   stop(clearQueue = false): ReturnType<ParleyClient["cancel"]> {
     return this.client.cancel(this.sessionId, clearQueue);
+  }
+
+  /** One answer for several requests: the server wants every open approval of a round decided at once. */
+  decide(decisions: ApprovalDecision[]): Promise<unknown> {
+    return this.client.decide(this.sessionId, decisions);
   }
 
   approve(toolCallId: string): Promise<unknown> {

@@ -29,7 +29,7 @@ describe("the seed's display rules", () => {
     expect(messageMeta(text(null), "UTC")).toBe("14:30");
     const tool: ChatItem = {
       kind: "tool_group", id: "t", toolCallId: "c", toolName: "x", arguments: {}, result: "r", isError: false,
-      timestamp: at, model: "m", durationMs: 328, interrupted: false,
+      timestamp: at, model: "m", durationMs: 328, interrupted: false, decision: null, reason: null,
     };
     expect(messageMeta(tool, "UTC")).toBe("328ms · 14:30");
     expect(messageMeta({ ...tool, durationMs: null }, "UTC")).toBe("14:30");
@@ -64,7 +64,7 @@ describe("the seed's display rules", () => {
       { kind: "turn_start", id: "a", turnId: "t", timestamp: at },
       { kind: "user", id: "b", content: "", timestamp: at, sender: "U", clientMessageId: null, turnId: "t" },
       { kind: "assistant", id: "c", content: "", timestamp: at, model: null, durationMs: null, interrupted: false, streaming: false },
-      { kind: "tool_group", id: "d", toolCallId: "x", toolName: "n", arguments: {}, result: null, isError: null, timestamp: at, model: null, durationMs: null, interrupted: false },
+      { kind: "tool_group", id: "d", toolCallId: "x", toolName: "n", arguments: {}, result: null, isError: null, timestamp: at, model: null, durationMs: null, interrupted: false, decision: null, reason: null },
       { kind: "assistant", id: "e", content: "", timestamp: at, model: null, durationMs: null, interrupted: false, streaming: false },
     ];
     expect(items.map((_, i) => startsRun(items, i))).toEqual([false, true, true, false, false]);

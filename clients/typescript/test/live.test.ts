@@ -95,6 +95,31 @@ describe.runIf(available)("against a live server", () => {
     chat.close();
   });
 
+  it("registerClientTool answers the model's call by itself; decide() approves with edited arguments", async () => {
+    const client = new ParleyClient({ baseUrl: base, apiKey: KEY });
+    const tool = { name: "get_browser_time", description: "The time here.", parameters: { type: "object" } };
+    const { id } = await client.createSession({ client_tools: [tool], approval: ["calculate"] });
+    const chat = new ChatSession({ client, sessionId: id });
+    chat.registerClientTool(tool.name, tool, () => ({ time: "10:00" }));
+    await chat.open();
+    await chat.send("[call:get_browser_time {}] what is 2+3*4?");
+    // one round: the client tool (answered by the session) and calculate (waiting for approval)
+    await until(() => chat.state.approvals.length === 1, 20_000);
+    await until(() => chat.state.clientTools.length === 0, 20_000);
+    await chat.decide([{ tool_call_id: chat.state.approvals[0]!.toolCallId, decision: "edit", arguments: { expression: "6*7" } }]);
+    await until(() => chat.state.items.some((i) => i.kind === "turn_done"), 20_000);
+    const groups = chat.state.items.filter((i) => i.kind === "tool_group");
+    expect(groups.map((g) => [g.toolName, g.result, g.decision])).toEqual([
+      ["get_browser_time", '{"time": "10:00"}', null],
+      ["calculate", "42", "edit"],
+    ]);
+    const { rows, lastEventId } = await client.history(id);
+    await until(() => chat.state.lastSeq >= lastEventId);
+    expect(transcript(chat.state)).toEqual(transcript(fromHistory(rows, lastEventId)));
+    expect(transcript(chat.state).at(-1)).toContain("The result is 42.");
+    chat.close();
+  });
+
   it("a wrong key closes the stream with the 401 body instead of retrying forever", async () => {
     const { id } = await new ParleyClient({ baseUrl: base, apiKey: KEY }).createSession({});
     const stream = new SessionStream({ baseUrl: base, sessionId: id, apiKey: "wrong-key-wrong-key-00", onEvent: () => undefined });

@@ -12,7 +12,7 @@ interface Recorded {
   body: unknown;
 }
 
-function routed(routes: Record<string, (call: Recorded) => Response>): { fetch: typeof fetch; calls: Recorded[] } {
+function routed(routes: Record<string, (call: Recorded) => Response | Promise<Response>>): { fetch: typeof fetch; calls: Recorded[] } {
   const calls: Recorded[] = [];
   const impl = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
     const url = new URL(String(input));
@@ -23,7 +23,8 @@ function routed(routes: Record<string, (call: Recorded) => Response>): { fetch: 
       body: typeof init?.body === "string" ? JSON.parse(init.body) : null,
     };
     calls.push(call);
-    const route = routes[`${call.method} ${call.path}`];
+    // Nothing waits unless a test says so.
+    const route = routes[`${call.method} ${call.path}`] ?? (call.path.endsWith("/pending") ? () => json({ pending: [] }) : undefined);
     if (!route) return new Promise<Response>(() => undefined);
     return route(call);
   };
@@ -111,20 +112,55 @@ describe("ChatSession", () => {
     expect(chat.state.approvals).toEqual([{ toolCallId: "c2", name: "rm", arguments: { path: "/" }, expiresAt: null, decisions: ["approve", "reject", "edit"] }]);
   });
 
+  it("at open shows the approvals that wait and answers the client tool requests that wait (a page that reloads)", async () => {
+    const waiting = (kind: string, id: string, name: string, args: unknown) => ({
+      tool_call_id: id, kind, id: `m_${id}`, turn_id: "t_1", name, arguments: args,
+      requested_at: "2026-11-23T10:00:00+00:00", expires_at: "2026-11-23T10:15:00+00:00",
+      decisions: kind === "approval" ? ["approve", "edit", "reject"] : null,
+    });
+    const history = { chat_messages: [{ type: "turn_start", id: "m_t", turn_id: "t_1", timestamp: "2026-11-23T10:00:00+00:00" }], next_cursor: null, last_event_id: 7 };
+    const { fetch, calls } = routed({
+      "GET /v1/sessions/s_1/messages": () => json(history),
+      "GET /v1/sessions/s_1": () => json(SESSION),
+      "GET /v1/sessions/s_1/pending": () => json({ pending: [waiting("approval", "a1", "calculate", { expression: "1+1" }), waiting("client_tool", "c1", "get_browser_time", {})] }),
+      "POST /v1/sessions/s_1/tool_results": () => json({}),
+    });
+    const chat = new ChatSession({ client: new ParleyClient({ baseUrl: "http://p.test", fetch }), sessionId: "s_1" });
+    chat.registerClientTool("get_browser_time", { description: "d", parameters: {} }, () => "10:00");
+    await chat.open();
+    await until(() => calls.some((c) => c.path.endsWith("/tool_results")));
+    chat.close();
+    expect(chat.state.status).toBe("awaiting_input");
+    expect(chat.state.approvals).toEqual([{ toolCallId: "a1", name: "calculate", arguments: { expression: "1+1" }, expiresAt: "2026-11-23T10:15:00+00:00", decisions: ["approve", "edit", "reject"] }]);
+    expect(calls.filter((c) => c.path.endsWith("/tool_results")).map((c) => c.body)).toEqual([{ results: [{ tool_call_id: "c1", output: "10:00" }] }]);
+    // the history first, then what waits: a request answered in between comes again on the stream
+    const reads = calls.filter((c) => c.method === "GET").map((c) => c.path);
+    expect(reads.indexOf("/v1/sessions/s_1/pending")).toBeGreaterThan(reads.indexOf("/v1/sessions/s_1/messages"));
+  });
+
   it("on resync reads the history again and renders it, then goes on", async () => {
     const { history, raw } = fixture("time");
     let reads = 0;
     const resync = frame({ type: "resync", seq: history.last_event_id, session_id: "s_1", last_event_id: history.last_event_id, reason: "expired" });
-    const { fetch } = routed({
+    // As a real server does: the resync answers the unreplayable position only; the resumed stream (from
+    // the resync's last_event_id) is an idle one. (Answering every connection with the resync made the
+    // client resync again after each 5 ms backoff, so `resyncs === 1` held only between two polls: the
+    // wait timed out whenever the machine was slow enough that a poll came after the second resync.)
+    let streams = 0;
+    const { fetch, calls } = routed({
       "GET /v1/sessions/s_1/messages": () => json(reads++ === 0 ? EMPTY_HISTORY : history),
       "GET /v1/sessions/s_1": () => json({ ...SESSION, context_used: 3277, total_tokens: 5000 }),
-      "GET /v1/sessions/s_1/events": () => sse(chunkedBody("retry: 5\r\n\r\n" + resync, 1)),
+      "GET /v1/sessions/s_1/events": () =>
+        streams++ === 0 ? sse(chunkedBody("retry: 5\r\n\r\n" + resync, 1)) : new Promise<Response>(() => undefined),
     });
     const chat = new ChatSession({ client: new ParleyClient({ baseUrl: "http://p.test", fetch }), sessionId: "s_1" });
     await chat.open();
-    await until(() => chat.state.resyncs === 1);
+    await until(() => streams === 2); // resumed after the resync: everything before is settled
     chat.close();
+    expect(chat.state.resyncs).toBe(1);
     expect(reads).toBe(2);
+    const resumed = calls.filter((c) => c.path.endsWith("/events")).at(-1)!;
+    expect(resumed.headers["last-event-id"]).toBe(String(history.last_event_id));
     expect(chat.state.items.map((i) => i.id)).toEqual(history.chat_messages.map((r) => r.id));
     expect(chat.state.lastSeq).toBe(history.last_event_id);
     // the header before any token_usage event: the session's stored totals

@@ -9,10 +9,14 @@ import {
   statusLine,
   usageHeader,
   workedFor,
+  type ApprovalDecision,
   type ChatItem,
   type ChatState,
+  type ClientToolDeclaration,
   type ConnectionState,
+  type PendingApproval,
 } from "../src/index";
+import { checkArguments } from "./arguments";
 
 const KEY_STORAGE = "parley.apiKey";
 const $ = <T extends HTMLElement>(id: string): T => document.getElementById(id) as T;
@@ -21,6 +25,25 @@ let client = makeClient();
 let chat: ChatSession | null = null;
 let scheduled = false;
 let resyncedUntil = 0;
+// The JSON schema of each server tool (GET /v1/tools), for checking edited arguments before they are sent.
+let toolSchemas = new Map<string, unknown>();
+
+/** The demo client tool: every session this page creates declares it, and the page answers it itself. */
+const BROWSER_TIME: ClientToolDeclaration = {
+  name: "get_browser_time",
+  description: "The current time, time zone and language of the user's browser.",
+  parameters: { type: "object", properties: {}, additionalProperties: false },
+};
+
+function browserTime(): Record<string, string> {
+  const now = new Date();
+  return {
+    time: now.toLocaleTimeString(),
+    time_zone: Intl.DateTimeFormat().resolvedOptions().timeZone,
+    language: navigator.language,
+    utc: now.toISOString(),
+  };
+}
 
 function makeClient(): ParleyClient {
   return new ParleyClient({ baseUrl: "", apiKey: sessionStorage.getItem(KEY_STORAGE) || null });
@@ -61,6 +84,14 @@ function bubbleRow(kind: string, first: boolean, id: string, meta: string | null
   return { row, bubble };
 }
 
+const DECIDED: Record<string, string> = {
+  approve: "approved",
+  edit: "approved with edits",
+  reject: "rejected",
+  expired: "approval timed out",
+  interrupted: "interrupted",
+};
+
 function renderItem(items: ChatItem[], index: number): HTMLElement | null {
   const item = items[index] as ChatItem;
   const first = startsRun(items, index);
@@ -92,7 +123,8 @@ function renderItem(items: ChatItem[], index: number): HTMLElement | null {
       if (first) row.prepend(el("div", "agent-name", item.model ?? "assistant"));
       const card = el("details", "tool-card");
       const done = item.result !== null;
-      card.append(el("summary", "", `⚙ ${item.toolName}${done ? (item.isError ? " ✗" : " ✓") : " …"}`));
+      const decided = item.decision ? ` · ${DECIDED[item.decision] ?? item.decision}${item.reason ? `: ${item.reason}` : ""}` : "";
+      card.append(el("summary", "", `⚙ ${item.toolName}${done ? (item.isError ? " ✗" : " ✓") : " …"}${decided}`));
       card.append(el("pre", "tool-args", JSON.stringify(item.arguments, null, 1)));
       if (done) card.append(el("pre", "tool-result", item.result ?? ""));
       bubble.append(card);
@@ -131,27 +163,100 @@ function renderMessages(state: ChatState): void {
   if (atBottom) box.scrollTop = box.scrollHeight;
 }
 
+// Decisions taken on cards of the current round, sent together once every card has one (the server takes one
+// answer for every open approval of a round). Cards are kept across renders so that edits in them survive.
+const decided = new Map<string, ApprovalDecision>();
+const cards = new Map<string, HTMLElement>();
+
 function renderPending(session: ChatSession): void {
-  const box = $("pending");
-  const cards = session.state.approvals.map((request) => {
-    const card = el("div", "approval-card");
-    card.dataset.toolCallId = request.toolCallId;
-    card.append(el("div", "", `Approve ${request.name}?`));
-    const args = el("textarea") as HTMLTextAreaElement;
-    args.value = JSON.stringify(request.arguments, null, 2);
-    card.append(args);
-    const act = (label: string, run: () => Promise<unknown>): void => {
-      const button = el("button", "", label) as HTMLButtonElement;
-      button.type = "button";
-      button.onclick = () => run().catch(showError);
-      card.append(button);
-    };
-    act("Approve", () => session.approve(request.toolCallId));
-    act("Reject", () => session.reject(request.toolCallId, "rejected on the page"));
-    act("Run edited", async () => session.edit(request.toolCallId, JSON.parse(args.value)));
+  const open = new Set(session.state.approvals.map((a) => a.toolCallId));
+  for (const id of [...cards.keys()]) {
+    if (!open.has(id)) {
+      cards.delete(id);
+      decided.delete(id);
+    }
+  }
+  const nodes = session.state.approvals.map((request) => {
+    const card = cards.get(request.toolCallId) ?? approvalCard(session, request);
+    cards.set(request.toolCallId, card);
     return card;
   });
-  box.replaceChildren(...cards);
+  $("pending").replaceChildren(...nodes);
+}
+
+function approvalCard(session: ChatSession, request: PendingApproval): HTMLElement {
+  const card = el("div", "approval-card");
+  card.dataset.toolCallId = request.toolCallId;
+  card.append(el("div", "approval-title", `Run ${request.name}? The agent waits for your decision.`));
+  card.append(el("div", "approval-help", "Approve runs the arguments below as they are when you click (edit them to change the call)."));
+  const args = el("textarea", "approval-args") as HTMLTextAreaElement;
+  args.rows = 3;
+  args.spellcheck = false;
+  args.value = JSON.stringify(request.arguments, null, 2);
+  args.setAttribute("aria-label", `Arguments of ${request.name} (JSON)`);
+  const problem = el("div", "approval-error");
+  problem.hidden = true;
+  const reason = el("input", "approval-reason") as HTMLInputElement;
+  reason.placeholder = "Reason for a reject (the agent reads it)";
+  args.title = "Edit the arguments to run the call with others: Approve checks them before sending.";
+  const note = el("div", "approval-note");
+  const buttons = el("div", "approval-buttons");
+  const original = JSON.stringify(request.arguments);
+  const say = (text: string | null): void => {
+    problem.textContent = text ?? "";
+    problem.hidden = text === null;
+  };
+  const choose = (decision: ApprovalDecision): void => {
+    decided.set(request.toolCallId, decision);
+    const waiting = session.state.approvals.filter((a) => !decided.has(a.toolCallId));
+    for (const button of buttons.querySelectorAll("button")) button.disabled = true;
+    note.textContent = waiting.length ? `Decided: ${decision.decision}; waiting for the other card(s) of this round.` : "Sending…";
+    if (waiting.length) return;
+    const all = session.state.approvals.map((a) => decided.get(a.toolCallId) as ApprovalDecision);
+    session.decide(all).catch((error: unknown) => {
+      // Refused (e.g. 422: the tool's own schema check): nothing was taken; the cards can be answered again.
+      for (const id of all.map((d) => d.tool_call_id)) decided.delete(id);
+      for (const c of cards.values()) {
+        for (const button of c.querySelectorAll("button")) button.disabled = false;
+        (c.querySelector(".approval-note") as HTMLElement).textContent = "";
+      }
+      say(describeError(error));
+    });
+  };
+  const button = (label: string, className: string, run: () => void): void => {
+    const b = el("button", className, label) as HTMLButtonElement;
+    b.type = "button";
+    b.onclick = run;
+    buttons.append(b);
+  };
+  button("Approve", "approve", () => {
+    // Edited text in the box: approving means running what the box says, so it is checked and sent as an edit.
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(args.value);
+    } catch {
+      parsed = undefined;
+    }
+    if (parsed !== undefined && JSON.stringify(parsed) === original) {
+      say(null);
+      choose({ tool_call_id: request.toolCallId, decision: "approve" });
+      return;
+    }
+    const checked = checkArguments(args.value, toolSchemas.get(request.name));
+    if (!checked.ok) {
+      say(checked.error);
+      return;
+    }
+    say(null);
+    choose({ tool_call_id: request.toolCallId, decision: "edit", arguments: checked.value });
+  });
+  button("Reject", "reject", () => {
+    say(null);
+    const why = reason.value.trim();
+    choose({ tool_call_id: request.toolCallId, decision: "reject", ...(why ? { reason: why } : {}) });
+  });
+  card.append(args, problem, reason, buttons, note);
+  return card;
 }
 
 function renderConnection(connection: ConnectionState): void {
@@ -221,12 +326,8 @@ async function openSession(sessionId: string): Promise<void> {
       if (event.type === "resync") resyncedUntil = Date.now() + 5000;
     },
   });
-  // The demo client tool: the page answers it when a session declares it (tools issue).
-  session.registerClientTool(
-    "browser_info",
-    { description: "The page's language and time zone.", parameters: { type: "object", properties: {} } },
-    () => ({ language: navigator.language, time_zone: Intl.DateTimeFormat().resolvedOptions().timeZone }),
-  );
+  // The demo client tool: sessions this page creates declare it; the page answers its requests itself.
+  session.registerClientTool(BROWSER_TIME.name, BROWSER_TIME, browserTime);
   chat = session;
   try {
     await session.open();
@@ -263,10 +364,17 @@ async function loadModels(): Promise<void> {
   );
 }
 
+async function loadToolSchemas(): Promise<void> {
+  const catalog = await client.tools();
+  toolSchemas = new Map(catalog.tools.map((t) => [t.name, t.parameters]));
+}
+
 async function start(): Promise<void> {
   showError(null);
   try {
     await Promise.all([loadModels(), loadSessions()]);
+    // Only for checking edits on the page: the server checks them again, so a failure here is no error.
+    loadToolSchemas().catch(() => undefined);
   } catch (error) {
     showError(error);
     return;
@@ -279,6 +387,9 @@ function wire(): void {
   const key = $<HTMLInputElement>("key");
   key.value = sessionStorage.getItem(KEY_STORAGE) ?? "";
   key.onchange = () => {
+    // The browser fires change again when the field loses focus after a scripted or pasted value: the same
+    // key must not close the open session (a message sent at that moment found no session and was dropped).
+    if (key.value.trim() === (sessionStorage.getItem(KEY_STORAGE) ?? "")) return;
     sessionStorage.setItem(KEY_STORAGE, key.value.trim());
     client = makeClient();
     chat?.close();
@@ -287,7 +398,12 @@ function wire(): void {
   };
   $("new-session").onclick = async () => {
     try {
-      const session = await client.createSession({ model: $<HTMLSelectElement>("model").value || null });
+      const session = await client.createSession({
+        model: $<HTMLSelectElement>("model").value || null,
+        client_tools: [BROWSER_TIME],
+        // Every server tool of the session waits for a decision on an approval card.
+        ...($<HTMLInputElement>("ask-approval").checked ? { approval: ["*"] } : {}),
+      });
       await loadSessions();
       location.hash = session.id;
     } catch (error) {
@@ -297,7 +413,11 @@ function wire(): void {
   const input = $<HTMLTextAreaElement>("input");
   const send = async (): Promise<void> => {
     const text = input.value.trim();
-    if (!text || !chat) return;
+    if (!text) return;
+    if (!chat) {
+      showError(new Error("Open a session on the left (or create one) to send a message."));
+      return;
+    }
     input.value = "";
     try {
       await chat.send(text);
