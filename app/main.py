@@ -53,6 +53,10 @@ CORS_RESPONSE_HEADERS = ["X-Request-ID", "Idempotent-Replayed", "Retry-After"]
 def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None = None) -> FastAPI:
     """`tools` replaces the built-in registry (tests register slow or failing tools through it)."""
     settings = settings or Settings()
+    problem = settings.replica_problem()
+    if problem is not None:
+        # One line and a non-zero exit, also under `python -m uvicorn app.main:app` (no launcher).
+        raise SystemExit(f"parley: {problem}")
     # Here rather than in the lifespan: a keys file that cannot be used stops the server before it serves.
     keys = load_key_ring(settings)
     # So is a tools file with a bad entry (ToolsConfigError).
