@@ -33,6 +33,7 @@ from app.storage import event_log
 from app.storage.engine import Database, pool_options
 from app.streaming.broker import RING_SIZE, Broker
 from app.streaming.frames import Frame
+from app.streaming.sequencing import CounterSequencer
 from app.streaming.writer import WriteBehind
 from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
@@ -167,6 +168,8 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
         interval=settings.event_flush_interval,
         text_interval=settings.flush_interval,
         retention=settings.event_retention,
+        # Several replicas log one session's events: numbers from its counter row, not this process's memory.
+        sequencer=CounterSequencer() if settings.multi_replica else None,
     )
 
     async def last_seq(session_id: str) -> int:

@@ -32,11 +32,11 @@ from contextlib import asynccontextmanager, suppress
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.errors import StorageUnavailable, storage_refusal
-from app.observability.hooks import commit_observed
 from app.protocol.ids import new_message_id
 from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
+from app.streaming.commit import commit as _commit
 from app.streaming.frames import Draft, Frame, Publisher, json_string
 from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
 from app.streaming.texts import TextBuffer
@@ -330,10 +330,13 @@ class WriteBehind:
         counts: dict[str, int] = {}
         for d in drafts:
             counts[d.session_id] = counts.get(d.session_id, 0) + 1
-        next_seq = {sid: await numbers.take(db, sid, count) for sid, count in counts.items()}
+        # Sorted: every replica locks the counter rows of a batch in one order (no deadlock).
+        next_seq = {sid: await numbers.take(db, sid, counts[sid]) for sid in sorted(counts)}
         frames = []
         for d in drafts:
             seq = next_seq[d.session_id]
+            if seq is None:  # the session is gone: so are its events
+                continue
             next_seq[d.session_id] = seq + 1
             frames.append((d.session_id, d.number(seq)))
         return frames
@@ -371,28 +374,3 @@ class WriteBehind:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self.flush()
-
-
-async def _commit(db: AsyncSession, kind: str) -> None:
-    """Commits, and knows whether it did even when the caller is cancelled meanwhile.
-
-    The driver's thread finishes a commit that has begun whatever happens to the task awaiting it, so a
-    cancellation here is held back until the commit's outcome is known: a failed commit raises as usual,
-    a successful one returns, so its numbers and events are accounted for as committed, and the
-    cancellation is delivered again at the caller's next await. Without this, a batch that did commit
-    could be logged a second time.
-    """
-    caller = asyncio.current_task()
-    # Named after its caller: the commit is that caller's work (observability.monitor counts it so).
-    commit = asyncio.get_running_loop().create_task(db.commit(), name=caller.get_name() if caller else None)
-    started = time.monotonic()
-    commit.add_done_callback(lambda _: commit_observed(kind, time.monotonic() - started))
-    try:
-        await asyncio.shield(commit)
-    except asyncio.CancelledError:
-        await asyncio.wait({commit})
-        if commit.cancelled() or commit.exception() is not None:
-            raise
-        if caller is not None:
-            caller.uncancel()
-            caller.cancel()
