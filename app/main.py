@@ -39,6 +39,7 @@ from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.live import LocalLiveStatus
 from app.turns.recovery import close_open_turns, resume_suspended
+from app.turns.replicas import Replicas
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
 
@@ -130,17 +131,21 @@ def _lifespan(
             debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)
         models = ModelGateway(settings)
         writer, broker = _event_log(settings, database)
-        registry = catalog.registry
         live = LocalLiveStatus()
-        runner = Runner(settings, database, writer, models, registry, live, broker)
+        parts = (settings, database, writer, models, catalog.registry, live, broker)
+        replicas = Replicas(*parts) if settings.multi_replica else None
+        runner = replicas.runner if replicas is not None else Runner(*parts)
         services = _services(settings, database, runner, models, catalog, broker, keys)
         drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
         writer.start()
-        await close_open_turns(database, writer, live)
-        # The repair is in the log (and the turns it closed are announced) before any client can ask.
-        await writer.flush()
-        await resume_suspended(database, runner)
-        await runner.resume_waiting()
+        if replicas is not None:
+            await replicas.start()
+        else:
+            await close_open_turns(database, writer, live)
+            # The repair is in the log (and the turns it closed are announced) before any client can ask.
+            await writer.flush()
+            await resume_suspended(database, runner)
+            await runner.resume_waiting()
         # Last: litellm's import holds the GIL for seconds in its thread, and every step above would share
         # the core with it; now the server starts serving at once, while it loads (/readyz says when).
         models.start()
@@ -149,7 +154,11 @@ def _lifespan(
             with drain_on_signals(drain):
                 yield {"services": services, "debug_stats": debug_stats, "metrics": exported}
         finally:
+            if replicas is not None:
+                await replicas.stop_sweeping()
             await drain.run()
+            if replicas is not None:
+                await replicas.stop()
             await catalog.stop()
             await writer.stop()
             await models.stop()
@@ -202,7 +211,11 @@ def _services(
     keys: KeyRing,
 ) -> Services:
     """The use cases the routes call, and what the routes' dependencies read."""
-    idempotency = Idempotency(database, ttl_seconds=settings.idempotency_ttl_hours * 3600)
+    # Several replicas: a racing attempt with the same key may run on another one; wait for its answer.
+    race_wait = 10.0 if settings.multi_replica else 0.0
+    idempotency = Idempotency(
+        database, ttl_seconds=settings.idempotency_ttl_hours * 3600, race_wait=race_wait
+    )
     sessions = Sessions(settings, database, runner, models, catalog.registry, idempotency)
     messages = Messages(settings, database, sessions, runner, broker, idempotency)
     return Services(

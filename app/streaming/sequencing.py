@@ -12,6 +12,7 @@ from typing import Protocol
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.storage import event_log
+from app.streaming.frames import Draft, Frame
 
 
 class SequenceBatch(Protocol):
@@ -98,3 +99,20 @@ class _CounterBatch:
 
     def committed(self) -> None:
         """The counter is in the transaction: nothing to note."""
+
+
+async def number(db: AsyncSession, numbers: SequenceBatch, drafts: list[Draft]) -> list[tuple[str, Frame]]:
+    """The drafts numbered in publication order, each session's from its own sequence."""
+    counts: dict[str, int] = {}
+    for d in drafts:
+        counts[d.session_id] = counts.get(d.session_id, 0) + 1
+    # Sorted: every replica locks the counter rows of a batch in one order (no deadlock).
+    next_seq = {sid: await numbers.take(db, sid, counts[sid]) for sid in sorted(counts)}
+    frames = []
+    for d in drafts:
+        seq = next_seq[d.session_id]
+        if seq is None:  # the session is gone: so are its events
+            continue
+        next_seq[d.session_id] = seq + 1
+        frames.append((d.session_id, d.number(seq)))
+    return frames

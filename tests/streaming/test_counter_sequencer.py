@@ -76,7 +76,7 @@ async def test_two_writers_on_two_engines_never_take_a_number_twice(
 
 
 async def test_the_events_of_a_deleted_session_are_dropped(database: Database) -> None:
-    delivered: list[object] = []
+    delivered: list[tuple[str, object]] = []
     writer = WriteBehind(database, interval=5.0, sequencer=CounterSequencer(), deliver=delivered.extend)
     writer.add(draft("s_gone", AgentStatus, status="thinking", turn_id="t_1"))
     writer.add(draft(SID, AgentStatus, status="idle", turn_id="t_1"))
@@ -84,4 +84,4 @@ async def test_the_events_of_a_deleted_session_are_dropped(database: Database) -
     async with database.session() as db:
         assert await event_log.events_after(db, "s_gone", 0, 10) == []
         assert [e.seq for e in await event_log.events_after(db, SID, 0, 10)] == [1, 2, 3, 4]
-    assert [sid for sid, _ in delivered] == [SID]  # type: ignore[misc]
+    assert [sid for sid, _ in delivered] == [SID]
