@@ -75,6 +75,12 @@ async def renew(db: AsyncSession, tokens: Sequence[int], seconds: float) -> dict
         return {}
     conn = await raw(db)
     now = _now(conn)
+    if conn.dialect == "postgresql":
+        # Locked in token order first, the order batches lock them in (`alive`): no deadlock between them.
+        await conn.fetchall(
+            f"SELECT token FROM turn_leases WHERE token IN ({_marks(tokens)}) ORDER BY token FOR UPDATE",
+            tuple(tokens),
+        )
     found = await conn.fetchall(
         f"UPDATE turn_leases SET expires_at = {now} + ? WHERE token IN ({_marks(tokens)})"
         f" AND state = 'running' AND expires_at > {now} RETURNING token, cancel_requested",

@@ -219,3 +219,26 @@ async def test_a_cancel_on_another_replica_reaches_the_owner_through_the_flag(
         assert result["interrupted_message_ids"] == text
     [request] = chat_requests(upstream)
     await until(lambda: _true(request.disconnected), seconds=10)
+
+
+async def test_a_replica_starting_while_a_turn_runs_elsewhere_leaves_it_alone(
+    replicas: Replicas, pg: ScratchDatabase, upstream: FakeUpstream
+) -> None:
+    """A replica's startup recovery closes only turns no lease names: started while another replica runs a
+    turn, it leaves that turn running (no turn_done, the lease still its owner's), and the turn then ends
+    normally on its owner."""
+    [owner] = await replicas(1)
+    upstream.enqueue(Script.words(1500, delay=0.01))
+    async with clients(owner) as (a,):
+        sid = await new_session(a)
+        turn_id = (await post(a, sid, "tell me a story"))["turn_id"]
+        await until(lambda: streaming_started(pg, turn_id))
+        owner_id = rows(pg, "SELECT owner FROM turn_leases WHERE turn_id = %s", turn_id)[0][0]
+        [late] = await replicas(1)
+        assert turn_status(pg, turn_id) is None
+        assert rows(pg, "SELECT owner, state FROM turn_leases WHERE turn_id = %s", turn_id) == [
+            (owner_id, "running")
+        ]
+        assert await until(lambda: _status(pg, turn_id), seconds=30) == "completed"
+    assert "closed turn" not in late.log()
+    assert_strictly_valid(upstream)
