@@ -60,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(given)
     load_env_file()
     settings = Settings()
+    problem = settings.replica_problem()
+    if problem is not None:
+        print(f"parley: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
     refused = check_access(settings, args.host)
     if refused is not None:
         return refused

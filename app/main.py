@@ -33,12 +33,14 @@ from app.storage import event_log
 from app.storage.engine import Database, pool_options
 from app.streaming.broker import RING_SIZE, Broker
 from app.streaming.frames import Frame
+from app.streaming.sequencing import CounterSequencer
 from app.streaming.writer import WriteBehind
 from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.control import TurnControl
 from app.turns.live import LocalLiveStatus
 from app.turns.recovery import close_open_turns, resume_suspended
+from app.turns.replica_mode import Replicas
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
 
@@ -58,6 +60,10 @@ CORS_RESPONSE_HEADERS = ["X-Request-ID", "Idempotent-Replayed", "Retry-After"]
 def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None = None) -> FastAPI:
     """`tools` replaces the built-in registry (tests register slow or failing tools through it)."""
     settings = settings or Settings()
+    problem = settings.replica_problem()
+    if problem is not None:
+        # One line and a non-zero exit, also under `python -m uvicorn app.main:app` (no launcher).
+        raise SystemExit(f"parley: {problem}")
     # Here rather than in the lifespan: a keys file that cannot be used stops the server before it serves.
     keys = load_key_ring(settings)
     # So is a tools file with a bad entry (ToolsConfigError).
@@ -130,9 +136,10 @@ def _lifespan(
             debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)
         models = ModelGateway(settings)
         writer, broker, relay = _event_log(settings, database)
-        registry = catalog.registry
         live = LocalLiveStatus()
-        runner = Runner(settings, database, writer, models, registry, live, broker)
+        parts = (settings, database, writer, models, catalog.registry, live, broker)
+        replicas = Replicas(*parts) if settings.multi_replica else None
+        runner = replicas.runner if replicas is not None else Runner(*parts)
         turns, bus = _turn_control(settings, runner, broker, database)
         services = _services(settings, database, turns, models, catalog, broker, keys)
         drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
@@ -140,11 +147,14 @@ def _lifespan(
         if relay is not None and bus is not None:
             await relay.start()
             await bus.start()
-        await close_open_turns(database, writer, live)
-        # The repair is in the log (and the turns it closed are announced) before any client can ask.
-        await writer.flush()
-        await resume_suspended(database, runner)
-        await runner.resume_waiting()
+        if replicas is not None:
+            await replicas.start()
+        else:
+            await close_open_turns(database, writer, live)
+            # The repair is in the log (and the turns it closed are announced) before any client can ask.
+            await writer.flush()
+            await resume_suspended(database, runner)
+            await runner.resume_waiting()
         # Last: litellm's import holds the GIL for seconds in its thread, and every step above would share
         # the core with it; now the server starts serving at once, while it loads (/readyz says when).
         models.start()
@@ -153,7 +163,11 @@ def _lifespan(
             with drain_on_signals(drain):
                 yield {"services": services, "debug_stats": debug_stats, "metrics": exported}
         finally:
+            if replicas is not None:
+                await replicas.stop_sweeping()
             await drain.run()
+            if replicas is not None:
+                await replicas.stop()
             await catalog.stop()
             await writer.stop()
             if relay is not None and bus is not None:
@@ -177,6 +191,8 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
         interval=settings.event_flush_interval,
         text_interval=settings.flush_interval,
         retention=settings.event_retention,
+        # Several replicas log one session's events: numbers from its counter row, not this process's memory.
+        sequencer=CounterSequencer() if settings.multi_replica else None,
     )
 
     async def last_seq(session_id: str) -> int:
@@ -238,7 +254,11 @@ def _services(
     keys: KeyRing,
 ) -> Services:
     """The use cases the routes call, and what the routes' dependencies read."""
-    idempotency = Idempotency(database, ttl_seconds=settings.idempotency_ttl_hours * 3600)
+    # Several replicas: a racing attempt with the same key may run on another one; wait for its answer.
+    race_wait = 10.0 if settings.multi_replica else 0.0
+    idempotency = Idempotency(
+        database, ttl_seconds=settings.idempotency_ttl_hours * 3600, race_wait=race_wait
+    )
     sessions = Sessions(settings, database, turns, models, catalog.registry, idempotency)
     messages = Messages(settings, database, sessions, turns, broker, idempotency)
     return Services(

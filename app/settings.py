@@ -98,7 +98,6 @@ class Settings(BaseSettings):
         "with the turn id, and the turn goes on. Keep it below any proxy's idle timeout.",
     )
     # --- replicas ----------------------------------------------------------------------------------------
-    redis_url: str | None = None
     redis_prefix: str = Field(
         "parley",
         description="With PARLEY_REDIS_URL: the prefix of every Redis key and channel the replicas share "
@@ -115,6 +114,25 @@ class Settings(BaseSettings):
     )
     max_header_bytes: int = Field(
         32_768, ge=1024, description="Largest accepted request headers (names and values); larger get 431."
+    )
+
+    # --- several replicas --------------------------------------------------------------------------------
+    redis_url: str | None = Field(
+        None,
+        description="redis://host:port/db: turns on multi-replica mode (several processes on one PostgreSQL "
+        "database). Unset: one process owns every session, as on SQLite.",
+    )
+    lease_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Multi-replica mode: seconds a replica's claim on a running turn lasts without renewal; "
+        "a turn whose owner stopped renewing is closed by another replica after it.",
+    )
+    heartbeat_interval: float | None = Field(
+        None,
+        gt=0,
+        description="Multi-replica mode: seconds between lease renewals (and cancel-flag checks); a third "
+        "of PARLEY_LEASE_SECONDS when unset.",
     )
 
     # --- access ------------------------------------------------------------------------------------------
@@ -190,6 +208,28 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [origin.strip() for origin in text.split(",") if origin.strip()]
         return value
+
+    @property
+    def multi_replica(self) -> bool:
+        """Several replicas share the database: turns are leased (turns.lease), not owned by a process."""
+        return self.redis_url is not None
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.heartbeat_interval or self.lease_seconds / 3
+
+    def replica_problem(self) -> str | None:
+        """Why this configuration cannot run as one of several replicas; None when it can (or is single)."""
+        if not self.multi_replica:
+            return None
+        if not self.database_url.startswith(("postgresql", "postgres")):
+            return (
+                "PARLEY_REDIS_URL turns on multi-replica mode, which needs PostgreSQL: SQLite is one "
+                "process's file (set PARLEY_DATABASE_URL=postgresql://..., or unset PARLEY_REDIS_URL)"
+            )
+        if self.heartbeat_seconds >= self.lease_seconds:
+            return "PARLEY_HEARTBEAT_INTERVAL must be shorter than PARLEY_LEASE_SECONDS"
+        return None
 
     @cached_property
     def sync_database_url(self) -> str:

@@ -14,6 +14,7 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
 _OVER_HTTP = "exercised over HTTP by tests/api"
+_REPLICAS = "runs inside real replica processes: tests/replicas drives them over HTTP and reads the database"
 # The modules no test module imports, each for its reason.
 NOT_IMPORTED = {
     "app.__main__": "the launcher: tests/test_launcher*.py run it as a process",
@@ -26,6 +27,10 @@ NOT_IMPORTED = {
     "app.api.turns": _OVER_HTTP,
     "app.api.waiting": _OVER_HTTP,
     "app.llm.litellm_zygote": "a process of its own (python -m): tests/llm/test_litellm_process.py starts it",
+    "app.turns.lease": _REPLICAS,
+    "app.turns.leased_runner": _REPLICAS,
+    "app.turns.replica_mode": _REPLICAS,
+    "app.turns.sweeper": _REPLICAS,
     "app.llm.lazy_encoding": "it acts before litellm's import: tests/llm/test_gateway.py runs it in a fresh "
     "interpreter",
 }

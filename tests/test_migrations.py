@@ -35,6 +35,7 @@ APP_TABLES = {
     "events",
     "idempotency_keys",
     "pending_tool_requests",
+    "turn_leases",
 }
 
 

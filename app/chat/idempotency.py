@@ -36,6 +36,8 @@ KEY_PATTERN = r"^[\x21-\x7e]([\x20-\x7e]{0,253}[\x21-\x7e])?$"
 _KEY = re.compile(KEY_PATTERN)
 T = TypeVar("T", bound=BaseModel)
 _PRUNE_EVERY = 60.0
+# Multi-replica mode: how often a request reads the row of a racing attempt on another replica.
+RACE_POLL_SECONDS = 0.05
 
 
 class IdempotencyKeyReused(ApiError):
@@ -118,9 +120,13 @@ class Idempotency:
     """Today's store: rows in the database, and the attempt in flight per key in this process, whose
     outcome racing duplicates share."""
 
-    def __init__(self, database: Database, *, ttl_seconds: float) -> None:
+    def __init__(self, database: Database, *, ttl_seconds: float, race_wait: float = 0.0) -> None:
+        """`race_wait` (multi-replica mode): seconds a request waits for an attempt with its key that holds
+        the reservation without an answer yet, since that attempt may run on another replica; a
+        reservation older than that is an attempt that died, and is resumed at once."""
         self._database = database
         self._ttl = ttl_seconds
+        self._race_wait = race_wait
         self._attempts: dict[tuple[str, str], _Attempt] = {}
         self._pruned_at = 0.0
 
@@ -161,10 +167,25 @@ class Idempotency:
         if won:
             return Reservation(principal, key, mine.resource_id, replay=None, resumed=False)
         assert row is not None  # held by another request: its row, read in the same transaction
+        if row.response is None and self._race_wait and row.fingerprint == request_fingerprint:
+            found = await self._answer_elsewhere(row)
+            if found is None:  # the other attempt was refused and released the key: try again
+                return await self.reserve(principal, key, request_fingerprint, new_id)
+            row = found
         if row.fingerprint != request_fingerprint:
             raise _reused()
         replay = json.loads(row.response) if row.response is not None else None
         return Reservation(principal, key, row.resource_id, replay=replay, resumed=replay is None)
+
+    async def _answer_elsewhere(self, row: IdempotencyKeyRow) -> IdempotencyKeyRow | None:
+        """The key's row once its attempt (on any replica) answered, or it is old enough to have died;
+        None when the attempt released the key."""
+        found: IdempotencyKeyRow | None = row
+        while found is not None and found.response is None and time.time() < row.created_at + self._race_wait:
+            await asyncio.sleep(RACE_POLL_SECONDS)
+            async with self._database.session() as db:
+                found = await repository.get_idempotency_key(db, row.principal, row.key)
+        return found
 
     async def once(
         self,

@@ -35,6 +35,23 @@ async def last_event_seqs(db: AsyncSession, session_ids: Sequence[str]) -> dict[
     return heads
 
 
+async def advance_counter(db: AsyncSession, session_id: str, count: int) -> int | None:
+    """Takes `count` numbers from the session's counter (chat_sessions.last_seq) in `db`'s transaction and
+    returns the last of them; None when the session is gone. The row lock is held to the commit: another
+    process's transaction that takes numbers of the same session waits for it, then reads its result
+    (PostgreSQL re-reads the updated row). The log's last number is a floor (a database that ran
+    single-process): read in the statement's snapshot, it can only be lower than a counter kept since."""
+    conn = await raw(db)
+    bigger = "greatest" if conn.dialect == "postgresql" else "max"
+    found = await conn.fetchall(
+        f"UPDATE chat_sessions SET last_seq = {bigger}(last_seq,"
+        " COALESCE((SELECT max(seq) FROM events WHERE session_id = ?), 0)) + ?"
+        " WHERE id = ? RETURNING last_seq",
+        (session_id, count, session_id),
+    )
+    return int(found[0][0]) if found else None
+
+
 _INSERT_EVENTS = "INSERT INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
 _INSERT_EVENTS_UNNEST = (
     "INSERT INTO events (session_id, seq, type, data)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, ForeignKey, Index, String, text
+from sqlalchemy import JSON, BigInteger, Column, ForeignKey, Index, String, text
 from sqlmodel import Field, SQLModel
 
 
@@ -34,6 +34,9 @@ class ChatSessionRow(SQLModel, table=True):
     approval: list[str] = Field(
         default_factory=list, sa_column=Column(JSON, nullable=False, server_default=text("'[]'"))
     )
+    # The last event number taken (streaming.sequencing.CounterSequencer, multi-replica mode): the row
+    # lock of its UPDATE serializes the logging transactions of every replica.
+    last_seq: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
 
 
 class ChatMessageRow(SQLModel, table=True):
@@ -166,3 +169,38 @@ class PendingToolRequestRow(SQLModel, table=True):
     # The answer as given: {output | error} or {decision, arguments?, reason?}.
     answer: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
     answered_at: str | None = None
+
+
+class TurnLeaseRow(SQLModel, table=True):
+    """Multi-replica mode: which replica runs a turn, until when, and with which fencing token.
+
+    Inserted in the transaction that writes the turn's turn_start, released (state `done`) in the one that
+    writes its turn_done. Every write of the turn checks, in its own transaction, that the token is still
+    its owner's and the lease alive: a replica that lost it (paused, cut off, slow) writes nothing. A
+    replica that takes over an expired lease gives it a new token. At most one running turn per session
+    is the unique partial index, not a convention.
+    """
+
+    __tablename__ = "turn_leases"
+    __table_args__ = (
+        Index(
+            "ux_turn_leases_running",
+            "session_id",
+            unique=True,
+            sqlite_where=text("state = 'running'"),
+            postgresql_where=text("state = 'running'"),
+        ),
+        Index("ix_turn_leases_state_expires", "state", "expires_at"),
+    )
+
+    turn_id: str = Field(primary_key=True, max_length=40)
+    session_id: str = Field(
+        sa_column=Column(String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False)
+    )
+    owner: str = Field(max_length=100)
+    token: int = Field(sa_column=Column(BigInteger, nullable=False))
+    # Unix seconds on the database's clock (replicas' clocks may differ; the database has one).
+    expires_at: float
+    state: str = Field(default="running", max_length=10)
+    # A cancel posted on another replica: the owner reads it at its next heartbeat.
+    cancel_requested: bool = Field(default=False, sa_column_kwargs={"server_default": text("false")})

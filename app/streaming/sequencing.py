@@ -12,11 +12,13 @@ from typing import Protocol
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.storage import event_log
+from app.streaming.frames import Draft, Frame
 
 
 class SequenceBatch(Protocol):
-    async def take(self, db: AsyncSession, session_id: str, count: int) -> int:
-        """The first of `count` consecutive numbers after the session's last, inside `db`'s transaction."""
+    async def take(self, db: AsyncSession, session_id: str, count: int) -> int | None:
+        """The first of `count` consecutive numbers after the session's last, inside `db`'s transaction;
+        None when the session no longer exists (its events are dropped with it)."""
         ...
 
     def committed(self) -> None:
@@ -73,3 +75,44 @@ class _LocalBatch:
 
     def committed(self) -> None:
         self._last.update(self._taken)
+
+
+class CounterSequencer:
+    """The multi-process implementation: the numbers come from the session's counter row
+    (chat_sessions.last_seq), updated in the logging transaction. Its row lock serializes the logging
+    transactions of every replica, and a rollback returns the numbers, so there is no gap and no number
+    twice. The counter never goes below the log's last number (a database that ran single-process)."""
+
+    def begin(self) -> _CounterBatch:
+        return _CounterBatch()
+
+    def forget(self, session_id: str) -> None:
+        """Nothing is held here: the counter goes with the session's row."""
+
+
+class _CounterBatch:
+    __slots__ = ()
+
+    async def take(self, db: AsyncSession, session_id: str, count: int) -> int | None:
+        last = await event_log.advance_counter(db, session_id, count)
+        return None if last is None else last - count + 1
+
+    def committed(self) -> None:
+        """The counter is in the transaction: nothing to note."""
+
+
+async def number(db: AsyncSession, numbers: SequenceBatch, drafts: list[Draft]) -> list[tuple[str, Frame]]:
+    """The drafts numbered in publication order, each session's from its own sequence."""
+    counts: dict[str, int] = {}
+    for d in drafts:
+        counts[d.session_id] = counts.get(d.session_id, 0) + 1
+    # Sorted: every replica locks the counter rows of a batch in one order (no deadlock).
+    next_seq = {sid: await numbers.take(db, sid, counts[sid]) for sid in sorted(counts)}
+    frames = []
+    for d in drafts:
+        seq = next_seq[d.session_id]
+        if seq is None:  # the session is gone: so are its events
+            continue
+        next_seq[d.session_id] = seq + 1
+        frames.append((d.session_id, d.number(seq)))
+    return frames

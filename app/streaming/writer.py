@@ -32,13 +32,14 @@ from contextlib import asynccontextmanager, suppress
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.errors import StorageUnavailable, storage_refusal
-from app.observability.hooks import commit_observed
 from app.protocol.ids import new_message_id
 from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
+from app.streaming.commit import commit as _commit
+from app.streaming.fencing import Fence
 from app.streaming.frames import Draft, Frame, Publisher, json_string
-from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
+from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch, number
 from app.streaming.texts import TextBuffer
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,11 @@ class WriteBehind:
         retention: int | None = None,
         deliver: Deliver | None = None,
         sequencer: EventSequencer | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self._database = database
+        # Multi-replica mode: every write of a turn is checked against its lease (streaming.fencing).
+        self.fence = fence
         self._sequencer = sequencer or LocalSequencer()
         self._interval = interval
         self._text_interval = text_interval
@@ -130,7 +134,10 @@ class WriteBehind:
         self._forgotten.add(session_id)
         self._pruned_at.pop(session_id, None)
         self._sequencer.forget(session_id)
-        for key in [k for k, b in self._texts.items() if b.session_id == session_id]:
+        self._drop_texts({session_id})
+
+    def _drop_texts(self, session_ids: set[str]) -> None:
+        for key in [k for k, b in self._texts.items() if b.session_id in session_ids]:
             del self._texts[key]
 
     def start(self) -> None:
@@ -204,6 +211,14 @@ class WriteBehind:
             forgotten = self._forgotten
             numbers = self._sequencer.begin()
             async with self._database.session() as db:
+                if self.fence is not None:
+                    dropped = await self.fence.screen(
+                        db, {b.session_id for b in texts} | {d.session_id for d in self._events[:taken]}
+                    )
+                    if dropped:  # their turns lost their leases: nothing of them is written
+                        forgotten = forgotten | dropped
+                        texts = [b for b in texts if b.session_id not in dropped]
+                        self._drop_texts(dropped)
                 written = await self._write_texts(db, texts)
                 # Taken after the texts: a streamed message renamed on insert renames its drafts (_rename).
                 drafts = [d for d in self._events[:taken] if d.session_id not in forgotten]
@@ -224,7 +239,9 @@ class WriteBehind:
                     self._deliver(frames)
 
     @asynccontextmanager
-    async def transaction(self, session_id: str) -> AsyncIterator[AsyncSession]:
+    async def transaction(
+        self, session_id: str, *, turn_id: str | None = None, final: bool = False
+    ) -> AsyncIterator[AsyncSession]:
         """A turn's own write: commits with it the session's pending rows and events, then delivers them.
 
         The session's streamed text rows not inserted yet are inserted first, so the block can update
@@ -234,7 +251,8 @@ class WriteBehind:
         published are dropped with the rows they announce (whoever retries the write announces them
         again), while the session's streamed text and the events published before the block, and the
         text buffers the block finished (`untrack`), stay pending for the next batch.
-        """
+
+        `turn_id`: a turn's write, fenced by its lease in multi-replica mode (`final` releases it)."""
         async with self._lock:
             now = time.monotonic()
             finished = self._finished = []
@@ -244,6 +262,7 @@ class WriteBehind:
             mark: int | None = None
             try:
                 async with self._database.session() as db:
+                    await self._fenced(db, session_id, turn_id, final)
                     pending = [
                         b for b in self._texts.values() if b.session_id == session_id and b.row is not None
                     ]
@@ -258,6 +277,8 @@ class WriteBehind:
                     await _commit(db, "turn")
                     # No await from the commit to the delivery: a cancellation comes after both (_commit).
                     numbers.committed()
+                    if final and turn_id is not None and self.fence:
+                        self.fence.end(session_id, turn_id)  # released with this commit
                     self._mark(written, now)
                     for buffer in finished:
                         self._texts.pop(buffer.message_id, None)
@@ -278,6 +299,13 @@ class WriteBehind:
             finally:
                 self._finished = None
                 self._writing_session = None
+
+    async def _fenced(self, db: AsyncSession, session_id: str, turn_id: str | None, final: bool) -> None:
+        """The fence's check of a transaction (LeaseLost for a turn's write); a write of the waiting line
+        on a session whose turn lost its lease here drops that turn's pending text and events."""
+        if self.fence is not None and not await self.fence.guard(db, session_id, turn_id, final=final):
+            self._events[:] = [d for d in self._events if d.session_id != session_id]
+            self._drop_texts({session_id})
 
     async def _write_texts(self, db: AsyncSession, buffers: list[TextBuffer]) -> list[tuple[TextBuffer, int]]:
         """Inserts the rows of buffers that have none yet and updates the others' text; returns what was
@@ -322,22 +350,6 @@ class WriteBehind:
             buffer.flushed_len = count
             buffer.flushed_at = now
 
-    @staticmethod
-    async def _number(
-        db: AsyncSession, numbers: SequenceBatch, drafts: list[Draft]
-    ) -> list[tuple[str, Frame]]:
-        """The drafts numbered in publication order, each session's from its own sequence."""
-        counts: dict[str, int] = {}
-        for d in drafts:
-            counts[d.session_id] = counts.get(d.session_id, 0) + 1
-        next_seq = {sid: await numbers.take(db, sid, count) for sid, count in counts.items()}
-        frames = []
-        for d in drafts:
-            seq = next_seq[d.session_id]
-            next_seq[d.session_id] = seq + 1
-            frames.append((d.session_id, d.number(seq)))
-        return frames
-
     async def _log(
         self, db: AsyncSession, numbers: SequenceBatch, drafts: list[Draft], *, exact: bool
     ) -> list[tuple[str, Frame]]:
@@ -345,7 +357,7 @@ class WriteBehind:
         commits."""
         if not drafts:
             return []
-        events = await self._number(db, numbers, drafts)
+        events = await number(db, numbers, drafts)
         await event_log.log_events(db, [(sid, f.seq, f.type, f.data) for sid, f in events])
         if self._retention is None:
             return events
@@ -371,28 +383,3 @@ class WriteBehind:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self.flush()
-
-
-async def _commit(db: AsyncSession, kind: str) -> None:
-    """Commits, and knows whether it did even when the caller is cancelled meanwhile.
-
-    The driver's thread finishes a commit that has begun whatever happens to the task awaiting it, so a
-    cancellation here is held back until the commit's outcome is known: a failed commit raises as usual,
-    a successful one returns, so its numbers and events are accounted for as committed, and the
-    cancellation is delivered again at the caller's next await. Without this, a batch that did commit
-    could be logged a second time.
-    """
-    caller = asyncio.current_task()
-    # Named after its caller: the commit is that caller's work (observability.monitor counts it so).
-    commit = asyncio.get_running_loop().create_task(db.commit(), name=caller.get_name() if caller else None)
-    started = time.monotonic()
-    commit.add_done_callback(lambda _: commit_observed(kind, time.monotonic() - started))
-    try:
-        await asyncio.shield(commit)
-    except asyncio.CancelledError:
-        await asyncio.wait({commit})
-        if commit.cancelled() or commit.exception() is not None:
-            raise
-        if caller is not None:
-            caller.uncancel()
-            caller.cancel()

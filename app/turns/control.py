@@ -33,6 +33,10 @@ class TurnRunning(RuntimeError):
         self.turn_id = turn_id
 
 
+class TurnBusy(RuntimeError):
+    """Multi-replica mode: another turn of the session runs (on some replica); a message waits instead."""
+
+
 class NotWaiting(LookupError):
     """The message is not (or no longer) in the waiting line."""
 

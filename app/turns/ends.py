@@ -38,6 +38,7 @@ from app.protocol.events import (
 from app.protocol.ids import new_message_id
 from app.storage import repository
 from app.storage.tables import ChatMessageRow
+from app.streaming.fencing import LeaseLost
 from app.streaming.frames import Publisher
 from app.streaming.writer import TextBuffer, WriteBehind
 from app.turns.agent import (
@@ -113,9 +114,10 @@ class TurnLog:
             **fields,
         )
 
-    def _transaction(self) -> AbstractAsyncContextManager[AsyncSession]:
-        """A write of the turn; events emitted inside it commit with it and are delivered right after."""
-        return self.writer.transaction(self.session_id)
+    def _transaction(self, *, final: bool = False) -> AbstractAsyncContextManager[AsyncSession]:
+        """A write of the turn; events emitted inside it commit with it and are delivered right after. In
+        multi-replica mode it goes through only under the turn's lease; `final` (turn_done) releases it."""
+        return self.writer.transaction(self.session_id, turn_id=self.turn_id, final=final)
 
     def _tool_row(self, call: CallRequest, timestamp: str, **fields: Any) -> ChatMessageRow:
         return self._row(
@@ -221,7 +223,7 @@ class TurnLog:
         self._finishing = True
         duration = round(time.monotonic() - self.started, 3)
         row = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
-        async with self._transaction() as db:
+        async with self._transaction(final=True) as db:
             await repository.insert_messages(db, [row], new_message_id)
             self._announce_end(row)
         self.closed = True
@@ -235,6 +237,10 @@ class TurnLog:
         while True:
             try:
                 await end()
+            except LeaseLost:
+                # Another replica owns the turn now (or will, once the lease expires): it closes it.
+                log.warning("turn %s: not closed here, this replica lost its lease", self.turn_id)
+                return
             except Exception as exc:
                 refusal = storage_refusal(exc)
                 if refusal is None:
@@ -291,7 +297,7 @@ class TurnLog:
         done = self._row(
             "turn_done", at, duration_seconds=_seconds_between(started_at, at), status="interrupted"
         )
-        async with self._transaction() as db:
+        async with self._transaction(final=True) as db:
             for row in rows:
                 if row.type == "tool_group" and row.result is None:
                     values = {"result": TOOL_INTERRUPTED_BY_RESTART, "is_error": True, "interrupted": True}

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.errors import storage_refusal
 from app.llm.types import ProviderError
@@ -41,6 +43,7 @@ from app.protocol.events import (
 from app.protocol.ids import new_message_id
 from app.protocol.schemas import QueuedMessage
 from app.storage import repository
+from app.streaming.fencing import LeaseLost
 from app.streaming.writer import TextBuffer
 from app.turns.agent import (
     AgentError,
@@ -79,6 +82,9 @@ class TurnRecorder(WaitLog):
     # A shutdown while calls wait: the task ends without closing the turn, which resumes after the
     # restart from its rows (turns.resume).
     _detach: bool = False
+    # Multi-replica mode: claims the turn's lease, first thing in the transaction that opens it
+    # (turns.leased_runner); raises TurnBusy when another turn of the session runs.
+    claim: Callable[[AsyncSession], Awaitable[None]] | None = None
 
     def request_stop(self, *, by_server: bool = False) -> bool:
         """Stops the turn as soon as no write is in progress. False when it is already ending by itself.
@@ -135,6 +141,8 @@ class TurnRecorder(WaitLog):
             for m in messages
         ]
         async with self._transaction() as db:
+            if self.claim is not None:
+                await self.claim(db)
             if waiting is not None:
                 await repository.dequeue(db, [m.id for m in messages])
             renamed = await repository.insert_messages(db, [start, *users], new_message_id)
@@ -175,6 +183,11 @@ class TurnRecorder(WaitLog):
                 self.closed = True  # not here: the turn goes on after the restart
                 return
             await self.end_durably(self.finish_cancelled)
+            return
+        except LeaseLost:
+            # Stopped by a write the fence refused: the turn is another replica's to close.
+            self._finishing = True
+            await events.aclose()
             return
         except (ProviderError, AgentError) as exc:
             self._finishing = True

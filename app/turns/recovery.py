@@ -32,33 +32,54 @@ from app.turns.runner import Runner
 log = logging.getLogger(__name__)
 
 
-async def close_open_turns(database: Database, writer: WriteBehind, live: LiveStatusBoard) -> int:
-    def recorder(row: ChatMessageRow) -> TurnLog:
-        return TurnLog(
-            writer=writer,
-            events=writer.publisher(row.session_id),
-            live=live,
-            session_id=row.session_id,
-            turn_id=row.turn_id,
-            model="",
-        )
+def _turn_log(writer: WriteBehind, live: LiveStatusBoard, session_id: str, turn_id: str) -> TurnLog:
+    return TurnLog(
+        writer=writer,
+        events=writer.publisher(session_id),
+        live=live,
+        session_id=session_id,
+        turn_id=turn_id,
+        model="",
+    )
 
+
+async def close_open_turns(
+    database: Database, writer: WriteBehind, live: LiveStatusBoard, *, leased: frozenset[str] = frozenset()
+) -> int:
+    """Closes every turn left open, but those in `leased` (multi-replica mode: turns some replica holds a
+    lease of, alive or expired; the sweeper closes the expired ones)."""
     # First, while the log holds only what was logged before the crash.
     async with database.session() as db:
         lost = await event_log.turn_ends_missing_from_log(db)
     for done in lost:
-        await recorder(done).announce_lost_end(done)
+        await _turn_log(writer, live, done.session_id, done.turn_id).announce_lost_end(done)
         log.warning("announced the end of turn %s, whose event a crash lost", done.turn_id)
     async with database.session() as db:
         suspended = set(await pending.suspended_turns(db))
-        open_turns = [t for t in await repository.open_turns(db) if t.turn_id not in suspended]
+        open_turns = [
+            t
+            for t in await repository.open_turns(db)
+            if t.turn_id not in suspended and t.turn_id not in leased
+        ]
     for start in open_turns:
-        async with database.session() as db:
-            rows = await repository.turn_messages(db, start.turn_id)
-            seen = {row.id: await _seen_text(db, row) for row in rows if _streaming(row)}
-        await recorder(start).close_after_restart(start.timestamp, rows, seen)
+        await close_left_turn(database, writer, live, start.session_id, start.turn_id)
         log.warning("closed turn %s of session %s left open by a restart", start.turn_id, start.session_id)
     return len(open_turns)
+
+
+async def close_left_turn(
+    database: Database, writer: WriteBehind, live: LiveStatusBoard, session_id: str, turn_id: str
+) -> bool:
+    """Closes one turn whose process is gone, as a stop by the server would have (TurnLog.
+    close_after_restart); False when it was closed already. In multi-replica mode the caller holds the
+    turn's lease (taken over), and the close releases it."""
+    async with database.session() as db:
+        rows = await repository.turn_messages(db, turn_id)
+        seen = {row.id: await _seen_text(db, row) for row in rows if _streaming(row)}
+    if not rows or any(row.type == "turn_done" for row in rows):
+        return False
+    await _turn_log(writer, live, session_id, turn_id).close_after_restart(rows[0].timestamp, rows, seen)
+    return True
 
 
 async def resume_suspended(database: Database, runner: Runner) -> int:

@@ -120,14 +120,11 @@ class ReplicaTurns:
         )
         if answer is not None:
             return CancelResult.model_validate(answer)
-        if self._runner.runs(session_id) or await self._open_turn(session_id) is None:
-            # It ended (or came here) meanwhile: what a cancel says now.
-            return await self._runner.cancel(session_id, clear_queue=clear_queue)
-        raise OwnerUnreachable(
-            "The turn runs on another replica that did not answer the stop; try again in a moment.",
-            details={"session_id": session_id},
-            retry_after=1,
-        )
+        # Unanswered (Redis down, or the owner is slow or gone): the runner's own cancel, which for a turn
+        # of another replica sets the turn's durable cancel flag (turns.leased_runner) that its owner reads
+        # on its next heartbeat, or that the sweeper honours once the lease expires; or, if the turn ended
+        # or came here meanwhile, says what a cancel says now.
+        return await self._runner.cancel(session_id, clear_queue=clear_queue)
 
     async def delete_session(self, session_id: str) -> None:
         if not self._runner.runs(session_id) and await self._open_turn(session_id) is not None:

@@ -35,6 +35,7 @@ from app.tools.registry import ToolRegistry
 from app.turns.control import (
     SessionClosed,
     ShuttingDown,
+    TurnBusy,
     TurnRunning,
     accepted,
     end_not_stored,
@@ -135,9 +136,13 @@ class Runner:
             client_tools=client_tools,
         )
         async with state.lock:
-            if state.task is None and not state.waiting:
-                turn_id = await self._start_turn(session, state, [message], from_queue=False)
-                return accepted(session.id, message, turn_id)
+            if state.task is None and await self._line_empty(session.id, state):
+                try:
+                    turn_id = await self._start_turn(session, state, [message], from_queue=False)
+                except TurnBusy:
+                    pass  # a turn of the session runs on another replica: the message waits in the line
+                else:
+                    return accepted(session.id, message, turn_id)
             if delivery == "reject" and state.recorder is not None and state.task is not None:
                 raise TurnRunning(state.recorder.turn_id)
             await enqueue(self._writer, session, state, message, client_tools)
@@ -244,7 +249,7 @@ class Runner:
         async with state.lock:
             state.task = None
             # `waiting` mirrors the waiting line's rows (kept under this lock): nothing waits, no read.
-            if state.waiting and not self._closing and not state.closed:
+            if not self._closing and not state.closed and not await self._line_empty(session_id, state):
                 try:
                     await self._take_waiting(session_id, state)
                 except Exception as exc:
@@ -262,6 +267,10 @@ class Runner:
             task = asyncio.create_task(self._after_turn(session_id, state), name=f"take:{session_id}")
             self._retries.add(task)
             task.add_done_callback(self._retries.discard)
+
+    async def _line_empty(self, session_id: str, state: SessionState) -> bool:
+        """Whether nothing waits in the session's line (its mirror here; the table with several replicas)."""
+        return not state.waiting
 
     async def _take_waiting(self, session_id: str, state: SessionState) -> None:
         async with self._database.read() as db:

@@ -72,6 +72,16 @@ class ServerProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process stops running (a zombie: alive, holding its sockets, doing nothing)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after `pause` (harmless on a process that runs)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
     def terminate(self, timeout: float = 30.0) -> float:
         """SIGTERM, then the seconds until the process had exited."""
         assert self.process is not None

@@ -1,0 +1,142 @@
+"""Turn leases (multi-replica mode): all SQL of the turn_leases table. Times are the database's clock, so
+replicas whose clocks differ still agree on when a lease expires. Functions never commit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.storage.sql import Raw, raw
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    turn_id: str
+    session_id: str
+    token: int
+
+
+def _now(conn: Raw) -> str:
+    """The database's clock in unix seconds, as SQL."""
+    if conn.dialect == "postgresql":
+        return "extract(epoch from clock_timestamp())"
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def _marks(values: Sequence[object]) -> str:
+    return ", ".join("?" * len(values))
+
+
+async def claim(
+    db: AsyncSession, turn_id: str, session_id: str, owner: str, token: int, seconds: float
+) -> bool:
+    """Claims the session's next turn for `owner`; False when a turn of the session runs (the unique
+    partial index refused it: ON CONFLICT covers it without naming it)."""
+    conn = await raw(db)
+    found = await conn.fetchall(
+        "INSERT INTO turn_leases (turn_id, session_id, owner, token, expires_at, state, cancel_requested)"
+        f" VALUES (?, ?, ?, ?, {_now(conn)} + ?, 'running', ?) ON CONFLICT DO NOTHING RETURNING turn_id",
+        (turn_id, session_id, owner, token, seconds, False),
+    )
+    return bool(found)
+
+
+async def alive(db: AsyncSession, tokens: Sequence[int]) -> set[int]:
+    """Of these tokens, those whose lease is running and not expired. On PostgreSQL their rows are locked
+    (FOR SHARE) to the commit: a takeover waits for this transaction, so what it writes lands before."""
+    if not tokens:
+        return set()
+    conn = await raw(db)
+    lock = " ORDER BY token FOR SHARE" if conn.dialect == "postgresql" else ""
+    found = await conn.fetchall(
+        f"SELECT token FROM turn_leases WHERE token IN ({_marks(tokens)}) AND state = 'running'"
+        f" AND expires_at > {_now(conn)}{lock}",
+        tuple(tokens),
+    )
+    return {int(row[0]) for row in found}
+
+
+async def release(db: AsyncSession, token: int) -> bool:
+    """The turn's end: its lease is done, if it still is this token's and alive."""
+    conn = await raw(db)
+    found = await conn.fetchall(
+        "UPDATE turn_leases SET state = 'done' WHERE token = ? AND state = 'running'"
+        f" AND expires_at > {_now(conn)} RETURNING turn_id",
+        (token,),
+    )
+    return bool(found)
+
+
+async def renew(db: AsyncSession, tokens: Sequence[int], seconds: float) -> dict[int, bool]:
+    """Extends the leases still alive; {token: cancel requested} of those renewed."""
+    if not tokens:
+        return {}
+    conn = await raw(db)
+    now = _now(conn)
+    if conn.dialect == "postgresql":
+        # Locked in token order first, the order batches lock them in (`alive`): no deadlock between them.
+        await conn.fetchall(
+            f"SELECT token FROM turn_leases WHERE token IN ({_marks(tokens)}) ORDER BY token FOR UPDATE",
+            tuple(tokens),
+        )
+    found = await conn.fetchall(
+        f"UPDATE turn_leases SET expires_at = {now} + ? WHERE token IN ({_marks(tokens)})"
+        f" AND state = 'running' AND expires_at > {now} RETURNING token, cancel_requested",
+        (seconds, *tokens),
+    )
+    return {int(token): bool(cancel) for token, cancel in found}
+
+
+async def request_cancel(db: AsyncSession, session_id: str) -> LeaseRecord | None:
+    """Flags the session's running turn for cancelling (its owner reads the flag); None when none runs."""
+    found = await (await raw(db)).fetchall(
+        "UPDATE turn_leases SET cancel_requested = ? WHERE session_id = ? AND state = 'running'"
+        " RETURNING turn_id, session_id, token",
+        (True, session_id),
+    )
+    return LeaseRecord(str(found[0][0]), str(found[0][1]), int(found[0][2])) if found else None
+
+
+async def state_of(db: AsyncSession, turn_id: str) -> str | None:
+    found = await (await raw(db)).fetchall("SELECT state FROM turn_leases WHERE turn_id = ?", (turn_id,))
+    return str(found[0][0]) if found else None
+
+
+async def expired(db: AsyncSession) -> list[LeaseRecord]:
+    """Running leases past their expiry: turns whose owner died or stopped renewing."""
+    conn = await raw(db)
+    found = await conn.fetchall(
+        "SELECT turn_id, session_id, token FROM turn_leases WHERE state = 'running'"
+        f" AND expires_at <= {_now(conn)} ORDER BY expires_at"
+    )
+    return [LeaseRecord(str(t), str(s), int(k)) for t, s, k in found]
+
+
+async def take_over(db: AsyncSession, lease: LeaseRecord, owner: str, token: int, seconds: float) -> bool:
+    """Makes an expired lease `owner`'s under a new token (to close its turn); False when another replica
+    took it first or its owner renewed it meanwhile."""
+    conn = await raw(db)
+    now = _now(conn)
+    found = await conn.fetchall(
+        f"UPDATE turn_leases SET owner = ?, token = ?, expires_at = {now} + ? WHERE turn_id = ? AND token = ?"
+        f" AND state = 'running' AND expires_at <= {now} RETURNING turn_id",
+        (owner, token, seconds, lease.turn_id, lease.token),
+    )
+    return bool(found)
+
+
+async def running_turn_ids(db: AsyncSession) -> set[str]:
+    """Turns some replica holds a running lease of (expired or not)."""
+    found = await (await raw(db)).fetchall("SELECT turn_id FROM turn_leases WHERE state = 'running'")
+    return {str(row[0]) for row in found}
+
+
+async def sessions_waiting_without_turn(db: AsyncSession) -> list[str]:
+    """Sessions with messages in the waiting line and no running turn: nobody will take them."""
+    found = await (await raw(db)).fetchall(
+        "SELECT DISTINCT q.session_id FROM queued_messages AS q WHERE NOT EXISTS"
+        " (SELECT 1 FROM turn_leases AS l WHERE l.session_id = q.session_id AND l.state = 'running')"
+    )
+    return [str(row[0]) for row in found]

@@ -1,0 +1,36 @@
+"""A commit whose outcome is known even when the task awaiting it is cancelled meanwhile (the
+write-behind's batches and a turn's writes)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.observability.hooks import commit_observed
+
+
+async def commit(db: AsyncSession, kind: str) -> None:
+    """Commits, and knows whether it did even when the caller is cancelled meanwhile.
+
+    The driver's thread finishes a commit that has begun whatever happens to the task awaiting it, so a
+    cancellation here is held back until the commit's outcome is known: a failed commit raises as usual,
+    a successful one returns, so its numbers and events are accounted for as committed, and the
+    cancellation is delivered again at the caller's next await. Without this, a batch that did commit
+    could be logged a second time.
+    """
+    caller = asyncio.current_task()
+    # Named after its caller: the commit is that caller's work (observability.monitor counts it so).
+    commit = asyncio.get_running_loop().create_task(db.commit(), name=caller.get_name() if caller else None)
+    started = time.monotonic()
+    commit.add_done_callback(lambda _: commit_observed(kind, time.monotonic() - started))
+    try:
+        await asyncio.shield(commit)
+    except asyncio.CancelledError:
+        await asyncio.wait({commit})
+        if commit.cancelled() or commit.exception() is not None:
+            raise
+        if caller is not None:
+            caller.uncancel()
+            caller.cancel()

@@ -1,0 +1,139 @@
+"""The runner of one replica among several (multi-replica mode): the same turns, owned through leases.
+
+What changes from the single-process runner (turns.runner): opening a turn claims its lease in the same
+transaction (a second running turn of a session is refused by the database, and the message waits in
+the durable line instead); the waiting line is read from its table, not this process's mirror, since
+other replicas add to it; a cancel for a turn that runs elsewhere sets its durable flag and waits for
+its end; a lost lease stops the local turn at once. `cancel_local(turn_id)` is what the heartbeat calls
+for a flagged turn, and what a cancel broadcast from another replica calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import suppress
+from typing import Any
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.protocol.schemas import CancelResult, QueuedMessage
+from app.storage import repository
+from app.storage.tables import ChatSessionRow
+from app.streaming.fencing import Lease
+from app.turns.control import TurnBusy, queued_message
+from app.turns.lease import LeaseKeeper
+from app.turns.line import SessionState
+from app.turns.recorder import TurnRecorder
+from app.turns.runner import Runner
+
+log = logging.getLogger(__name__)
+
+
+class LeasedRunner(Runner):
+    def __init__(self, *args: Any, keeper: LeaseKeeper, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._keeper = keeper
+        self._fence = keeper.fence
+        self._fence.on_lost = self._stop_lost
+        keeper.on_cancel = self.cancel_local
+        # Leases claimed by opening transactions, held once those commit.
+        self._claimed: dict[str, Lease] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def _recorder(self, session: ChatSessionRow, turn_id: str, **fields: Any) -> TurnRecorder:
+        recorder = super()._recorder(session, turn_id, **fields)
+
+        async def claim(db: AsyncSession) -> None:
+            self._claimed[turn_id] = await self._keeper.claim(db, session.id, turn_id)
+
+        recorder.claim = claim
+        return recorder
+
+    async def _open_turn(
+        self,
+        session: ChatSessionRow,
+        state: SessionState,
+        messages: list[QueuedMessage],
+        turn_id: str,
+        *,
+        from_queue: bool,
+    ) -> str:
+        try:
+            opened = await super()._open_turn(session, state, messages, turn_id, from_queue=from_queue)
+        finally:
+            lease = self._claimed.pop(turn_id, None)
+        # Held from its commit on, before the turn's task takes its first step: every write it makes is
+        # fenced, and the heartbeat renews it.
+        if lease is not None:
+            self._fence.hold(lease)
+        return opened
+
+    async def _line_empty(self, session_id: str, state: SessionState) -> bool:
+        async with self._database.session() as db:
+            rows = await repository.queued(db, session_id)
+        state.waiting = {row.id: queued_message(row) for row in rows}
+        return not rows
+
+    async def _take_waiting(self, session_id: str, state: SessionState) -> None:
+        # TurnBusy: the running turn's owner takes them when it ends (or a sweeper, if it dies).
+        with suppress(TurnBusy):
+            await super()._take_waiting(session_id, state)
+
+    async def _after_turn(self, session_id: str, state: SessionState) -> None:
+        if state.recorder is not None:
+            self._fence.end(session_id, state.recorder.turn_id)
+        await super()._after_turn(session_id, state)
+
+    async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult:
+        state = self._states.get(session_id)
+        if state is not None and state.task is not None:
+            return await super().cancel(session_id, clear_queue=clear_queue)
+        withdrawn = await self.withdraw(session_id) if clear_queue else []
+        result = await self._keeper.cancel_elsewhere(session_id)
+        if result is None:
+            return CancelResult(cancelled=False, withdrawn=withdrawn)
+        return result.model_copy(update={"withdrawn": withdrawn})
+
+    def runs_turn(self, turn_id: str) -> bool:
+        return self._session_of(turn_id) is not None
+
+    def _session_of(self, turn_id: str) -> str | None:
+        for session_id, state in self._states.items():
+            if state.task is not None and state.recorder is not None and state.recorder.turn_id == turn_id:
+                return session_id
+        return None
+
+    def cancel_local(self, turn_id: str) -> bool:
+        """Stops the turn as a user's cancel does, if it runs here; whether it does. Returns at once."""
+        session_id = self._session_of(turn_id)
+        if session_id is None:
+            return False
+        log.info("turn %s: cancelled from another replica", turn_id)
+        task = asyncio.create_task(self.cancel(session_id), name=f"cancel:{turn_id}")
+        self._background.add(task)
+        task.add_done_callback(_settled(self._background))
+        return True
+
+    def _stop_lost(self, lease: Lease) -> None:
+        state = self._states.get(lease.session_id)
+        if state is not None and state.recorder is not None and state.recorder.turn_id == lease.turn_id:
+            state.recorder.request_stop(by_server=True)
+
+    async def take_waiting(self, session_id: str) -> None:
+        """Starts the session's waiting messages here, unless a turn of it runs (anywhere)."""
+        if self._closing:
+            return
+        state = self.state(session_id)
+        async with state.lock:
+            if state.task is None and not state.closed:
+                await self._take_waiting(session_id, state)
+
+
+def _settled(tasks: set[asyncio.Task[Any]]) -> Any:
+    def done(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a cancel from another replica failed: %s", task.exception())
+
+    return done

@@ -1,0 +1,103 @@
+"""The sweeper (multi-replica mode), on every replica: closes the turns whose owner stopped renewing its
+lease, exactly as crash recovery closes a turn at a restart (turns.recovery.close_left_turn: the partial
+text kept and marked, open tool calls given the interrupted result, turn_done interrupted), then starts
+the session's waiting messages here; and starts the waiting messages of any session no turn runs for.
+
+A lease is taken over before its turn is closed: an UPDATE that gives it this replica's new token only
+if it is still expired and still under the old one, so of several sweepers exactly one closes it, and
+the old owner, should it wake up, writes nothing more (streaming.fencing). On PostgreSQL the takeover
+waits for a write of the old owner that is in flight: that write lands first, and the close sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from app.storage import leases
+from app.storage.engine import Database
+from app.streaming.fencing import Lease
+from app.streaming.writer import WriteBehind
+from app.turns.lease import LeaseKeeper, new_token
+from app.turns.leased_runner import LeasedRunner
+from app.turns.live import LiveStatusBoard
+from app.turns.recovery import close_left_turn
+
+log = logging.getLogger(__name__)
+
+
+class Sweeper:
+    def __init__(
+        self,
+        database: Database,
+        writer: WriteBehind,
+        live: LiveStatusBoard,
+        runner: LeasedRunner,
+        keeper: LeaseKeeper,
+    ) -> None:
+        self._database = database
+        self._writer = writer
+        self._live = live
+        self._runner = runner
+        self._keeper = keeper
+        # No longer than the heartbeat: a dead owner's turn is closed at most a beat after its lease ends.
+        self.interval = keeper.interval
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="lease-sweeper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("lease sweep failed; retrying")
+
+    async def sweep(self) -> int:
+        """One pass; returns how many turns it closed."""
+        async with self._database.session() as db:
+            expired = await leases.expired(db)
+        closed = 0
+        for record in expired:
+            if self._runner.runs_turn(record.turn_id):
+                continue  # this replica's own: its heartbeat stops it, then a sweep closes it
+            if await self._close(record):
+                closed += 1
+            await self._runner.take_waiting(record.session_id)
+        async with self._database.session() as db:
+            idle = await leases.sessions_waiting_without_turn(db)
+        for session_id in idle:
+            await self._runner.take_waiting(session_id)
+        return closed
+
+    async def _close(self, record: leases.LeaseRecord) -> bool:
+        token = new_token()
+        async with self._database.session() as db:
+            won = await leases.take_over(db, record, self._keeper.replica_id, token, self._keeper.seconds)
+            await db.commit()
+        if not won:
+            return False
+        lease = Lease(record.turn_id, record.session_id, token)
+        fence = self._keeper.fence
+        fence.hold(lease)
+        try:
+            closed = await close_left_turn(
+                self._database, self._writer, self._live, record.session_id, record.turn_id
+            )
+            if not closed:  # its end was written already: only the lease is left to release
+                async with self._database.session() as db:
+                    await leases.release(db, token)
+                    await db.commit()
+        finally:
+            fence.end(record.session_id, record.turn_id)
+        log.warning(
+            "closed turn %s of session %s: its owner's lease expired", record.turn_id, record.session_id
+        )
+        return True

@@ -1,0 +1,108 @@
+"""Real replica processes on one PostgreSQL database (one per test module), the fake upstream as their
+model, leases of LEASE_SECONDS: what tests/replicas drives over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes.upstream import FakeUpstream
+from tests.interrupt.conftest import MODEL, write_models_file
+from tests.support.postgres import ScratchDatabase, require_postgres
+from tests.support.process import ServerProcess
+from tests.support.server import migrate
+
+LEASE_SECONDS = 3.0
+# Only its presence matters to this half of multi-replica mode (leases); no test streams through Redis.
+REDIS_URL = "redis://127.0.0.1:6379/15"
+
+
+@pytest.fixture(scope="module")
+def replica_database() -> Iterator[ScratchDatabase]:
+    require_postgres()
+    database = ScratchDatabase.create("_r")
+    try:
+        migrate(database.url)
+        yield database
+    finally:
+        database.drop()
+
+
+@pytest.fixture
+def pg(replica_database: ScratchDatabase) -> ScratchDatabase:
+    replica_database.empty()
+    with replica_database.connect() as conn:
+        conn.execute("TRUNCATE turn_leases")
+    return replica_database
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeUpstream]:
+    with FakeUpstream(strict=True) as running:
+        yield running
+
+
+Replicas = Callable[[int], Awaitable[list[ServerProcess]]]
+
+
+@pytest.fixture
+async def replicas(pg: ScratchDatabase, upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Replicas]:
+    """Starts n replicas (tests.support.slow_app: the built-in tools and `slow`)."""
+    started: list[ServerProcess] = []
+    models = write_models_file(tmp_path, upstream.base_url)
+    env = {
+        "PARLEY_DATABASE_URL": pg.url,
+        "PARLEY_REDIS_URL": REDIS_URL,
+        "PARLEY_LEASE_SECONDS": str(LEASE_SECONDS),
+        "PARLEY_MODELS_FILE": str(models),
+        "PARLEY_DEFAULT_MODEL": MODEL,
+        "PARLEY_PROVIDER_RETRIES": "0",
+    }
+
+    async def start(n: int) -> list[ServerProcess]:
+        new = [
+            ServerProcess(env, tmp_path / f"replica{len(started) + i}.log", app="tests.support.slow_app:app")
+            for i in range(n)
+        ]
+        started.extend(new)
+        await asyncio.gather(*(asyncio.to_thread(s.start, 60.0) for s in new))
+        return new
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.resume()
+            server.kill()
+
+
+@asynccontextmanager
+async def clients(*servers: ServerProcess) -> AsyncIterator[list[httpx.AsyncClient]]:
+    opened = [httpx.AsyncClient(base_url=s.base_url, timeout=60) for s in servers]
+    try:
+        yield opened
+    finally:
+        for client in opened:
+            await client.aclose()
+
+
+async def until(check: Callable[[], Awaitable[Any]], seconds: float = 30.0) -> Any:
+    """Polls `check` until it returns something truthy; fails after `seconds`."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        found = await check()
+        if found:
+            return found
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+def rows(pg: ScratchDatabase, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    with pg.connect() as conn:
+        return list(conn.execute(sql, params).fetchall())
