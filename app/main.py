@@ -150,11 +150,7 @@ def _lifespan(
         if replicas is not None:
             await replicas.start()
         else:
-            await close_open_turns(database, writer, live)
-            # The repair is in the log (and the turns it closed are announced) before any client can ask.
-            await writer.flush()
-            await resume_suspended(database, runner)
-            await runner.resume_waiting()
+            await _repair(database, writer, live, runner)
         # Last: litellm's import holds the GIL for seconds in its thread, and every step above would share
         # the core with it; now the server starts serving at once, while it loads (/readyz says when).
         models.start()
@@ -181,6 +177,16 @@ def _lifespan(
             stop_observability()
 
     return lifespan
+
+
+async def _repair(database: Database, writer: WriteBehind, live: LocalLiveStatus, runner: Runner) -> None:
+    """One process owns every session: what a crash left is repaired before any client can ask (a
+    replica repairs only what no live lease holds: turns.replica_mode)."""
+    await close_open_turns(database, writer, live)
+    # The repair is in the log (and the turns it closed are announced) before any client can ask.
+    await writer.flush()
+    await resume_suspended(database, runner)
+    await runner.resume_waiting()
 
 
 def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Broker, RedisRelay | None]:

@@ -82,8 +82,7 @@ class Runner:
 
     def runs(self, session_id: str) -> bool:
         """A turn of the session runs in this process."""
-        state = self._states.get(session_id)
-        return state is not None and state.task is not None
+        return (state := self._states.get(session_id)) is not None and state.task is not None
 
     def holds_waiting(self, session_id: str, message_id: str) -> bool:
         """The message waits in this process's mirror of the session's waiting line."""
@@ -290,9 +289,8 @@ class Runner:
             await asyncio.shield(ended)
 
     async def taker(self, session_id: str, message_id: str) -> str | None:
-        """The id of the turn that took the message, once one has. None when none ever will here: the
-        message was withdrawn, its session deleted, or the server is stopping (it is taken after the
-        restart)."""
+        """The turn that took the message, once one has; None when none will here: the message was
+        withdrawn, its session deleted, or the server stops (it is taken after the restart)."""
         state = self._states.get(session_id)
         if state is not None and message_id in state.waiting:
             if self._closing:
