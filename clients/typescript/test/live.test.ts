@@ -97,7 +97,7 @@ describe.runIf(available)("against a live server", () => {
 
   it("registerClientTool answers the model's call by itself; decide() approves with edited arguments", async () => {
     const client = new ParleyClient({ baseUrl: base, apiKey: KEY });
-    const tool = { name: "get_browser_time", description: "The time here.", parameters: { type: "object" } };
+    const tool = { name: "get_browser_time", description: "The time here.", parameters: { type: "object" as const } };
     const { id } = await client.createSession({ client_tools: [tool], approval: ["calculate"] });
     const chat = new ChatSession({ client, sessionId: id });
     chat.registerClientTool(tool.name, tool, () => ({ time: "10:00" }));
