@@ -37,8 +37,6 @@ def replica_database() -> Iterator[ScratchDatabase]:
 @pytest.fixture
 def pg(replica_database: ScratchDatabase) -> ScratchDatabase:
     replica_database.empty()
-    with replica_database.connect() as conn:
-        conn.execute("TRUNCATE turn_leases")
     return replica_database
 
 
