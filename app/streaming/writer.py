@@ -164,9 +164,13 @@ class WriteBehind:
                 self._pending.set()
                 await asyncio.sleep(self._interval)
             else:
-                if self.failure is not None:
-                    log.warning("write-behind: storage works again; pending events committed")
-                    self.failure = None
+                self._works_again("pending events committed")
+
+    def _works_again(self, how: str) -> None:
+        """A commit went through: storage takes writes again, so running turns may stream on."""
+        if self.failure is not None:
+            log.warning("write-behind: storage works again; %s", how)
+            self.failure = None
 
     def _failed(self, exc: Exception) -> None:
         """A batch failed: its rows and events stay pending for the next. Storage refusing work is logged
@@ -277,6 +281,9 @@ class WriteBehind:
                     await _commit(db, "turn")
                     # No await from the commit to the delivery: a cancellation comes after both (_commit).
                     numbers.committed()
+                    # Not only a batch proves storage works again: a turn's end written by end_durably
+                    # is one, and a turn that starts right after it must not see the stale failure.
+                    self._works_again("a turn's write committed")
                     if final and turn_id is not None and self.fence:
                         self.fence.end(session_id, turn_id)  # released with this commit
                     self._mark(written, now)

@@ -14,6 +14,7 @@ from sqlalchemy import event as sa_event
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.errors import StorageUnavailable
 from app.protocol.events import TextDelta
 from app.storage import event_log, repository
 from app.storage.engine import Database
@@ -335,6 +336,23 @@ async def test_a_failed_transaction_leaves_the_text_it_finished_to_the_next_batc
     async with database.session() as db:
         stored = (await db.exec(select(ChatMessageRow).where(col(ChatMessageRow.id) == "m_t"))).all()
     assert [r.content for r in stored] == ["Hello"]
+
+
+async def test_a_committed_turn_write_clears_the_batches_storage_failure(database: Database) -> None:
+    """Batches failed (the disk was full) and a turn's end, retried, is written once space is freed: that
+    commit proves storage works, so a turn starting right after it streams instead of stopping on the
+    stale failure before the batch loop's next success (a CI flake: the next turn failed storage_full)."""
+    writer = WriteBehind(database, interval=60.0, deliver=Delivered())
+    writer.failure = StorageUnavailable("The database's disk is full.", code="storage_full")
+    bad = ChatMessageRow(id="m_x", session_id="s_missing", turn_id="t", type="turn_done", timestamp=T0)
+    with pytest.raises(Exception, match="FOREIGN KEY"):
+        async with writer.transaction("s_a") as db:
+            await repository.insert_messages(db, [bad])
+    assert writer.failure is not None  # a failed write proves nothing
+    row = ChatMessageRow(id="m_1", session_id="s_a", turn_id="t", type="turn_done", timestamp=T0)
+    async with writer.transaction("s_a") as db:
+        await repository.insert_messages(db, [row])
+    assert writer.failure is None
 
 
 async def test_a_transaction_waits_for_a_batch_in_flight_so_frames_stay_in_order(
