@@ -98,6 +98,10 @@ def _config(seed: int) -> schemathesis.Config:
     return schemathesis.Config.from_dict(
         {
             "seed": seed,
+            # The caller's key, known to the generator: valid cases carry it (a session header alone is
+            # overridden by the Authorization the generator makes up, so valid cases read as 401s), and
+            # the cases about authentication (missing or wrong key, ignored_auth) still leave it out.
+            "auth": {"openapi": {"ApiKey": {"bearer": KEY}, "AccessToken": {"api_key": KEY}}},
             "generation": {"max-examples": MAX_EXAMPLES, "deterministic": True, "database": "none"},
             "phases": {"stateful": {"enabled": True, "max-steps": STATEFUL_STEPS}},
             "max-stream-events": MAX_STREAM_EVENTS,
@@ -135,8 +139,11 @@ class Target:
 
     def __init__(self, server: LiveServer) -> None:
         self.server = server
+        # The harness's own requests carry the key; the cases' carry what the generator gave them (the
+        # key, configured in _config, or none or a wrong one where authentication is what is tested).
         self.http = requests.Session()
         self.http.headers.update(AUTH)
+        self.cases = requests.Session()
         self._ready()
         self.history_session = self._new_session()
         self.turn_id, self.message_id = self._finished_turn(self.history_session)
@@ -271,11 +278,12 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
         fuzz_target = Target(server)
         yield fuzz_target
         fuzz_target.http.close()
+        fuzz_target.cases.close()
 
 
 def _call(case: Case[Any], target: Target) -> None:
     target.prepare(case)
-    case.call_and_validate(base_url=target.server.base_url, session=target.http, checks=CHECKS, timeout=10.0)
+    case.call_and_validate(base_url=target.server.base_url, session=target.cases, checks=CHECKS, timeout=10.0)
 
 
 @fixed.parametrize()
@@ -298,7 +306,7 @@ def test_stateful_links_chain_operations(target: Target) -> None:
             target.prepare_stateful(case)
 
         def get_call_kwargs(self, case: Case[Any]) -> dict[str, Any]:
-            return {"base_url": target.server.base_url, "session": target.http, "timeout": 10.0}
+            return {"base_url": target.server.base_url, "session": target.cases, "timeout": 10.0}
 
         def validate_response(self, response: Any, case: Case[Any], **kwargs: Any) -> None:
             kwargs.pop("additional_checks", None)
