@@ -281,20 +281,10 @@ class WriteBehind:
                     await _commit(db, "turn")
                     # No await from the commit to the delivery: a cancellation comes after both (_commit).
                     numbers.committed()
-                    # Not only a batch proves storage works again: a turn's end written by end_durably
-                    # is one, and a turn that starts right after it must not see the stale failure.
-                    self._works_again("a turn's write committed")
                     if final and turn_id is not None and self.fence:
                         self.fence.end(session_id, turn_id)  # released with this commit
                     self._mark(written, now)
-                    for buffer in finished:
-                        self._texts.pop(buffer.message_id, None)
-                    if mine:
-                        self.turn_commits += 1
-                        taken = {id(d) for d in mine}
-                        self._events[:] = [d for d in self._events if id(d) not in taken]
-                    if frames and self._deliver is not None:
-                        self._deliver(frames)
+                    self._turn_committed(finished, mine, frames)
             except BaseException:
                 if mark is not None:
                     events = self._events
@@ -306,6 +296,23 @@ class WriteBehind:
             finally:
                 self._finished = None
                 self._writing_session = None
+
+    def _turn_committed(
+        self, finished: list[TextBuffer], mine: list[Draft], frames: list[tuple[str, Frame]]
+    ) -> None:
+        """After a turn write's commit (no await: see transaction): the buffers it finished leave, its
+        events leave the pending list, and its frames are delivered."""
+        # Not only a batch proves storage works again: a turn's end written by end_durably is one, and a
+        # turn that starts right after it must not see the batches' stale failure.
+        self._works_again("a turn's write committed")
+        for buffer in finished:
+            self._texts.pop(buffer.message_id, None)
+        if mine:
+            self.turn_commits += 1
+            taken = {id(d) for d in mine}
+            self._events[:] = [d for d in self._events if id(d) not in taken]
+        if frames and self._deliver is not None:
+            self._deliver(frames)
 
     async def _fenced(self, db: AsyncSession, session_id: str, turn_id: str | None, final: bool) -> None:
         """The fence's check of a transaction (LeaseLost for a turn's write); a write of the waiting line
