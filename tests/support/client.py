@@ -15,7 +15,10 @@ LONG = "[long] tell me everything"
 
 # A client that reads nothing, with fixed socket buffers (no autotuning): with asyncio's 64 KB write buffer
 # it holds about 130 KB before the server's sends stop and its queue (QUEUE frames) starts to fill.
-QUEUE = 64
+# Two turns of BULKY (below) are ~800 frames, far past the buffers and QUEUE; a client that does read may lag
+# QUEUE frames (half a second of the demo's 2 ms tokens) before it is cut off too, which a loaded machine
+# (load 10 on 2 cores) reached with 64 in CI.
+QUEUE = 256
 SOCKET_BUFFER = 16 * 1024
 # A user_message event repeats the text: two turns of these are far more than the buffers hold.
 BULKY = LONG + " " + "x" * 90_000
