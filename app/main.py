@@ -39,7 +39,7 @@ from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.control import TurnControl
 from app.turns.live import LocalLiveStatus
-from app.turns.recovery import close_open_turns, resume_suspended
+from app.turns.recovery import close_open_turns, resume_suspended, resume_waiting
 from app.turns.replica_mode import Replicas
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
@@ -186,7 +186,7 @@ async def _repair(database: Database, writer: WriteBehind, live: LocalLiveStatus
     # The repair is in the log (and the turns it closed are announced) before any client can ask.
     await writer.flush()
     await resume_suspended(database, runner)
-    await runner.resume_waiting()
+    await resume_waiting(database, runner)
 
 
 def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Broker, RedisRelay | None]:

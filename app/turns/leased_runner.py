@@ -120,15 +120,6 @@ class LeasedRunner(Runner):
         if state is not None and state.recorder is not None and state.recorder.turn_id == lease.turn_id:
             state.recorder.request_stop(by_server=True)
 
-    async def take_waiting(self, session_id: str) -> None:
-        """Starts the session's waiting messages here, unless a turn of it runs (anywhere)."""
-        if self._closing:
-            return
-        state = self.state(session_id)
-        async with state.lock:
-            if state.task is None and not state.closed:
-                await self._take_waiting(session_id, state)
-
 
 def _settled(tasks: set[asyncio.Task[Any]]) -> Any:
     def done(task: asyncio.Task[Any]) -> None:

@@ -8,6 +8,8 @@ another replica goes there, or is read from what that replica commits:
 - client tool results and approval decisions go to the turn's replica the same way, and its refusal
   (409, 410, 422) comes back as it would have been given there;
 - a delete is then done here and announced, so every replica forgets the session and ends its streams;
+- live status (GET /v1/sessions/{id}, and so `until_idle`) of a turn running elsewhere is read from the
+  database: its lease and the last agent_status its owner logged;
 - `turn_end` and `taker` (what `?wait=true` waits on) follow the session's committed events (the fan-out,
   which falls back to polling the log without Redis) and the turn's rows, never another process's memory.
 """
@@ -17,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from app.errors import Unavailable
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.protocol.tool_requests import ClientTool, Resolution
-from app.storage import repository, turn_queries
+from app.storage import leases, repository, turn_queries
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.streaming.broker import EventFanOut, Subscription
@@ -57,8 +60,17 @@ class ReplicaTurns:
     def closing(self) -> bool:
         return self._runner.closing
 
-    def live(self, session_id: str) -> LiveStatus:
-        return self._runner.live(session_id)
+    async def statuses(self, session_ids: Sequence[str]) -> dict[str, LiveStatus]:
+        """A turn running here: this runner's status. Any other session: what the database says, which is
+        right without Redis too and costs one read for the lot: the running lease names the open turn,
+        and the session's last logged agent_status is the status its owner last announced."""
+        found = await self._runner.statuses(session_ids)
+        elsewhere = [session_id for session_id in session_ids if not self._runner.runs(session_id)]
+        if elsewhere:
+            async with self._database.session() as db:
+                running = await leases.running_statuses(db, elsewhere)
+            found.update({sid: _announced(*running[sid]) for sid in elsewhere if sid in running})
+        return found
 
     def is_closed(self, session_id: str) -> bool:
         return self._runner.is_closed(session_id)
@@ -203,6 +215,15 @@ class ReplicaTurns:
     async def _ended(self, turn_id: str) -> bool:
         state = await self._turn_state(turn_id)
         return state is None or state[1]
+
+
+def _announced(turn_id: str, data: str | None) -> LiveStatus:
+    """The running turn with its last logged agent_status (its owner's announcement). The turn's own
+    is always there: recorder.open logs `thinking` in the transaction that claims the lease; a status
+    of an earlier turn (never seen: the lease and it commit together) reads as that opening one."""
+    event = json.loads(data) if data is not None else {}
+    status = event.get("status") if event.get("turn_id") == turn_id else None
+    return LiveStatus(status or "thinking", turn_id)
 
 
 def _refusal(refused: dict[str, Any]) -> AnswerRefused:
