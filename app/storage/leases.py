@@ -156,3 +156,19 @@ async def running_statuses(db: AsyncSession, session_ids: Sequence[str]) -> dict
         tuple(session_ids),
     )
     return {str(sid): (str(turn_id), None if data is None else str(data)) for sid, turn_id, data in found}
+
+
+async def urgent_waiting(db: AsyncSession, session_ids: Sequence[str]) -> dict[str, set[str]]:
+    """Of these sessions, those whose waiting line holds steer or interrupt messages: {session_id: their
+    ids}. What a turn's owner must act on before its turn ends, wherever they were posted."""
+    if not session_ids:
+        return {}
+    found = await (await raw(db)).fetchall(
+        "SELECT session_id, id FROM queued_messages WHERE delivery IN ('steer', 'interrupt')"
+        f" AND session_id IN ({_marks(session_ids)})",
+        tuple(session_ids),
+    )
+    urgent: dict[str, set[str]] = {}
+    for session_id, message_id in found:
+        urgent.setdefault(str(session_id), set()).add(str(message_id))
+    return urgent

@@ -5,6 +5,9 @@ This process's runner still runs the turns it took. What a request needs from a 
 another replica goes there, or is read from what that replica commits:
 - cancel (and the stop before a delete) is broadcast on the control channel; the replica that runs the
   turn stops it with its own runner and answers with the same result a local cancel gives;
+- a steer or interrupt message posted here for a turn of another replica is stored, then announced on
+  the control channel: the owner re-reads its waiting line (it also does at each heartbeat, so without
+  Redis it learns of it a heartbeat later) and acts on it as on one posted there;
 - client tool results and approval decisions go to the turn's replica the same way, and its refusal
   (409, 410, 422) comes back as it would have been given there;
 - a delete is then done here and announced, so every replica forgets the session and ends its streams;
@@ -20,6 +23,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 from app.errors import Unavailable
@@ -30,8 +34,8 @@ from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.streaming.broker import EventFanOut, Subscription
 from app.streaming.control import ControlBus
+from app.turns.leased_runner import LeasedRunner
 from app.turns.live import LiveStatus
-from app.turns.runner import Runner
 from app.turns.waiting import AnswerRefused, Kind
 
 log = logging.getLogger(__name__)
@@ -49,7 +53,9 @@ class OwnerUnreachable(Unavailable):
 class ReplicaTurns:
     """The TurnControl of a replica: the local runner, plus the control channel and the fan-out."""
 
-    def __init__(self, runner: Runner, bus: ControlBus, fanout: EventFanOut, database: Database) -> None:
+    def __init__(
+        self, runner: LeasedRunner, bus: ControlBus, fanout: EventFanOut, database: Database
+    ) -> None:
         self._runner = runner
         self._bus = bus
         self._fanout = fanout
@@ -86,7 +92,7 @@ class ReplicaTurns:
         client_message_id: str | None = None,
         client_tools: list[ClientTool] | None = None,
     ) -> MessageAccepted:
-        return await self._runner.post(
+        accepted = await self._runner.post(
             session,
             content,
             sender,
@@ -95,6 +101,20 @@ class ReplicaTurns:
             client_message_id=client_message_id,
             client_tools=client_tools,
         )
+        if not accepted.queued or delivery not in ("steer", "interrupt") or self._runner.runs(session.id):
+            return accepted
+        # It waits for a turn of another replica, and must reach that turn before it ends: the owner
+        # re-reads its waiting line now (or, without Redis, at its next heartbeat).
+        await self._bus.notify("waiting", session.id, {})
+        if delivery == "steer":
+            return accepted
+        # An interrupt answers, as in one process, with the turn that takes it once the owner stopped
+        # its turn; still waiting after CONTROL_TIMEOUT, it answers queued (it is taken all the same).
+        with suppress(TimeoutError):
+            async with asyncio.timeout(CONTROL_TIMEOUT):
+                turn_id = await self.taker(session.id, accepted.id)
+                return accepted.model_copy(update={"turn_id": turn_id, "queued": turn_id is None})
+        return accepted
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
         return await self._runner.queue(session_id)
@@ -152,6 +172,9 @@ class ReplicaTurns:
             return None
         if not self._runner.runs(session_id):
             return None
+        if op == "waiting":
+            await self._runner.reread_line(session_id)
+            return None
         if op == "cancel":
             result = await self._runner.cancel(session_id, clear_queue=bool(args.get("clear_queue")))
             return result.model_dump(mode="json")
@@ -191,8 +214,10 @@ class ReplicaTurns:
             subscription.close()
 
     async def taker(self, session_id: str, message_id: str) -> str | None:
-        """As the runner's, also for a message another replica's turn takes."""
-        if self._runner.holds_waiting(session_id, message_id):
+        """As the runner's, also for a message another replica's turn takes. Only a turn running here takes
+        what this runner's mirror of the line holds: a message posted here while another replica's turn
+        runs is in the mirror too, but that replica takes it."""
+        if self._runner.runs(session_id) and self._runner.holds_waiting(session_id, message_id):
             return await self._runner.taker(session_id, message_id)
         subscription = await self._fanout.subscribe(session_id, None)
         try:

@@ -150,11 +150,15 @@ class Runner:
                 if taker is not None and message.id in taker.taken_ids:
                     return accepted(session.id, message, taker.turn_id)
         if delivery == "interrupt":
-            await self.cancel(session.id)
+            await self._interrupt(session.id)
             taker = state.recorder
             if taker is not None and message.id in taker.taken_ids:
                 return accepted(session.id, message, taker.turn_id)
         return accepted(session.id, message, None)
+
+    async def _interrupt(self, session_id: str) -> None:
+        """An interrupt stops the running turn as Stop does; its end takes the waiting messages."""
+        await self.cancel(session_id)
 
     async def _start_turn(
         self, session: ChatSessionRow, state: SessionState, messages: list[QueuedMessage], *, from_queue: bool

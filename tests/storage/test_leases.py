@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from app.storage import event_log, leases
 from app.storage.engine import Database
+from app.storage.tables import QueuedMessageRow
 from app.streaming.fencing import Fence, Lease, LeaseLost
 from tests.support.rows import add_sessions
 
@@ -90,3 +91,27 @@ async def test_running_statuses_name_the_open_turn_and_its_last_logged_status(da
         found = await leases.running_statuses(db, ["s_1", "s_2", "s_3", "s_9"])
         assert await leases.running_statuses(db, []) == {}
     assert found == {"s_1": ("t_1", _status(2, "tool_calling", "t_1")[3]), "s_3": ("t_3", None)}
+
+
+async def test_urgent_waiting_names_the_steer_and_interrupt_messages_of_those_sessions(
+    database: Database,
+) -> None:
+    """What a turn's owner must act on before its turn ends: steer and interrupt, not queue; only the
+    sessions asked about."""
+    async with database.session() as db:
+        for n, (session_id, delivery) in enumerate(
+            [("s_1", "steer"), ("s_1", "queue"), ("s_1", "interrupt"), ("s_2", "queue"), ("s_3", "steer")]
+        ):
+            db.add(
+                QueuedMessageRow(
+                    id=f"m_{n}",
+                    session_id=session_id,
+                    content="x",
+                    sender="User",
+                    timestamp="t",
+                    delivery=delivery,
+                )
+            )
+        await db.commit()
+        assert await leases.urgent_waiting(db, ["s_1", "s_2"]) == {"s_1": {"m_0", "m_2"}}
+        assert await leases.urgent_waiting(db, []) == {}
