@@ -115,11 +115,20 @@ class LeaseKeeper:
     async def cancel_elsewhere(self, session_id: str) -> CancelResult | None:
         """Flags the session's running turn (run by another replica) for cancelling, and waits until its
         owner stopped it (or, if the owner is gone, a sweeper closed it); None when no turn runs."""
+        flagged = await self.flag_cancel(session_id)
+        return await self.stopped(flagged) if flagged is not None else None
+
+    async def flag_cancel(self, session_id: str) -> leases.LeaseRecord | None:
+        """Sets the durable cancel flag of the session's running turn (committed: its owner reads it at
+        its next heartbeat, a broadcast only makes that faster); None when no turn runs."""
         async with self._database.session() as db:
             flagged = await leases.request_cancel(db, session_id)
             await db.commit()
-        if flagged is None:
-            return None
+        return flagged
+
+    async def stopped(self, flagged: leases.LeaseRecord) -> CancelResult:
+        """Once the flagged turn's lease is no longer running (or after a lease and two heartbeats, when a
+        sweeper should have closed it), what the flag did, from the turn's rows."""
         deadline = time.monotonic() + self.seconds + 2 * self.interval
         while time.monotonic() < deadline:
             async with self._database.session() as db:
@@ -128,6 +137,9 @@ class LeaseKeeper:
             await asyncio.sleep(CANCEL_POLL_SECONDS)
         async with self._database.session() as db:
             rows = await repository.turn_messages(db, flagged.turn_id)
+        ends = [row.status for row in rows if row.type == "turn_done"]
+        if ends and ends[0] not in ("cancelled", "interrupted"):
+            return CancelResult(cancelled=False)  # it ended by itself before its owner read the flag
         cut = [row for row in rows if row.interrupted]
         return CancelResult(
             cancelled=True,

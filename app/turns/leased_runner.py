@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 class LeasedRunner(Runner):
     def __init__(self, *args: Any, keeper: LeaseKeeper, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._keeper = keeper
+        self._keeper = self.keeper = keeper
         self._fence = keeper.fence
         self._fence.on_lost = self._stop_lost
         keeper.on_cancel = self.cancel_local

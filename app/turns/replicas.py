@@ -3,8 +3,9 @@ wherever it runs.
 
 This process's runner still runs the turns it took. What a request needs from a turn that runs on
 another replica goes there, or is read from what that replica commits:
-- cancel (and the stop before a delete) is broadcast on the control channel; the replica that runs the
-  turn stops it with its own runner and answers with the same result a local cancel gives;
+- a cancel sets the turn's durable cancel flag first, then is broadcast on the control channel; the
+  replica that runs the turn stops it with its own runner (once, whichever reaches it first) and answers
+  with the same result a local cancel gives; the stop before a delete is broadcast;
 - a steer or interrupt message posted here for a turn of another replica is stored, then announced on
   the control channel: the owner re-reads its waiting line (it also does at each heartbeat, so without
   Redis it learns of it a heartbeat later) and acts on it as on one posted there;
@@ -31,6 +32,7 @@ from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, Queued
 from app.protocol.tool_requests import ClientTool, Resolution
 from app.storage import leases, repository, turn_queries
 from app.storage.engine import Database
+from app.storage.leases import LeaseRecord
 from app.storage.tables import ChatSessionRow
 from app.streaming.broker import EventFanOut, Subscription
 from app.streaming.control import ControlBus
@@ -145,18 +147,39 @@ class ReplicaTurns:
     # --- stopping --------------------------------------------------------------------------------------
 
     async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult:
+        """A turn of another replica is cancelled durably first (the flag on its lease, which its owner
+        reads at its next heartbeat, or a sweeper honours once the lease expires), then fast (a broadcast
+        its owner hears). The answer is the owner's, as a local cancel gives it; without one (Redis down,
+        the reply lost, the owner gone) what the flag did, read from the turn's rows once it ended."""
         if self._runner.runs(session_id) or await self._open_turn(session_id) is None:
             return await self._runner.cancel(session_id, clear_queue=clear_queue)
-        answer = await self._bus.request(
-            "cancel", session_id, {"clear_queue": clear_queue}, timeout=CONTROL_TIMEOUT
+        withdrawn = await self._runner.withdraw(session_id) if clear_queue else []
+        flagged = await self._runner.keeper.flag_cancel(session_id)
+        if flagged is None:  # it ended meanwhile (or its successor runs here): what a cancel says now
+            result = await self._runner.cancel(session_id)
+        else:
+            result = await self._owner_stops(flagged)
+        return result.model_copy(update={"withdrawn": withdrawn})
+
+    async def _owner_stops(self, flagged: LeaseRecord) -> CancelResult:
+        asked = asyncio.ensure_future(
+            self._bus.request(
+                "cancel", flagged.session_id, {"turn_id": flagged.turn_id}, timeout=CONTROL_TIMEOUT
+            )
         )
-        if answer is not None:
-            return CancelResult.model_validate(answer)
-        # Unanswered (Redis down, or the owner is slow or gone): the runner's own cancel, which for a turn
-        # of another replica sets the turn's durable cancel flag (turns.leased_runner) that its owner reads
-        # on its next heartbeat, or that the sweeper honours once the lease expires; or, if the turn ended
-        # or came here meanwhile, says what a cancel says now.
-        return await self._runner.cancel(session_id, clear_queue=clear_queue)
+        ended = asyncio.ensure_future(self._runner.keeper.stopped(flagged))
+        try:
+            await asyncio.wait({asked, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if not asked.done():
+                # Ended: the owner answers once its turn's end (and the next turn's start) is done.
+                await asyncio.wait({asked}, timeout=RECHECK_SECONDS)
+            answer = asked.result() if asked.done() else None
+            if answer is not None:
+                return CancelResult.model_validate(answer)
+            return await ended
+        finally:
+            asked.cancel()
+            ended.cancel()
 
     async def delete_session(self, session_id: str) -> None:
         if not self._runner.runs(session_id) and await self._open_turn(session_id) is not None:
@@ -176,7 +199,9 @@ class ReplicaTurns:
             await self._runner.reread_line(session_id)
             return None
         if op == "cancel":
-            result = await self._runner.cancel(session_id, clear_queue=bool(args.get("clear_queue")))
+            if not self._runner.runs_turn(str(args.get("turn_id"))):
+                return None  # that turn ended here: its flag's reader answers from its rows
+            result = await self._runner.cancel(session_id)
             return result.model_dump(mode="json")
         if op == "delete":
             await self._runner.delete_session(session_id)

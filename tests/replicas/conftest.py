@@ -21,6 +21,8 @@ from tests.support.redis import new_prefix, remove_keys
 from tests.support.server import migrate
 
 LEASE_SECONDS = 3.0
+# The model layer loads in each replica: seconds, or a minute and more on a busy 2-core machine.
+STARTUP_SECONDS = 150.0
 # Its presence turns multi-replica mode on; the control channel (cancels, steer and interrupt notices)
 # runs through it under a prefix of the test's own, and no test streams through it.
 REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -82,7 +84,7 @@ async def replicas(pg: ScratchDatabase, upstream: FakeUpstream, tmp_path: Path) 
             for i in range(n)
         ]
         started.extend(new)
-        await asyncio.gather(*(asyncio.to_thread(s.start, 60.0) for s in new))
+        await asyncio.gather(*(asyncio.to_thread(s.start, STARTUP_SECONDS) for s in new))
         return new
 
     try:
