@@ -122,7 +122,11 @@ class ReplicaTurns:
         return await self._runner.queue(session_id)
 
     async def withdraw(self, session_id: str, message_ids: list[str] | None = None) -> list[QueuedMessage]:
-        return await self._runner.withdraw(session_id, message_ids)
+        withdrawn = await self._runner.withdraw(session_id, message_ids)
+        if withdrawn and not self._runner.runs(session_id):
+            # The owner's mirror of the line drops them too: a withdrawn steer asks for no breakpoint.
+            await self._bus.notify("waiting", session_id, {})
+        return withdrawn
 
     async def answer(self, session_id: str, kind: Kind, items: list[dict[str, Any]]) -> list[Resolution]:
         """Client tool results and approval decisions, to the replica whose turn waits for them."""
