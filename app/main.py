@@ -39,7 +39,7 @@ from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.control import TurnControl
 from app.turns.live import LocalLiveStatus
-from app.turns.recovery import close_open_turns, resume_suspended
+from app.turns.recovery import close_open_turns, resume_suspended, resume_waiting
 from app.turns.replica_mode import Replicas
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
@@ -140,7 +140,8 @@ def _lifespan(
         parts = (settings, database, writer, models, catalog.registry, live, broker)
         replicas = Replicas(*parts) if settings.multi_replica else None
         runner = replicas.runner if replicas is not None else Runner(*parts)
-        turns, bus = _turn_control(settings, runner, broker, database)
+        turns, bus = _turn_control(settings, replicas, broker, database)
+        turns = turns or runner
         services = _services(settings, database, turns, models, catalog, broker, keys)
         drain = app.state.drain = Drain(runner, writer, broker, timeout=settings.shutdown_timeout)
         writer.start()
@@ -186,7 +187,7 @@ async def _repair(database: Database, writer: WriteBehind, live: LocalLiveStatus
     # The repair is in the log (and the turns it closed are announced) before any client can ask.
     await writer.flush()
     await resume_suspended(database, runner)
-    await runner.resume_waiting()
+    await resume_waiting(database, runner)
 
 
 def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Broker, RedisRelay | None]:
@@ -237,17 +238,18 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
 
 
 def _turn_control(
-    settings: Settings, runner: Runner, broker: Broker, database: Database
-) -> tuple[TurnControl, ControlBus | None]:
-    """The runner alone, or with PARLEY_REDIS_URL the runner reached across replicas (turns.replicas)."""
-    if settings.redis_url is None:
-        return runner, None
+    settings: Settings, replicas: Replicas | None, broker: Broker, database: Database
+) -> tuple[TurnControl | None, ControlBus | None]:
+    """With PARLEY_REDIS_URL, the replica's runner reached across replicas (turns.replicas); else
+    nothing: the runner alone is the turns' control."""
+    if settings.redis_url is None or replicas is None:
+        return None, None
     # Imported only here: a single server never loads the Redis client (its memory, its import).
     from app.streaming.control import ControlBus
     from app.turns.replicas import ReplicaTurns
 
     bus = ControlBus(settings.redis_url, settings.redis_prefix)
-    return ReplicaTurns(runner, bus, broker, database), bus
+    return ReplicaTurns(replicas.runner, bus, broker, database), bus
 
 
 def _services(

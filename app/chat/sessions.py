@@ -21,6 +21,7 @@ from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.tools.registry import ToolRegistry
 from app.turns.control import TurnControl
+from app.turns.live import LiveStatus
 
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 _TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+[+-][0-9]{2}:[0-9]{2}")
@@ -60,7 +61,7 @@ class Sessions:
         async def find(session_id: str) -> SessionOut | None:
             async with self._database.read() as db:
                 row = await repository.owned_session(db, principal, session_id)
-            return self._out(row) if row is not None else None
+            return await self._view(row) if row is not None else None
 
         async def create(session_id: str) -> SessionOut:
             return await self._create(principal, body, session_id)
@@ -109,7 +110,7 @@ class Sessions:
         async with self._database.session() as db:
             await repository.insert_session(db, row, new_session_id)
             await db.commit()
-        return self._out(row)
+        return await self._view(row)
 
     async def _check_model(self, model: str) -> int | None:
         if not await self._models.is_known(model):
@@ -137,7 +138,7 @@ class Sessions:
         return row
 
     async def get(self, principal: str, session_id: str) -> SessionOut:
-        return self._out(await self.owned(principal, session_id))
+        return await self._view(await self.owned(principal, session_id))
 
     async def page(self, principal: str, limit: int, cursor: str | None) -> SessionPage:
         before = _decode_cursor(cursor) if cursor else None
@@ -146,7 +147,8 @@ class Sessions:
         more = len(rows) > limit
         rows = rows[:limit]
         next_cursor = _encode_cursor(rows[-1].created_at, rows[-1].id) if more and rows else None
-        return SessionPage(sessions=[self._out(r) for r in rows], next_cursor=next_cursor)
+        statuses = await self._turns.statuses([r.id for r in rows])
+        return SessionPage(sessions=[_out(r, statuses[r.id]) for r in rows], next_cursor=next_cursor)
 
     async def update(self, principal: str, session_id: str, body: SessionUpdate) -> SessionOut:
         await self.owned(principal, session_id)
@@ -166,25 +168,28 @@ class Sessions:
         await self.owned(principal, session_id)
         await self._turns.delete_session(session_id)
 
-    def _out(self, row: ChatSessionRow) -> SessionOut:
-        live = self._turns.live(row.id)
-        return SessionOut(
-            id=row.id,
-            title=row.title,
-            model=row.model,
-            system_prompt=row.system_prompt,
-            tools=list(row.tools),
-            client_tools=[ClientTool.model_validate(t) for t in row.client_tools],
-            approval=list(row.approval),
-            status=row.status,
-            agent_status=live.agent_status,
-            running_turn_id=live.turn_id,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            total_tokens=row.total_tokens,
-            context_used=row.context_used,
-            context_window=row.context_window,
-        )
+    async def _view(self, row: ChatSessionRow) -> SessionOut:
+        return _out(row, (await self._turns.statuses([row.id]))[row.id])
+
+
+def _out(row: ChatSessionRow, live: LiveStatus) -> SessionOut:
+    return SessionOut(
+        id=row.id,
+        title=row.title,
+        model=row.model,
+        system_prompt=row.system_prompt,
+        tools=list(row.tools),
+        client_tools=[ClientTool.model_validate(t) for t in row.client_tools],
+        approval=list(row.approval),
+        status=row.status,
+        agent_status=live.agent_status,
+        running_turn_id=live.turn_id,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        total_tokens=row.total_tokens,
+        context_used=row.context_used,
+        context_window=row.context_window,
+    )
 
 
 def _encode_cursor(created_at: str, session_id: str) -> str:

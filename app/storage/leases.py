@@ -140,3 +140,35 @@ async def sessions_waiting_without_turn(db: AsyncSession) -> list[str]:
         " (SELECT 1 FROM turn_leases AS l WHERE l.session_id = q.session_id AND l.state = 'running')"
     )
     return [str(row[0]) for row in found]
+
+
+async def running_statuses(db: AsyncSession, session_ids: Sequence[str]) -> dict[str, tuple[str, str | None]]:
+    """Of these sessions, those a turn runs for (on any replica, its lease expired or not: until a sweeper
+    closes it, it is the session's open turn): {session_id: (turn_id, the JSON of the session's last
+    logged agent_status event, or None)}. One statement: the lease row is inserted with turn_start and
+    released with turn_done, so it and the log agree on whether the turn is open."""
+    if not session_ids:
+        return {}
+    found = await (await raw(db)).fetchall(
+        "SELECT l.session_id, l.turn_id, (SELECT e.data FROM events AS e WHERE e.session_id = l.session_id"
+        " AND e.type = 'agent_status' ORDER BY e.seq DESC LIMIT 1) FROM turn_leases AS l"
+        f" WHERE l.state = 'running' AND l.session_id IN ({_marks(session_ids)})",
+        tuple(session_ids),
+    )
+    return {str(sid): (str(turn_id), None if data is None else str(data)) for sid, turn_id, data in found}
+
+
+async def urgent_waiting(db: AsyncSession, session_ids: Sequence[str]) -> dict[str, set[str]]:
+    """Of these sessions, those whose waiting line holds steer or interrupt messages: {session_id: their
+    ids}. What a turn's owner must act on before its turn ends, wherever they were posted."""
+    if not session_ids:
+        return {}
+    found = await (await raw(db)).fetchall(
+        "SELECT session_id, id FROM queued_messages WHERE delivery IN ('steer', 'interrupt')"
+        f" AND session_id IN ({_marks(session_ids)})",
+        tuple(session_ids),
+    )
+    urgent: dict[str, set[str]] = {}
+    for session_id, message_id in found:
+        urgent.setdefault(str(session_id), set()).add(str(message_id))
+    return urgent

@@ -6,7 +6,7 @@ The runner (turns.runner) is today's in-process implementation: one process owns
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from app.errors import StorageUnavailable
@@ -53,13 +53,16 @@ class TurnControl(Protocol):
       (a flag the owner reads at its next heartbeat) and fast (a broadcast it hears);
     - waits (`turn_end`, `taker`) return once the turn's end or the taking has committed, wherever it
       ran; cancelling a wait never stops a turn;
-    - `live` reads the status the owner last announced; `is_closed` and `closing` hold for every process.
+    - `statuses` reads the status the owner last announced, and names the running turn until its
+      `turn_done` has committed; `is_closed` and `closing` hold for every process.
     """
 
     @property
     def closing(self) -> bool: ...
 
-    def live(self, session_id: str) -> LiveStatus: ...
+    async def statuses(self, session_ids: Sequence[str]) -> dict[str, LiveStatus]:
+        """Each session's live status (one read for a page of sessions)."""
+        ...
 
     def is_closed(self, session_id: str) -> bool: ...
 

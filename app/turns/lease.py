@@ -10,6 +10,9 @@ a heartbeat, and read back for the durable cancel flag.
 - A cancel posted on another replica sets the turn's `cancel_requested`; the renewal returns it, and the
   owner stops the turn as a local cancel would (`on_cancel`: the runner's `cancel_local`, which a faster
   broadcast may call as well).
+- A steer or interrupt message posted on another replica waits in the session's line; each beat reads
+  which of them wait for the turns held here (`on_waiting`: the runner re-reads that line, as a faster
+  notice from the posting replica makes it do as well).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class LeaseKeeper:
         self._last_renewal = time.monotonic()
         self._cancelled: set[int] = set()
         self.on_cancel: Callable[[str], object] | None = None
+        # (session_id, ids of its steer and interrupt messages): what a running turn's owner acts on.
+        self.on_waiting: Callable[[str, set[str]], object] | None = None
 
     async def claim(self, db: AsyncSession, session_id: str, turn_id: str) -> Lease:
         """Inside the transaction that opens the turn; TurnBusy when a turn of the session runs."""
@@ -82,15 +87,19 @@ class LeaseKeeper:
                         self.fence.lose(lease, "not renewed for a whole lease")
 
     async def beat(self) -> None:
-        """Renews every lease held here; stops the turns whose lease is gone; hands on cancel flags."""
+        """Renews every lease held here; stops the turns whose lease is gone; hands on cancel flags, and
+        the steer and interrupt messages waiting for its turns (posted on any replica: this read is what
+        brings them without Redis)."""
         held = self.fence.held()
         started = time.monotonic()
+        renewed: dict[int, bool] = {}
+        urgent: dict[str, set[str]] = {}
         if held:
             async with self._database.session() as db:
                 renewed = await leases.renew(db, [lease.token for lease in held], self.seconds)
                 await db.commit()
-        else:
-            renewed = {}
+                self._last_renewal = started  # renewed, even if the read below fails
+                urgent = await leases.urgent_waiting(db, [lease.session_id for lease in held])
         self._last_renewal = started
         for lease in held:
             if lease.token not in renewed:
@@ -99,16 +108,27 @@ class LeaseKeeper:
                 self._cancelled.add(lease.token)
                 if self.on_cancel is not None:
                     self.on_cancel(lease.turn_id)
+            if lease.token in renewed and lease.session_id in urgent and self.on_waiting is not None:
+                self.on_waiting(lease.session_id, urgent[lease.session_id])
         self._cancelled &= {lease.token for lease in held}
 
     async def cancel_elsewhere(self, session_id: str) -> CancelResult | None:
         """Flags the session's running turn (run by another replica) for cancelling, and waits until its
         owner stopped it (or, if the owner is gone, a sweeper closed it); None when no turn runs."""
+        flagged = await self.flag_cancel(session_id)
+        return await self.stopped(flagged) if flagged is not None else None
+
+    async def flag_cancel(self, session_id: str) -> leases.LeaseRecord | None:
+        """Sets the durable cancel flag of the session's running turn (committed: its owner reads it at
+        its next heartbeat, a broadcast only makes that faster); None when no turn runs."""
         async with self._database.session() as db:
             flagged = await leases.request_cancel(db, session_id)
             await db.commit()
-        if flagged is None:
-            return None
+        return flagged
+
+    async def stopped(self, flagged: leases.LeaseRecord) -> CancelResult:
+        """Once the flagged turn's lease is no longer running (or after a lease and two heartbeats, when a
+        sweeper should have closed it), what the flag did, from the turn's rows."""
         deadline = time.monotonic() + self.seconds + 2 * self.interval
         while time.monotonic() < deadline:
             async with self._database.session() as db:
@@ -117,6 +137,9 @@ class LeaseKeeper:
             await asyncio.sleep(CANCEL_POLL_SECONDS)
         async with self._database.session() as db:
             rows = await repository.turn_messages(db, flagged.turn_id)
+        ends = [row.status for row in rows if row.type == "turn_done"]
+        if ends and ends[0] not in ("cancelled", "interrupted"):
+            return CancelResult(cancelled=False)  # it ended by itself before its owner read the flag
         cut = [row for row in rows if row.interrupted]
         return CancelResult(
             cancelled=True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from contextlib import suppress
 from typing import Any
 
@@ -33,13 +34,17 @@ log = logging.getLogger(__name__)
 class LeasedRunner(Runner):
     def __init__(self, *args: Any, keeper: LeaseKeeper, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._keeper = keeper
+        self._keeper = self.keeper = keeper
         self._fence = keeper.fence
         self._fence.on_lost = self._stop_lost
         keeper.on_cancel = self.cancel_local
+        keeper.on_waiting = self._waiting_noticed
         # Leases claimed by opening transactions, held once those commit.
         self._claimed: dict[str, Lease] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        # Turns of this replica a stop was asked for (a cancel, an interrupt): each is stopped once, whether
+        # the request came by broadcast, by the flag on its lease, or from a waiting interrupt message.
+        self._stopping: set[str] = set()
 
     def _recorder(self, session: ChatSessionRow, turn_id: str, **fields: Any) -> TurnRecorder:
         recorder = super()._recorder(session, turn_id, **fields)
@@ -83,11 +88,20 @@ class LeasedRunner(Runner):
     async def _after_turn(self, session_id: str, state: SessionState) -> None:
         if state.recorder is not None:
             self._fence.end(session_id, state.recorder.turn_id)
+            self._stopping.discard(state.recorder.turn_id)
         await super()._after_turn(session_id, state)
+
+    async def _interrupt(self, session_id: str) -> None:
+        # A turn of another replica: its owner stops it once it reads the waiting interrupt (notified by
+        # turns.replicas, or at its next heartbeat); if the owner is gone, the sweeper closes the turn.
+        if self.runs(session_id):
+            await super()._interrupt(session_id)
 
     async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult:
         state = self._states.get(session_id)
         if state is not None and state.task is not None:
+            if state.recorder is not None:
+                self._stopping.add(state.recorder.turn_id)
             return await super().cancel(session_id, clear_queue=clear_queue)
         withdrawn = await self.withdraw(session_id) if clear_queue else []
         result = await self._keeper.cancel_elsewhere(session_id)
@@ -109,31 +123,53 @@ class LeasedRunner(Runner):
         session_id = self._session_of(turn_id)
         if session_id is None:
             return False
+        if turn_id in self._stopping:
+            return True  # a stop is under way already: no second cancel, no second agent_cancelled
+        self._stopping.add(turn_id)
         log.info("turn %s: cancelled from another replica", turn_id)
-        task = asyncio.create_task(self.cancel(session_id), name=f"cancel:{turn_id}")
+        self._spawn(self.cancel(session_id), f"cancel:{turn_id}")
+        return True
+
+    async def reread_line(self, session_id: str) -> None:
+        """Another replica added to the session's waiting line: the turn running here reads it again, so
+        a steer is taken at its next breakpoint (SessionState.wants_breakpoint reads this mirror) and an
+        interrupt stops it, as when they are posted here."""
+        state = self._states.get(session_id)
+        if state is None or state.task is None:
+            return
+        async with state.lock:
+            recorder = state.recorder
+            if state.task is None or recorder is None:
+                return  # the turn ended meanwhile: its end read the line
+            async with self._database.session() as db:
+                rows = await repository.queued(db, session_id)
+            state.waiting = {row.id: queued_message(row) for row in rows}
+        if any(row.delivery == "interrupt" for row in rows):
+            log.info("turn %s: interrupted by a message posted on another replica", recorder.turn_id)
+            self.cancel_local(recorder.turn_id)
+
+    def _waiting_noticed(self, session_id: str, urgent: set[str]) -> None:
+        """The heartbeat found steer or interrupt messages waiting for a turn of this replica."""
+        state = self._states.get(session_id)
+        if state is None or urgent <= state.waiting.keys():
+            return  # all of them known here already
+        self._spawn(self.reread_line(session_id), f"reread:{session_id}")
+
+    def _spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
         self._background.add(task)
         task.add_done_callback(_settled(self._background))
-        return True
 
     def _stop_lost(self, lease: Lease) -> None:
         state = self._states.get(lease.session_id)
         if state is not None and state.recorder is not None and state.recorder.turn_id == lease.turn_id:
             state.recorder.request_stop(by_server=True)
 
-    async def take_waiting(self, session_id: str) -> None:
-        """Starts the session's waiting messages here, unless a turn of it runs (anywhere)."""
-        if self._closing:
-            return
-        state = self.state(session_id)
-        async with state.lock:
-            if state.task is None and not state.closed:
-                await self._take_waiting(session_id, state)
-
 
 def _settled(tasks: set[asyncio.Task[Any]]) -> Any:
     def done(task: asyncio.Task[Any]) -> None:
         tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("a cancel from another replica failed: %s", task.exception())
+            log.error("%s (a request from another replica) failed: %s", task.get_name(), task.exception())
 
     return done

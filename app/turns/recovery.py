@@ -103,6 +103,14 @@ async def resume_suspended(database: Database, runner: Runner) -> int:
     return len(turns)
 
 
+async def resume_waiting(database: Database, runner: Runner) -> None:
+    """Messages acknowledged before a restart but never taken start their turns now."""
+    async with database.read() as db:
+        session_ids = await repository.sessions_with_queue(db)
+    for session_id in session_ids:
+        await runner.take_waiting(session_id)
+
+
 def _streaming(row: ChatMessageRow) -> bool:
     return row.type == "text" and row.role == "assistant" and row.duration_ms is None
 

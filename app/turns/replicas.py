@@ -3,11 +3,17 @@ wherever it runs.
 
 This process's runner still runs the turns it took. What a request needs from a turn that runs on
 another replica goes there, or is read from what that replica commits:
-- cancel (and the stop before a delete) is broadcast on the control channel; the replica that runs the
-  turn stops it with its own runner and answers with the same result a local cancel gives;
+- a cancel sets the turn's durable cancel flag first, then is broadcast on the control channel; the
+  replica that runs the turn stops it with its own runner (once, whichever reaches it first) and answers
+  with the same result a local cancel gives; the stop before a delete is broadcast;
+- a steer or interrupt message posted here for a turn of another replica is stored, then announced on
+  the control channel: the owner re-reads its waiting line (it also does at each heartbeat, so without
+  Redis it learns of it a heartbeat later) and acts on it as on one posted there;
 - client tool results and approval decisions go to the turn's replica the same way, and its refusal
   (409, 410, 422) comes back as it would have been given there;
 - a delete is then done here and announced, so every replica forgets the session and ends its streams;
+- live status (GET /v1/sessions/{id}, and so `until_idle`) of a turn running elsewhere is read from the
+  database: its lease and the last agent_status its owner logged;
 - `turn_end` and `taker` (what `?wait=true` waits on) follow the session's committed events (the fan-out,
   which falls back to polling the log without Redis) and the turn's rows, never another process's memory.
 """
@@ -17,18 +23,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 from app.errors import Unavailable
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.protocol.tool_requests import ClientTool, Resolution
-from app.storage import repository, turn_queries
+from app.storage import leases, repository, turn_queries
 from app.storage.engine import Database
+from app.storage.leases import LeaseRecord
 from app.storage.tables import ChatSessionRow
 from app.streaming.broker import EventFanOut, Subscription
 from app.streaming.control import ControlBus
+from app.turns.leased_runner import LeasedRunner
 from app.turns.live import LiveStatus
-from app.turns.runner import Runner
 from app.turns.waiting import AnswerRefused, Kind
 
 log = logging.getLogger(__name__)
@@ -46,7 +55,9 @@ class OwnerUnreachable(Unavailable):
 class ReplicaTurns:
     """The TurnControl of a replica: the local runner, plus the control channel and the fan-out."""
 
-    def __init__(self, runner: Runner, bus: ControlBus, fanout: EventFanOut, database: Database) -> None:
+    def __init__(
+        self, runner: LeasedRunner, bus: ControlBus, fanout: EventFanOut, database: Database
+    ) -> None:
         self._runner = runner
         self._bus = bus
         self._fanout = fanout
@@ -57,8 +68,17 @@ class ReplicaTurns:
     def closing(self) -> bool:
         return self._runner.closing
 
-    def live(self, session_id: str) -> LiveStatus:
-        return self._runner.live(session_id)
+    async def statuses(self, session_ids: Sequence[str]) -> dict[str, LiveStatus]:
+        """A turn running here: this runner's status. Any other session: what the database says, which is
+        right without Redis too and costs one read for the lot: the running lease names the open turn,
+        and the session's last logged agent_status is the status its owner last announced."""
+        found = await self._runner.statuses(session_ids)
+        elsewhere = [session_id for session_id in session_ids if not self._runner.runs(session_id)]
+        if elsewhere:
+            async with self._database.session() as db:
+                running = await leases.running_statuses(db, elsewhere)
+            found.update({sid: _announced(*running[sid]) for sid in elsewhere if sid in running})
+        return found
 
     def is_closed(self, session_id: str) -> bool:
         return self._runner.is_closed(session_id)
@@ -74,7 +94,7 @@ class ReplicaTurns:
         client_message_id: str | None = None,
         client_tools: list[ClientTool] | None = None,
     ) -> MessageAccepted:
-        return await self._runner.post(
+        accepted = await self._runner.post(
             session,
             content,
             sender,
@@ -83,12 +103,30 @@ class ReplicaTurns:
             client_message_id=client_message_id,
             client_tools=client_tools,
         )
+        if not accepted.queued or delivery not in ("steer", "interrupt") or self._runner.runs(session.id):
+            return accepted
+        # It waits for a turn of another replica, and must reach that turn before it ends: the owner
+        # re-reads its waiting line now (or, without Redis, at its next heartbeat).
+        await self._bus.notify("waiting", session.id, {})
+        if delivery == "steer":
+            return accepted
+        # An interrupt answers, as in one process, with the turn that takes it once the owner stopped
+        # its turn; still waiting after CONTROL_TIMEOUT, it answers queued (it is taken all the same).
+        with suppress(TimeoutError):
+            async with asyncio.timeout(CONTROL_TIMEOUT):
+                turn_id = await self.taker(session.id, accepted.id)
+                return accepted.model_copy(update={"turn_id": turn_id, "queued": turn_id is None})
+        return accepted
 
     async def queue(self, session_id: str) -> list[QueuedMessage]:
         return await self._runner.queue(session_id)
 
     async def withdraw(self, session_id: str, message_ids: list[str] | None = None) -> list[QueuedMessage]:
-        return await self._runner.withdraw(session_id, message_ids)
+        withdrawn = await self._runner.withdraw(session_id, message_ids)
+        if withdrawn and not self._runner.runs(session_id):
+            # The owner's mirror of the line drops them too: a withdrawn steer asks for no breakpoint.
+            await self._bus.notify("waiting", session_id, {})
+        return withdrawn
 
     async def answer(self, session_id: str, kind: Kind, items: list[dict[str, Any]]) -> list[Resolution]:
         """Client tool results and approval decisions, to the replica whose turn waits for them."""
@@ -113,18 +151,39 @@ class ReplicaTurns:
     # --- stopping --------------------------------------------------------------------------------------
 
     async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult:
+        """A turn of another replica is cancelled durably first (the flag on its lease, which its owner
+        reads at its next heartbeat, or a sweeper honours once the lease expires), then fast (a broadcast
+        its owner hears). The answer is the owner's, as a local cancel gives it; without one (Redis down,
+        the reply lost, the owner gone) what the flag did, read from the turn's rows once it ended."""
         if self._runner.runs(session_id) or await self._open_turn(session_id) is None:
             return await self._runner.cancel(session_id, clear_queue=clear_queue)
-        answer = await self._bus.request(
-            "cancel", session_id, {"clear_queue": clear_queue}, timeout=CONTROL_TIMEOUT
+        withdrawn = await self._runner.withdraw(session_id) if clear_queue else []
+        flagged = await self._runner.keeper.flag_cancel(session_id)
+        if flagged is None:  # it ended meanwhile (or its successor runs here): what a cancel says now
+            result = await self._runner.cancel(session_id)
+        else:
+            result = await self._owner_stops(flagged)
+        return result.model_copy(update={"withdrawn": withdrawn})
+
+    async def _owner_stops(self, flagged: LeaseRecord) -> CancelResult:
+        asked = asyncio.ensure_future(
+            self._bus.request(
+                "cancel", flagged.session_id, {"turn_id": flagged.turn_id}, timeout=CONTROL_TIMEOUT
+            )
         )
-        if answer is not None:
-            return CancelResult.model_validate(answer)
-        # Unanswered (Redis down, or the owner is slow or gone): the runner's own cancel, which for a turn
-        # of another replica sets the turn's durable cancel flag (turns.leased_runner) that its owner reads
-        # on its next heartbeat, or that the sweeper honours once the lease expires; or, if the turn ended
-        # or came here meanwhile, says what a cancel says now.
-        return await self._runner.cancel(session_id, clear_queue=clear_queue)
+        ended = asyncio.ensure_future(self._runner.keeper.stopped(flagged))
+        try:
+            await asyncio.wait({asked, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if not asked.done():
+                # Ended: the owner answers once its turn's end (and the next turn's start) is done.
+                await asyncio.wait({asked}, timeout=RECHECK_SECONDS)
+            answer = asked.result() if asked.done() else None
+            if answer is not None:
+                return CancelResult.model_validate(answer)
+            return await ended
+        finally:
+            asked.cancel()
+            ended.cancel()
 
     async def delete_session(self, session_id: str) -> None:
         if not self._runner.runs(session_id) and await self._open_turn(session_id) is not None:
@@ -140,8 +199,13 @@ class ReplicaTurns:
             return None
         if not self._runner.runs(session_id):
             return None
+        if op == "waiting":
+            await self._runner.reread_line(session_id)
+            return None
         if op == "cancel":
-            result = await self._runner.cancel(session_id, clear_queue=bool(args.get("clear_queue")))
+            if not self._runner.runs_turn(str(args.get("turn_id"))):
+                return None  # that turn ended here: its flag's reader answers from its rows
+            result = await self._runner.cancel(session_id)
             return result.model_dump(mode="json")
         if op == "delete":
             await self._runner.delete_session(session_id)
@@ -179,8 +243,10 @@ class ReplicaTurns:
             subscription.close()
 
     async def taker(self, session_id: str, message_id: str) -> str | None:
-        """As the runner's, also for a message another replica's turn takes."""
-        if self._runner.holds_waiting(session_id, message_id):
+        """As the runner's, also for a message another replica's turn takes. Only a turn running here takes
+        what this runner's mirror of the line holds: a message posted here while another replica's turn
+        runs is in the mirror too, but that replica takes it."""
+        if self._runner.runs(session_id) and self._runner.holds_waiting(session_id, message_id):
             return await self._runner.taker(session_id, message_id)
         subscription = await self._fanout.subscribe(session_id, None)
         try:
@@ -203,6 +269,15 @@ class ReplicaTurns:
     async def _ended(self, turn_id: str) -> bool:
         state = await self._turn_state(turn_id)
         return state is None or state[1]
+
+
+def _announced(turn_id: str, data: str | None) -> LiveStatus:
+    """The running turn with its last logged agent_status (its owner's announcement). The turn's own
+    is always there: recorder.open logs `thinking` in the transaction that claims the lease; a status
+    of an earlier turn (never seen: the lease and it commit together) reads as that opening one."""
+    event = json.loads(data) if data is not None else {}
+    status = event.get("status") if event.get("turn_id") == turn_id else None
+    return LiveStatus(status or "thinking", turn_id)
 
 
 def _refusal(refused: dict[str, Any]) -> AnswerRefused:

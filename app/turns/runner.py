@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from app.errors import storage_refusal
@@ -94,18 +95,14 @@ class Runner:
         return turn_id in self._turn_ends
 
     def state(self, session_id: str) -> SessionState:
-        state = self._states.get(session_id)
-        if state is None:
-            state = self._states[session_id] = SessionState()
-        return state
+        return self._states.setdefault(session_id, SessionState())
 
-    def live(self, session_id: str) -> LiveStatus:
-        return self._live.get(session_id)
+    async def statuses(self, session_ids: Sequence[str]) -> dict[str, LiveStatus]:
+        return {session_id: self._live.get(session_id) for session_id in session_ids}
 
     def is_closed(self, session_id: str) -> bool:
         """The session is being deleted (its turn was stopped for that, and nothing starts after it)."""
-        state = self._states.get(session_id)
-        return state is not None and state.closed
+        return (state := self._states.get(session_id)) is not None and state.closed
 
     # --- posting -------------------------------------------------------------------------------------
 
@@ -153,11 +150,15 @@ class Runner:
                 if taker is not None and message.id in taker.taken_ids:
                     return accepted(session.id, message, taker.turn_id)
         if delivery == "interrupt":
-            await self.cancel(session.id)
+            await self._interrupt(session.id)
             taker = state.recorder
             if taker is not None and message.id in taker.taken_ids:
                 return accepted(session.id, message, taker.turn_id)
         return accepted(session.id, message, None)
+
+    async def _interrupt(self, session_id: str) -> None:
+        """An interrupt stops the running turn as Stop does; its end takes the waiting messages."""
+        await self.cancel(session_id)
 
     async def _start_turn(
         self, session: ChatSessionRow, state: SessionState, messages: list[QueuedMessage], *, from_queue: bool
@@ -356,15 +357,14 @@ class Runner:
             withdrawn=withdrawn,
         )
 
-    async def resume_waiting(self) -> None:
-        """At startup: messages acknowledged before a restart but never taken start their turns now."""
-        async with self._database.read() as db:
-            session_ids = await repository.sessions_with_queue(db)
-        for session_id in session_ids:
-            state = self.state(session_id)
-            async with state.lock:
-                if state.task is None:
-                    await self._take_waiting(session_id, state)
+    async def take_waiting(self, session_id: str) -> None:
+        """Starts the session's waiting messages unless a turn of it runs (at startup; for a sweeper)."""
+        if self._closing:
+            return
+        state = self.state(session_id)
+        async with state.lock:
+            if state.task is None and not state.closed:
+                await self._take_waiting(session_id, state)
 
     async def delete_session(self, session_id: str) -> None:
         """Stops the turn, starts nothing after it, and deletes the session, its history, its log and its

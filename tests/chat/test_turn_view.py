@@ -129,7 +129,7 @@ async def test_a_wait_past_its_timeout_is_a_504_and_the_turn_goes_on(view: View)
         await view.turns.wait(ALICE, SID, turn_id, timeout=0.1)
     assert caught.value.status == 504
     assert caught.value.details == {"turn_id": turn_id, "message_id": None, "timeout": 0.1}
-    assert view.parts.runner.live(SID).turn_id == turn_id  # still running
+    assert (await view.parts.runner.statuses([SID]))[SID].turn_id == turn_id  # still running
 
 
 async def test_the_servers_wait_timeout_caps_a_longer_request(view: View) -> None:

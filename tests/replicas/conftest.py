@@ -5,22 +5,29 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
+import redis
 
 from tests.fakes.upstream import FakeUpstream
 from tests.interrupt.conftest import MODEL, write_models_file
 from tests.support.postgres import ScratchDatabase, require_postgres
 from tests.support.process import ServerProcess
+from tests.support.redis import new_prefix, remove_keys
 from tests.support.server import migrate
 
 LEASE_SECONDS = 3.0
-# Only its presence matters to this half of multi-replica mode (leases); no test streams through Redis.
+# The model layer loads in each replica: seconds, or a minute and more on a busy 2-core machine.
+STARTUP_SECONDS = 150.0
+# Its presence turns multi-replica mode on; the control channel (cancels, steer and interrupt notices)
+# runs through it under a prefix of the test's own, and no test streams through it.
 REDIS_URL = "redis://127.0.0.1:6379/15"
+# Where no Redis listens (the discard port): a replica given it runs with Redis unreachable.
+UNREACHABLE_REDIS_URL = "redis://127.0.0.1:9/15"
 
 
 @pytest.fixture(scope="module")
@@ -46,30 +53,38 @@ def upstream() -> Iterator[FakeUpstream]:
         yield running
 
 
-Replicas = Callable[[int], Awaitable[list[ServerProcess]]]
+class Replicas(Protocol):
+    def __call__(self, n: int, **env: str) -> Awaitable[list[ServerProcess]]: ...
 
 
 @pytest.fixture
 async def replicas(pg: ScratchDatabase, upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Replicas]:
-    """Starts n replicas (tests.support.slow_app: the built-in tools and `slow`)."""
+    """Starts n replicas (tests.support.slow_app: the built-in tools and `slow`), each with the common
+    environment updated by `env`."""
     started: list[ServerProcess] = []
+    prefix = new_prefix()
     models = write_models_file(tmp_path, upstream.base_url)
     env = {
         "PARLEY_DATABASE_URL": pg.url,
         "PARLEY_REDIS_URL": REDIS_URL,
+        "PARLEY_REDIS_PREFIX": prefix,
         "PARLEY_LEASE_SECONDS": str(LEASE_SECONDS),
         "PARLEY_MODELS_FILE": str(models),
         "PARLEY_DEFAULT_MODEL": MODEL,
         "PARLEY_PROVIDER_RETRIES": "0",
     }
 
-    async def start(n: int) -> list[ServerProcess]:
+    async def start(n: int, **extra: str) -> list[ServerProcess]:
         new = [
-            ServerProcess(env, tmp_path / f"replica{len(started) + i}.log", app="tests.support.slow_app:app")
+            ServerProcess(
+                {**env, **extra},
+                tmp_path / f"replica{len(started) + i}.log",
+                app="tests.support.slow_app:app",
+            )
             for i in range(n)
         ]
         started.extend(new)
-        await asyncio.gather(*(asyncio.to_thread(s.start, 60.0) for s in new))
+        await asyncio.gather(*(asyncio.to_thread(s.start, STARTUP_SECONDS) for s in new))
         return new
 
     try:
@@ -78,6 +93,8 @@ async def replicas(pg: ScratchDatabase, upstream: FakeUpstream, tmp_path: Path) 
         for server in started:
             server.resume()
             server.kill()
+        with suppress(redis.RedisError, OSError):  # the tests do not need Redis to be there
+            remove_keys(REDIS_URL, prefix)
 
 
 @asynccontextmanager

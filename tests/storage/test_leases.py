@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import text
 
-from app.storage import leases
+from app.storage import event_log, leases
 from app.storage.engine import Database
+from app.storage.tables import QueuedMessageRow
 from app.streaming.fencing import Fence, Lease, LeaseLost
 from tests.support.rows import add_sessions
 
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 @pytest.fixture
 async def database(database_url: str) -> AsyncIterator[Database]:
     database = Database(database_url)
-    await add_sessions(database, "s_1")
+    await add_sessions(database, "s_1", "s_2", "s_3")
     yield database
     await database.dispose()
 
@@ -59,3 +60,58 @@ async def test_one_running_lease_per_session_renewal_takeover_and_the_fence(data
         assert await leases.running_turn_ids(db) == set()
         # Released: the session may run its next turn.
         assert await leases.claim(db, "t_2", "s_1", "b", 55, 30.0)
+
+
+def _status(seq: int, status: str, turn_id: str) -> tuple[str, int, str, str]:
+    return (
+        "s_1",
+        seq,
+        "agent_status",
+        f'{{"type":"agent_status","status":"{status}","turn_id":"{turn_id}"}}',
+    )
+
+
+async def test_running_statuses_name_the_open_turn_and_its_last_logged_status(database: Database) -> None:
+    """Only sessions with a running lease are named (an expired one too: its turn is open until swept),
+    each with the JSON of its last agent_status, whatever events came after it."""
+    async with database.session() as db:
+        assert await leases.claim(db, "t_1", "s_1", "a", 11, 30.0)
+        assert await leases.claim(db, "t_3", "s_3", "a", 33, 30.0)
+        await event_log.log_events(
+            db,
+            [
+                _status(1, "thinking", "t_1"),
+                _status(2, "tool_calling", "t_1"),
+                ("s_1", 3, "tool_exec_start", "{}"),
+                ("s_2", 1, "agent_status", "{}"),
+            ],
+        )
+        await (await db.connection()).execute(text("UPDATE turn_leases SET expires_at = expires_at - 60"))
+        await db.commit()
+        found = await leases.running_statuses(db, ["s_1", "s_2", "s_3", "s_9"])
+        assert await leases.running_statuses(db, []) == {}
+    assert found == {"s_1": ("t_1", _status(2, "tool_calling", "t_1")[3]), "s_3": ("t_3", None)}
+
+
+async def test_urgent_waiting_names_the_steer_and_interrupt_messages_of_those_sessions(
+    database: Database,
+) -> None:
+    """What a turn's owner must act on before its turn ends: steer and interrupt, not queue; only the
+    sessions asked about."""
+    async with database.session() as db:
+        for n, (session_id, delivery) in enumerate(
+            [("s_1", "steer"), ("s_1", "queue"), ("s_1", "interrupt"), ("s_2", "queue"), ("s_3", "steer")]
+        ):
+            db.add(
+                QueuedMessageRow(
+                    id=f"m_{n}",
+                    session_id=session_id,
+                    content="x",
+                    sender="User",
+                    timestamp="t",
+                    delivery=delivery,
+                )
+            )
+        await db.commit()
+        assert await leases.urgent_waiting(db, ["s_1", "s_2"]) == {"s_1": {"m_0", "m_2"}}
+        assert await leases.urgent_waiting(db, []) == {}

@@ -28,7 +28,7 @@ async def test_a_stop_before_the_turns_task_has_begun_still_closes_the_turn(rt: 
     result = await rt.runner.cancel("s_a")
     assert (result.cancelled, result.turn_id) == (True, posted.turn_id)
     assert await rt.history("s_a") == [("turn_start", None), ("text", None), ("turn_done", "cancelled")]
-    assert rt.runner.live("s_a").agent_status == "idle"
+    assert (await rt.runner.statuses(["s_a"]))["s_a"].agent_status == "idle"
     # The session is free: the next message starts a turn.
     again = await rt.runner.post(session, "again", "User", "steer")
     assert again.queued is False and again.turn_id not in (None, posted.turn_id)
