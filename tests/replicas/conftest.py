@@ -16,10 +16,13 @@ from tests.fakes.upstream import FakeUpstream
 from tests.interrupt.conftest import MODEL, write_models_file
 from tests.support.postgres import ScratchDatabase, require_postgres
 from tests.support.process import ServerProcess
+from tests.support.redis import new_prefix, remove_keys
 from tests.support.server import migrate
 
 LEASE_SECONDS = 3.0
-# Only its presence matters to this half of multi-replica mode (leases); no test streams through Redis.
+# The model layer loads in each replica before /readyz says ready: long on a busy 2-core machine.
+STARTUP_SECONDS = 120.0
+# The leases need only its presence; the limits count in it, under the test's own prefix.
 REDIS_URL = "redis://127.0.0.1:6379/15"
 
 
@@ -46,30 +49,36 @@ def upstream() -> Iterator[FakeUpstream]:
         yield running
 
 
-Replicas = Callable[[int], Awaitable[list[ServerProcess]]]
+# n, then settings of these replicas' own (PARLEY_... variables).
+Replicas = Callable[..., Awaitable[list[ServerProcess]]]
 
 
 @pytest.fixture
 async def replicas(pg: ScratchDatabase, upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Replicas]:
-    """Starts n replicas (tests.support.slow_app: the built-in tools and `slow`)."""
+    """Starts n replicas (tests.support.slow_app: the built-in tools and `slow`), under a Redis key prefix
+    of the test's own: the limits count there, and tests running at once must not share counts."""
     started: list[ServerProcess] = []
     models = write_models_file(tmp_path, upstream.base_url)
+    prefix = new_prefix()
     env = {
         "PARLEY_DATABASE_URL": pg.url,
         "PARLEY_REDIS_URL": REDIS_URL,
+        "PARLEY_REDIS_PREFIX": prefix,
         "PARLEY_LEASE_SECONDS": str(LEASE_SECONDS),
         "PARLEY_MODELS_FILE": str(models),
         "PARLEY_DEFAULT_MODEL": MODEL,
         "PARLEY_PROVIDER_RETRIES": "0",
     }
 
-    async def start(n: int) -> list[ServerProcess]:
+    async def start(n: int, **settings: str) -> list[ServerProcess]:
         new = [
-            ServerProcess(env, tmp_path / f"replica{len(started) + i}.log", app="tests.support.slow_app:app")
+            ServerProcess(
+                env | settings, tmp_path / f"replica{len(started) + i}.log", app="tests.support.slow_app:app"
+            )
             for i in range(n)
         ]
         started.extend(new)
-        await asyncio.gather(*(asyncio.to_thread(s.start, 60.0) for s in new))
+        await asyncio.gather(*(asyncio.to_thread(s.start, STARTUP_SECONDS) for s in new))
         return new
 
     try:
@@ -78,6 +87,7 @@ async def replicas(pg: ScratchDatabase, upstream: FakeUpstream, tmp_path: Path) 
         for server in started:
             server.resume()
             server.kill()
+        remove_keys(REDIS_URL, prefix)
 
 
 @asynccontextmanager
