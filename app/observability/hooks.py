@@ -286,6 +286,12 @@ def limits_without_redis(limit: str) -> None:
         _active.metrics.limits_without_redis.labels(limit).inc()
 
 
+def fenced_write(what: str) -> None:
+    """A turn write the lease fence refused (`turn_done`, `turn_write`, `stream_batch`)."""
+    if _active.metrics is not None:
+        _active.metrics.fenced_writes.labels(what).inc()
+
+
 def commit_observed(kind: str, seconds: float) -> None:
     """A database commit of `kind` (batch: the write-behind; turn: a turn's own write; request)."""
     if _active.metrics is not None:

@@ -124,7 +124,7 @@ class Metrics:
         )
 
     def _replicas(self, r: CollectorRegistry) -> None:
-        """With PARLEY_REDIS_URL: the fan-out and the limits."""
+        """With PARLEY_REDIS_URL: the fan-out, the limits and the lease fence."""
         self.redis_connected = Gauge(
             "parley_fanout_redis_connected",
             "1 while the fan-out reads Redis streams, 0 while it polls the event log (PARLEY_REDIS_URL).",
@@ -138,6 +138,13 @@ class Metrics:
             "parley_limits_redis_unavailable",
             "Limit decisions (messages, streams) taken in this process's memory because Redis was away.",
             ["limit"],
+            registry=r,
+        )
+        self.fenced_writes = Counter(
+            "parley_fenced_writes",
+            "Turn writes refused because this replica no longer holds the turn's lease, by what was refused "
+            "(turn_done, turn_write, stream_batch).",
+            ["what"],
             registry=r,
         )
 
