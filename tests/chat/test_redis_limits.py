@@ -83,12 +83,12 @@ async def test_stream_slots_are_counted_across_replicas_and_given_back(redis_pre
 async def test_a_dead_replicas_slots_expire_and_a_live_ones_are_renewed(redis_prefix: str) -> None:
     """The dead replica's keeper ends (as kill -9 would end it) without releasing: its slot stops
     counting after its lifetime, while the live replica's slot, renewed, still counts."""
-    (_, dead), (_, live) = pair(redis_prefix, lifetime=1.0)
+    (_, dead), (_, live) = pair(redis_prefix, lifetime=2.0)
     await dead.acquire("alice")
     kept = await live.acquire("alice")
     dead._closing = True  # its keeper ends without releasing anything
     dead._wake.set()
-    await asyncio.sleep(2.5)
+    await asyncio.sleep(5)  # the dead slot's 2 s lifetime, with room; the live one renewed meanwhile
     assert await live.open_count("alice") == 1
     await live.acquire("alice")  # the dead one's slot was freed
     await refused(live.acquire("alice"))
