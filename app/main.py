@@ -17,7 +17,7 @@ from app.api.middleware import RequestContextMiddleware
 from app.api.tools import router as tools_router
 from app.chat.auth import KeyRing, load_key_ring
 from app.chat.idempotency import Idempotency
-from app.chat.limits import MessageRate, StreamSlots
+from app.chat.limits import MessageLimit, MessageRate, StreamLimit, StreamSlots
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
 from app.chat.tool_answers import ToolAnswers
@@ -167,10 +167,7 @@ def _lifespan(
                 await replicas.stop()
             await catalog.stop()
             await writer.stop()
-            if relay is not None and bus is not None:
-                # After the write-behind's last flush: its frames are published too.
-                await relay.stop()
-                await bus.stop()
+            await _stop_shared(relay, bus, services)
             await models.stop()
             await database.dispose()
             if debug_stats is not None:
@@ -188,6 +185,31 @@ async def _repair(database: Database, writer: WriteBehind, live: LocalLiveStatus
     await writer.flush()
     await resume_suspended(database, runner)
     await resume_waiting(database, runner)
+
+
+async def _stop_shared(relay: RedisRelay | None, bus: ControlBus | None, services: Services) -> None:
+    """After the write-behind's last flush (its frames are published too) and every stream's end."""
+    if relay is not None and bus is not None:
+        await relay.stop()
+        await bus.stop()
+    await services.streams.close()
+
+
+def _limits(settings: Settings) -> tuple[MessageLimit, StreamLimit]:
+    """Counted in this process, or with PARLEY_REDIS_URL across every replica (chat.redis_limits)."""
+    if settings.redis_url is None:
+        return MessageRate(settings.messages_per_minute), StreamSlots(settings.max_streams_per_principal)
+    from app.chat.redis_limits import redis_limits
+
+    return redis_limits(
+        settings.redis_url,
+        settings.redis_prefix,
+        settings.messages_per_minute,
+        settings.max_streams_per_principal,
+        # A slot lives as long as a turn's lease: a dead replica's streams stop counting as its turns end.
+        lifetime=settings.lease_seconds,
+        renew_every=settings.heartbeat_seconds,
+    )
 
 
 def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Broker, RedisRelay | None]:
@@ -269,6 +291,7 @@ def _services(
     )
     sessions = Sessions(settings, database, turns, models, catalog.registry, idempotency)
     messages = Messages(settings, database, sessions, turns, broker, idempotency)
+    message_rate, streams = _limits(settings)
     return Services(
         settings=settings,
         sessions=sessions,
@@ -278,8 +301,8 @@ def _services(
         broker=broker,
         models=models,
         keys=keys,
-        message_rate=MessageRate(settings.messages_per_minute),
-        streams=StreamSlots(settings.max_streams_per_principal),
+        message_rate=message_rate,
+        streams=streams,
         tools=catalog,
     )
 

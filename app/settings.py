@@ -126,7 +126,8 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         description="Multi-replica mode: seconds a replica's claim on a running turn lasts without renewal; "
-        "a turn whose owner stopped renewing is closed by another replica after it.",
+        "a turn whose owner stopped renewing is closed by another replica after it, and its event streams "
+        "stop counting against their principal's limit.",
     )
     heartbeat_interval: float | None = Field(
         None,

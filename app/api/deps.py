@@ -118,7 +118,7 @@ StreamPrincipalDep = Annotated[str, Depends(get_stream_principal)]
 
 async def get_message_poster(services: ServicesDep, principal: PrincipalDep) -> str:
     """The caller's principal, once a message of its per-minute allowance is spent (else 429)."""
-    services.message_rate.take(principal)
+    await services.message_rate.take(principal)
     return principal
 
 

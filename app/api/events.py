@@ -161,7 +161,7 @@ async def stream_events(
     position = resume_position(last_event_id, after)
     ndjson = wants_ndjson(format, request.headers.get("accept"))
     await services.sessions.owned(principal, session_id)
-    lease = services.streams.acquire(principal)
+    lease = await services.streams.acquire(principal)
     try:
         # Subscribed before the response starts: a client that posts once the headers arrive misses nothing.
         subscription = await services.broker.subscribe(session_id, position)

@@ -1,7 +1,8 @@
 """Per-principal limits: concurrent event streams and the message rate, both answered with 429.
 
-Each is a seam (MessageLimit, StreamLimit) with today's implementation, which counts in this process's
-memory: behind a load balancer each instance counts its own.
+Each is a seam (MessageLimit, StreamLimit). The implementations here count in this process's memory: a
+single server's. Several replicas (PARLEY_REDIS_URL) count together in Redis (chat.redis_limits), and fall
+back on these while Redis is away.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class MessageLimit(Protocol):
     and document one side (refuse or let through), never fail the request with a 5xx.
     """
 
-    def take(self, principal: str) -> None:
+    async def take(self, principal: str) -> None:
         """Spends one message of `principal`'s allowance, or raises TooManyRequests with Retry-After."""
         ...
 
@@ -46,12 +47,16 @@ class StreamLimit(Protocol):
     replica keeps renewing it, so a crash frees them within the renewal interval.
     """
 
-    def acquire(self, principal: str) -> Lease:
+    async def acquire(self, principal: str) -> Lease:
         """A slot for one more stream, or TooManyRequests (code too_many_streams) with Retry-After."""
         ...
 
-    def open_count(self, principal: str) -> int:
+    async def open_count(self, principal: str) -> int:
         """The principal's streams open now."""
+        ...
+
+    async def close(self) -> None:
+        """At shutdown, once every stream has ended."""
         ...
 
 
@@ -73,7 +78,7 @@ class MessageRate:
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
 
-    def take(self, principal: str) -> None:
+    async def take(self, principal: str) -> None:
         """Spends one message of `principal`'s allowance, or raises TooManyRequests with Retry-After."""
         if self._capacity == 0:
             return
@@ -111,10 +116,13 @@ class StreamSlots:
         self._limit = limit
         self._open: dict[str, int] = {}
 
-    def open_count(self, principal: str) -> int:
+    async def open_count(self, principal: str) -> int:
         return self._open.get(principal, 0)
 
-    def acquire(self, principal: str) -> StreamLease:
+    async def close(self) -> None:
+        """Nothing to let go of: the counts live and die with the process."""
+
+    async def acquire(self, principal: str) -> StreamLease:
         count = self._open.get(principal, 0)
         if self._limit and count >= self._limit:
             raise TooManyRequests(

@@ -280,6 +280,18 @@ def fanout_backfilled(count: int) -> None:
         _active.metrics.fanout_backfilled.inc(count)
 
 
+def limits_without_redis(limit: str) -> None:
+    """A limit (`messages`, `streams`) decided in this process's memory: Redis was away."""
+    if _active.metrics is not None:
+        _active.metrics.limits_without_redis.labels(limit).inc()
+
+
+def fenced_write(what: str) -> None:
+    """A turn write the lease fence refused (`turn_done`, `turn_write`, `stream_batch`)."""
+    if _active.metrics is not None:
+        _active.metrics.fenced_writes.labels(what).inc()
+
+
 def commit_observed(kind: str, seconds: float) -> None:
     """A database commit of `kind` (batch: the write-behind; turn: a turn's own write; request)."""
     if _active.metrics is not None:

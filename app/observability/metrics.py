@@ -36,6 +36,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._turns_and_models(self.registry)
         self._tools_streams_and_storage(self.registry)
+        self._replicas(self.registry)
 
     def _turns_and_models(self, r: CollectorRegistry) -> None:
         self.turns_started = Counter("parley_turns_started", "Turns started.", registry=r)
@@ -101,15 +102,6 @@ class Metrics:
         )
         self.resumes = Counter("parley_stream_resumes", "Streams opened at a position (resumed).", registry=r)
         self.resyncs = Counter("parley_stream_resyncs", "Streams that began with a resync.", registry=r)
-        self.redis_connected = Gauge(
-            "parley_fanout_redis_connected",
-            "1 while the fan-out reads Redis streams, 0 while it polls the event log (PARLEY_REDIS_URL).",
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self.fanout_backfilled = Counter(
-            "parley_fanout_backfilled", "Events read from the log to fill a hole in the fan-out.", registry=r
-        )
         self.cancels = Counter("parley_cancels", "Stops that stopped a running turn.", registry=r)
         self.disconnect_seconds = Histogram(
             "parley_cancel_disconnect_seconds",
@@ -128,6 +120,31 @@ class Metrics:
             "parley_queue_depth",
             "Messages waiting in a session's line when one more joins it.",
             buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+
+    def _replicas(self, r: CollectorRegistry) -> None:
+        """With PARLEY_REDIS_URL: the fan-out, the limits and the lease fence."""
+        self.redis_connected = Gauge(
+            "parley_fanout_redis_connected",
+            "1 while the fan-out reads Redis streams, 0 while it polls the event log (PARLEY_REDIS_URL).",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.fanout_backfilled = Counter(
+            "parley_fanout_backfilled", "Events read from the log to fill a hole in the fan-out.", registry=r
+        )
+        self.limits_without_redis = Counter(
+            "parley_limits_redis_unavailable",
+            "Limit decisions (messages, streams) taken in this process's memory because Redis was away.",
+            ["limit"],
+            registry=r,
+        )
+        self.fenced_writes = Counter(
+            "parley_fenced_writes",
+            "Turn writes refused because this replica no longer holds the turn's lease, by what was refused "
+            "(turn_done, turn_write, stream_batch).",
+            ["what"],
             registry=r,
         )
 

@@ -5,8 +5,9 @@ A turn's write (`WriteBehind.transaction(turn_id=...)`) goes through only if the
 alive under this replica's token when the transaction runs; on PostgreSQL the lease row stays locked
 (FOR SHARE) to the commit, so a takeover waits for the write and never overlaps it. Its last write
 (turn_done) releases the lease in the same transaction. A batch of the write-behind drops the text and
-events of every session whose lease it finds lost. Each refusal is counted (`rejected`) and logged with
-the turn: a zombie replica's refusals are there to read.
+events of every session whose lease it finds lost. Each refusal is counted (`rejected`, and the metric
+parley_fenced_writes_total by what was refused) and logged with the turn: a zombie replica's refusals
+are there to read.
 
 A lost lease stays held (marked lost) until the runner ends it, so what the stopped turn still emits is
 dropped too, never written unfenced.
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.observability.hooks import fenced_write
 from app.storage import leases
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,9 @@ class Fence:
             self.on_lost(lease)
 
     def reject(self, lease: Lease, what: str) -> None:
+        """`what`: the metric's label, bounded (turn_done, turn_write, stream_batch)."""
         self.rejected += 1
+        fenced_write(what)
         log.warning(
             "lease fence: rejected write of turn %s (%s); %d rejected writes in this process",
             lease.turn_id,
@@ -93,7 +97,7 @@ class Fence:
         for lease in held:
             if lease.token not in alive:
                 self.lose(lease, "found expired or taken over by a write")
-                self.reject(lease, "streamed text and events")
+                self.reject(lease, "stream_batch")
                 dropped.add(lease.session_id)
         return dropped
 
@@ -113,9 +117,9 @@ class Fence:
                 return True
             self.lose(lease, "found expired or taken over by a write")
         if turn_id is not None:
-            self.reject(lease, "turn_done" if final else "a turn write")
+            self.reject(lease, "turn_done" if final else "turn_write")
             raise LeaseLost(turn_id)
-        self.reject(lease, "streamed text and events")
+        self.reject(lease, "stream_batch")
         return False
 
 

@@ -40,7 +40,7 @@ async def held(server: LiveServer, session_id: str) -> tuple[int, int]:
     async def count(services: Services) -> tuple[int, int]:
         assert isinstance(services.broker, Broker)  # this process's fan-out, whose channels can be counted
         channel = await services.broker.channel(session_id)
-        return len(channel.subscribers), services.streams.open_count(OPEN_PRINCIPAL)
+        return len(channel.subscribers), await services.streams.open_count(OPEN_PRINCIPAL)
 
     return await on_server(server, count)
 

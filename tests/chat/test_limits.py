@@ -7,6 +7,8 @@ import pytest
 from app.chat.limits import STREAM_RETRY_AFTER, MessageRate, StreamSlots
 from app.errors import TooManyRequests
 
+pytestmark = pytest.mark.anyio
+
 
 class Clock:
     def __init__(self) -> None:
@@ -16,62 +18,62 @@ class Clock:
         return self.now
 
 
-def test_a_burst_of_the_minute_s_allowance_then_429_with_the_wait() -> None:
+async def test_a_burst_of_the_minute_s_allowance_then_429_with_the_wait() -> None:
     clock = Clock()
     rate = MessageRate(3, clock=clock)
     for _ in range(3):
-        rate.take("alice")
+        await rate.take("alice")
     with pytest.raises(TooManyRequests) as refused:
-        rate.take("alice")
+        await rate.take("alice")
     assert refused.value.status == 429
     assert refused.value.headers == {"Retry-After": "20"}  # one message every 20 s at 3 a minute
     assert refused.value.details == {"retry_after": 20}
-    rate.take("bob")  # another principal has its own allowance
+    await rate.take("bob")  # another principal has its own allowance
 
 
-def test_the_allowance_refills_at_the_rate_and_never_beyond_the_burst() -> None:
+async def test_the_allowance_refills_at_the_rate_and_never_beyond_the_burst() -> None:
     clock = Clock()
     rate = MessageRate(60, clock=clock)
     for _ in range(60):
-        rate.take("alice")
+        await rate.take("alice")
     clock.now += 0.5
     with pytest.raises(TooManyRequests) as refused:
-        rate.take("alice")
+        await rate.take("alice")
     assert refused.value.headers == {"Retry-After": "1"}
     clock.now += 0.5
-    rate.take("alice")
+    await rate.take("alice")
     clock.now += 3600
     for _ in range(60):
-        rate.take("alice")
+        await rate.take("alice")
     with pytest.raises(TooManyRequests):
-        rate.take("alice")
+        await rate.take("alice")
 
 
-def test_zero_means_no_message_limit() -> None:
+async def test_zero_means_no_message_limit() -> None:
     rate = MessageRate(0)
     for _ in range(1000):
-        rate.take("alice")
+        await rate.take("alice")
 
 
-def test_stream_slots_per_principal() -> None:
+async def test_stream_slots_per_principal() -> None:
     slots = StreamSlots(2)
-    first, second = slots.acquire("alice"), slots.acquire("alice")
+    first, second = await slots.acquire("alice"), await slots.acquire("alice")
     with pytest.raises(TooManyRequests) as refused:
-        slots.acquire("alice")
+        await slots.acquire("alice")
     assert refused.value.code == "too_many_streams"
     assert refused.value.headers == {"Retry-After": str(STREAM_RETRY_AFTER)}
-    slots.acquire("bob")
+    await slots.acquire("bob")
     first.release()
     first.release()  # idempotent: every way a stream ends may release it
-    assert slots.open_count("alice") == 1
-    slots.acquire("alice")
+    assert await slots.open_count("alice") == 1
+    await slots.acquire("alice")
     second.release()
-    assert slots.open_count("alice") == 1
+    assert await slots.open_count("alice") == 1
 
 
-def test_zero_means_no_stream_limit() -> None:
+async def test_zero_means_no_stream_limit() -> None:
     slots = StreamSlots(0)
-    leases = [slots.acquire("alice") for _ in range(100)]
+    leases = [await slots.acquire("alice") for _ in range(100)]
     for lease in leases:
         lease.release()
-    assert slots.open_count("alice") == 0
+    assert await slots.open_count("alice") == 0

@@ -24,7 +24,7 @@ LEASE_SECONDS = 3.0
 # The model layer loads in each replica: seconds, or a minute and more on a busy 2-core machine.
 STARTUP_SECONDS = 150.0
 # Its presence turns multi-replica mode on; the control channel (cancels, steer and interrupt notices)
-# runs through it under a prefix of the test's own, and no test streams through it.
+# runs through it and the limits count in it, under a prefix of the test's own.
 REDIS_URL = "redis://127.0.0.1:6379/15"
 # Where no Redis listens (the discard port): a replica given it runs with Redis unreachable.
 UNREACHABLE_REDIS_URL = "redis://127.0.0.1:9/15"
@@ -60,7 +60,8 @@ class Replicas(Protocol):
 @pytest.fixture
 async def replicas(pg: ScratchDatabase, upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Replicas]:
     """Starts n replicas (tests.support.slow_app: the built-in tools and `slow`), each with the common
-    environment updated by `env`."""
+    environment updated by `env`, under a Redis key prefix of the test's own: the limits count there, and
+    tests running at once must not share counts or control channels."""
     started: list[ServerProcess] = []
     prefix = new_prefix()
     models = write_models_file(tmp_path, upstream.base_url)

@@ -138,10 +138,11 @@ async def test_a_zombie_owner_writes_nothing_after_a_survivor_took_its_turn_over
 ) -> None:
     """SIGSTOP the owner past its lease: a survivor takes the lease over (new token) and closes the turn.
     SIGCONT: the zombie's pending text and its stop's writes are refused by the fence (counted in its log),
-    the database is byte-for-byte what the survivor left, and the zombie stops its model call."""
-    owner, survivor = await replicas(2)
+    the database is byte-for-byte what the survivor left, and the zombie stops its model call. Its
+    /metrics counts the refusals (parley_fenced_writes_total), the survivor's none."""
+    owner, survivor = await replicas(2, PARLEY_METRICS="1")
     upstream.enqueue(Script.words(3000, delay=0.01))
-    async with clients(owner, survivor) as (a, _b):
+    async with clients(owner, survivor) as (a, b):
         sid = await new_session(a)
         turn_id = (await post(a, sid, "tell me a long story"))["turn_id"]
         await until(lambda: streaming_started(pg, turn_id))
@@ -158,9 +159,22 @@ async def test_a_zombie_owner_writes_nothing_after_a_survivor_took_its_turn_over
         for part_after, part_closed in zip(after, closed, strict=True):
             assert [x for x in part_after if x not in part_closed] == []
         assert after == closed
+        assert sum((await fenced_writes(a)).values()) > 0
+        assert sum((await fenced_writes(b)).values()) == 0
     assert "lost its lease" in owner.log()
     [request] = chat_requests(upstream)
     await until(lambda: _true(request.disconnected), seconds=LEASE_SECONDS * 3)
+
+
+async def fenced_writes(client: httpx.AsyncClient) -> dict[str, float]:
+    """parley_fenced_writes_total from the replica's /metrics, by what was refused."""
+    text = (await client.get("/metrics")).text
+    prefix = "parley_fenced_writes_total{"
+    return {
+        line[len(prefix) :].split("}")[0]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
 
 
 async def _logged(log: str, text: str) -> bool:
