@@ -66,7 +66,7 @@ def markdown(run: dict[str, Any]) -> str:
     """Every level of both capacity searches, with where the machine's time went."""
     rows = [
         "| replicas | sessions | turns | ratio p50 | ratio p99 | errors | CPU/chunk µs | replicas' CPU "
-        "| loop lag p99 ms | cores busy | upstream / client / Redis CPU | within |",
+        "| loop lag p99 ms | cores busy | upstream / client / Redis / PostgreSQL CPU | within |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for which in ("one", "two"):
@@ -75,12 +75,15 @@ def markdown(run: dict[str, Any]) -> str:
             utils = " / ".join(f"{r['util']:.0%}" for r in window["replicas"])
             lags = " / ".join(f"{r['loop_lag']['p99_ms']:.1f}" for r in window["replicas"])
             cores = " / ".join(f"{share:.0%}" for share in window["core_busy_share"].values())
-            redis = window.get("redis_util")
+            engines = " / ".join(
+                "–" if window.get(key) is None else f"{window[key]:.0%}"
+                for key in ("redis_util", "postgres_util")
+            )
             rows.append(
                 f"| {level['replicas']} | {level['concurrency']} | {level['turns']} | "
                 f"{level['duration_ratio']['p50']} | {level['duration_ratio']['p99']} | "
                 f"{level['errors']['count']} | {level['cpu_per_chunk_us']} | {utils} | {lags} | {cores} | "
                 f"{window['upstream_util']:.0%} / {window['client_util']:.0%} / "
-                f"{'–' if redis is None else f'{redis:.0%}'} | {'✅' if level['passed'] else '❌'} |"
+                f"{engines} | {'✅' if level['passed'] else '❌'} |"
             )
     return "\n".join([f"{run.get('note', '')}.", "", *rows])

@@ -1,5 +1,6 @@
 """A measurement window over several replicas (bench/replicas.py): each replica's CPU and event-loop lag,
-the upstream's and the load client's CPU, how busy every core of the machine was, and Redis's own CPU.
+the upstream's and the load client's CPU, how busy every core of the machine was, and the CPU of Redis and
+of PostgreSQL's processes.
 
 Unlike load.Probe (one server alone on its core), the replicas share the machine with the upstream, the
 load client, PostgreSQL and Redis: so the window reports every core's busy share rather than "others on
@@ -14,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from bench.client import HttpConn
-from bench.procs import ServerProcess, UpstreamProcess, core_busy_seconds
+from bench.procs import ServerProcess, UpstreamProcess, core_busy_seconds, cpu_seconds
 
 
 class RedisCpu:
@@ -43,6 +44,23 @@ class RedisCpu:
         return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds of every PostgreSQL process on this machine, by pid (its backends for every database,
+    ours among them, and its own workers): where a core's time went that none of our processes took."""
+    found: dict[int, float] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm", encoding="utf-8") as comm:
+                if comm.read().strip() != "postgres":
+                    continue
+            found[int(entry)] = cpu_seconds(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 def _cores() -> list[int]:
     """Every core of the machine (not the orchestrator's affinity: it pinned itself to one)."""
     return list(range(os.cpu_count() or 1))
@@ -64,6 +82,7 @@ class Window:
             "client": time.process_time(),
             "cores": {core: core_busy_seconds(core) for core in _cores()},
             "redis": self.redis_cpu.seconds(),
+            "postgres": postgres_cpu(),
         }
 
     async def start(self) -> None:
@@ -99,6 +118,10 @@ class Window:
         }
         redis = None if end["redis"] is None or start["redis"] is None else end["redis"] - start["redis"]
         upstream, client = end["upstream"] - start["upstream"], end["client"] - start["client"]
+        # Backends that lived through the window (the replicas' pools keep theirs open).
+        postgres = sum(
+            cpu - start["postgres"][pid] for pid, cpu in end["postgres"].items() if pid in start["postgres"]
+        )
         return {
             "wall_s": round(wall, 3),
             # summary.streaming's CPU per chunk: every replica's CPU, over the chunks the upstream sent.
@@ -107,6 +130,7 @@ class Window:
             "upstream_util": round(upstream / wall, 3),
             "client_util": round(client / wall, 3),
             "redis_util": None if redis is None else round(redis / wall, 3),
+            "postgres_util": round(postgres / wall, 3),
             # Every core's busy share of the window (ours, PostgreSQL's, Redis's and anyone else's work).
             "core_busy_share": busy,
         }

@@ -145,7 +145,8 @@ async def level(
     busy = ", ".join(f"{share:.0%}" for share in window["core_busy_share"].values())
     say(
         f"  {len(replicas)} replica(s), {sessions} sessions: ratio p50 {ratio['p50']} p99 {ratio['p99']}, "
-        f"errors {found['errors']['count']}, replicas at {utils} of a core, cores busy {busy}: "
+        f"errors {found['errors']['count']}, replicas at {utils} of a core, PostgreSQL at "
+        f"{window['postgres_util']:.0%}, cores busy {busy}: "
         f"{'within' if passed else 'over'} {config.replica_ratio_limit}"
     )
     return {"concurrency": sessions, "replicas": len(replicas), "passed": passed, **found}
