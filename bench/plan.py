@@ -66,8 +66,9 @@ class Config:
     tool_calls: int = 200
     # Several replicas (bench/replicas.py). Capacity: the most sessions whose turns keep duration p50 within
     # `replica_ratio_limit` of the upstream's, found by stepping the level from `replica_start` (one
-    # replica; two start at 1.8 times its capacity, stepping twice as far) and halving the gap once a
-    # level passed and one failed; at most `replica_searches` levels each, `replica_rounds` turns a session.
+    # replica; two start at 1.8 times its capacity, stepping twice as far; a failing level is halved) and
+    # halving the gap once a level passed and one failed; at most `replica_searches` levels each, and
+    # `replica_rounds` turns a session.
     replica_start: int = 40
     replica_step: int = 20
     replica_searches: int = 6

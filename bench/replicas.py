@@ -163,8 +163,9 @@ def bounds(tried: dict[int, dict[str, Any]]) -> tuple[int | None, int | None]:
 
 
 async def capacity(measure: Measure, start: int, step: int, budget: int) -> dict[str, Any]:
-    """Steps from `start` by `step` (up while levels pass, down while they fail) until the outcome changes,
-    then halves the gap between the best pass and the lowest failure; at most `budget` levels in all.
+    """From `start`: up by `step` while levels pass, or halving while they fail (a failing first guess
+    says nothing of how far off it was), until the outcome changes; then halves the gap between the best
+    pass and the lowest failure until it is within a tenth of the pass; at most `budget` levels in all.
     `bounded` is False when no level failed: the capacity is then a floor, not the measured limit."""
     tried: dict[int, dict[str, Any]] = {}
 
@@ -176,13 +177,13 @@ async def capacity(measure: Measure, start: int, step: int, budget: int) -> dict
     current = max(1, start)
     first = await passes(current)
     while len(tried) < budget:
-        following = current + step if first else max(1, current - step)
+        following = current + step if first else max(1, current // 2)
         if following == current or await passes(following) != first:
             break
         current = following
     while len(tried) < budget:
         low, high = bounds(tried)
-        if low is None or high is None or high - low <= max(1, step // 4):
+        if low is None or high is None or high - low <= max(1, low // 10):
             break
         await passes((low + high) // 2)
     low, high = bounds(tried)

@@ -25,20 +25,28 @@ def limited(limit: int, calls: list[int]) -> Any:
 async def test_stepping_up_then_halving_the_gap_finds_the_limit_from_below() -> None:
     calls: list[int] = []
     found = await capacity(limited(87, calls), start=40, step=20, budget=8)
-    # 40, 60, 80 pass, 100 fails; then 90 (fails), 85 (passes): within a quarter step of the limit.
+    # 40, 60, 80 pass, 100 fails; then 90 (fails), 85 (passes): 85..90 is within a tenth of 85.
     assert calls == [40, 60, 80, 100, 90, 85]
     assert found["capacity"] == 85
     assert found["bounded"] is True
     assert [level["concurrency"] for level in found["levels"]] == sorted(calls)
 
 
-async def test_a_failing_start_steps_down_until_a_level_passes() -> None:
+async def test_a_failing_start_halves_until_a_level_passes_then_closes_in() -> None:
     calls: list[int] = []
     found = await capacity(limited(95, calls), start=160, step=40, budget=6)
-    # 160 and 120 fail, 80 passes; then 100 (fails), 90 (passes): a gap of a quarter step is left.
-    assert calls == [160, 120, 80, 100, 90]
-    assert found["capacity"] == 90
+    # 160 fails, 80 passes; then 120 and 100 fail, 90 and 95 pass, and the budget is spent.
+    assert calls == [160, 80, 120, 100, 90, 95]
+    assert found["capacity"] == 95
     assert found["bounded"] is True
+
+
+async def test_the_search_stops_within_a_tenth_of_the_capacity() -> None:
+    calls: list[int] = []
+    found = await capacity(limited(52, calls), start=40, step=20, budget=20)
+    # 40 passes, 60 fails; 50 passes, 55 fails, and 50..55 is within a tenth of 50: no further level.
+    assert calls == [40, 60, 50, 55]
+    assert found["capacity"] == 50
 
 
 async def test_the_budget_bounds_the_levels_measured() -> None:
