@@ -128,10 +128,15 @@ class HttpConn:
 class EventStream:
     """One open SSE stream of a session, read in a task."""
 
-    def __init__(self, port: int, session_id: str, after: int | None = None) -> None:
+    def __init__(
+        self, port: int, session_id: str, after: int | None = None, *, arrivals: bool = False
+    ) -> None:
         self.port = port
         self.session_id = session_id
         self.after = after
+        # With `arrivals`: when every event, by id, was read (the multi-replica stage compares two streams
+        # of one session event by event); off elsewhere, where a stream reads thousands of events.
+        self.arrivals: dict[int, float] | None = {} if arrivals else None
         self.first: dict[str, float] = {}
         self.counts: Counter[str] = Counter()
         self.data: dict[str, list[dict[str, Any]]] = {}
@@ -210,6 +215,8 @@ class EventStream:
                 kind = line[7:]
             elif line.startswith(b"id: "):
                 self.last_id = int(line[4:])
+                if self.arrivals is not None:
+                    self.arrivals.setdefault(self.last_id, at)
             elif line.startswith(b"data: "):
                 data = line[6:]
             elif line.startswith(b"retry:"):

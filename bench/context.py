@@ -83,9 +83,12 @@ class Context:
         adapter: str | None = None,
         debug: bool = True,
         extra: dict[str, str] | None = None,
+        core: int | None = None,
     ) -> ServerProcess:
+        """A server on the server's core, or on `core` (a second replica gets the other one)."""
         env = self.server_env(db or self.fresh_db(label), adapter=adapter, debug=debug, extra=extra or {})
-        server = ServerProcess(env, self.cores.server, self.work / f"server-{label}.log")
+        cpu = self.cores.server if core is None else core
+        server = ServerProcess(env, cpu, self.work / f"server-{label}.log")
         server.spawn()
         return server
 
@@ -97,9 +100,10 @@ class Context:
         db: Path | None = None,
         adapter: str | None = None,
         extra: dict[str, str] | None = None,
+        core: int | None = None,
     ) -> Iterator[ServerProcess]:
         """A started server (ready: the model layer loaded) with debug stats; stopped on the way out."""
-        server = self.spawn(label, db=db, adapter=adapter, extra=extra)
+        server = self.spawn(label, db=db, adapter=adapter, extra=extra, core=core)
         try:
             server.wait_started()
             yield server

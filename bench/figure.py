@@ -17,17 +17,18 @@ class Figure:
     name: str
     value: float | None
     unit: str
-    target: float | None = None  # the most the value may be (every target here is an upper bound)
+    target: float | None = None  # the most the value may be (the least, with at_least)
     baselines: dict[str, float | None] = field(default_factory=dict)  # measured in this run
     peers: dict[str, float | None] = field(default_factory=dict)  # quoted figures of other systems
     note: str = ""
     group: str = "server"  # "server": the targets; "harness": whether the run measured well
+    at_least: bool = False  # the target is a floor (a capacity to reach), not a ceiling
 
     @property
     def passed(self) -> bool | None:
         if self.target is None or self.value is None:
             return None
-        return self.value <= self.target
+        return self.value >= self.target if self.at_least else self.value <= self.target
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.figure import LANGGRAPH, PEER, Figure, get
 from bench.postgres import figures as postgres_figures
+from bench.replica_report import figures as replica_figures
 from bench.tools import figures as tool_figures
 
 
@@ -147,7 +148,8 @@ def build(results: dict[str, Any]) -> list[Figure]:
     ]
     figures += _first_token(results, sweep, at50, c50)
     figures += _demo(results) + _start(results) + _stop(results) + _storage(results)
-    figures += postgres_figures(results) + tool_figures(results) + _harness(results)
+    figures += postgres_figures(results) + tool_figures(results) + replica_figures(results)
+    figures += _harness(results)
     return figures
 
 

@@ -52,18 +52,22 @@ CancelPlan = Callable[[int, int], float | None]
 
 
 class Session:
-    def __init__(self, port: int, index: int, session_id: str, conn: HttpConn) -> None:
+    def __init__(
+        self, port: int, index: int, session_id: str, conn: HttpConn, *, arrivals: bool = False
+    ) -> None:
         self.port = port
         self.index = index
         self.id = session_id
         self.conn = conn
-        self.stream = EventStream(port, session_id)
+        # Where stops go: the session's own connection, or (bench/replicas.py) one to another replica.
+        self.cancel_conn = conn
+        self.stream = EventStream(port, session_id, arrivals=arrivals)
 
     @classmethod
-    async def create(cls, port: int, index: int, model: str) -> Session:
+    async def create(cls, port: int, index: int, model: str, *, arrivals: bool = False) -> Session:
         conn = HttpConn(port)
         body = await conn.json("POST", "/v1/sessions", {"model": model, "tools": []}, expect=201)
-        session = cls(port, index, str(body["id"]), conn)
+        session = cls(port, index, str(body["id"]), conn, arrivals=arrivals)
         await session.stream.open()
         return session
 
@@ -95,7 +99,7 @@ class Session:
         first = await self.stream.wait("text_delta", timeout)
         await asyncio.sleep(max(0.0, first + after - time.monotonic()))
         turn.cancel_sent = time.monotonic()
-        status, _ = await self.conn.request("POST", f"/v1/sessions/{self.id}/cancel", {})
+        status, _ = await self.cancel_conn.request("POST", f"/v1/sessions/{self.id}/cancel", {})
         turn.cancel_answered = time.monotonic()
         turn.cancel_status = status
         # 200 means the turn had already ended by itself: not a stop, so nothing to wait for.
@@ -105,6 +109,8 @@ class Session:
     async def close(self) -> None:
         await self.stream.close()
         await self.conn.close()
+        if self.cancel_conn is not self.conn:
+            await self.cancel_conn.close()
 
 
 async def open_sessions(port: int, count: int, model: str, parallel: int = 32) -> list[Session]:

@@ -21,6 +21,7 @@ STAGES = (
     "idle_streams",
     "postgres",
     "tools",
+    "replicas",
 )
 # "auto" is the server's default (a lean reader for OpenAI-compatible providers once it lands); "litellm"
 # forces litellm's stream for every model through PARLEY_STREAM_ADAPTER (ignored by servers without it).
@@ -63,6 +64,22 @@ class Config:
     idle_streams: int = 2_000
     # Tool calls (bench/tools.py): turns of one call each, per kind of tool.
     tool_calls: int = 200
+    # Several replicas (bench/replicas.py). Capacity: the most sessions whose turns keep duration p50 within
+    # `replica_ratio_limit` of the upstream's, found by stepping the level from `replica_start` (one
+    # replica; two start at 1.8 times its capacity, stepping twice as far; a failing level is halved) and
+    # halving the gap once a level passed and one failed; at most `replica_searches` levels each, and
+    # `replica_rounds` turns a session.
+    replica_start: int = 40
+    replica_step: int = 20
+    replica_searches: int = 6
+    replica_rounds: int = 2
+    replica_ratio_limit: float = 1.10
+    # Cross-replica delivery (streams on both replicas) and cancel (sent to the replica without the turn).
+    replica_delivery_sessions: int = 40
+    replica_cancel_sessions: int = 40
+    # The stop stage's answer length; unlike its smoke size kept in the smoke too (1 s at 5 ms): a stop
+    # crossing replicas on a busy machine can outlast a 0.2 s turn, and then measures nothing.
+    replica_cancel_chunks: int = 200
     stages: tuple[str, ...] = STAGES
     # PARLEY_DEBUG_STALL_MS for every server with debug stats: where the loop was when it stalled this
     # long (app/monitor.py). Off by default: the sampler thread takes the GIL, a little.
@@ -107,6 +124,15 @@ SMOKE = Config(
     replays=1,
     idle_streams=20,
     tool_calls=10,
+    replica_start=2,
+    replica_step=2,
+    replica_searches=2,
+    replica_rounds=1,
+    # Turns of 10 chunks at 5 ms are mostly overhead (a busy CI machine makes them 2-6 times the
+    # upstream's): the smoke checks that the search runs, which any limit they could miss would not.
+    replica_ratio_limit=100.0,
+    replica_delivery_sessions=2,
+    replica_cancel_sessions=4,
 )
 
 
@@ -148,6 +174,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--messages", type=int, help="messages in the seeded long session")
     p.add_argument("--events", type=int, help="events in the seeded replay session")
     p.add_argument("--idle-streams", type=int, help="idle event streams opened at once")
+    p.add_argument("--replica-start", type=int, help="first level of the one-replica capacity search")
+    p.add_argument("--replica-step", type=int, help="the capacity search's step (doubled for two replicas)")
+    p.add_argument("--replica-searches", type=int, help="most levels of each capacity search")
     p.add_argument("--stalls", type=float, dest="stall_ms", help="sample the loop's stack on stalls over MS")
     p.add_argument("--render-only", action="store_true", help="rewrite latest.md/png from latest.json")
     p.add_argument("--only", type=_names(STAGES), help=f"run only these stages ({', '.join(STAGES)})")

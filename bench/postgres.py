@@ -27,8 +27,9 @@ ADMIN_URL = os.environ.get("PARLEY_BENCH_POSTGRES_URL", "postgresql://postgres@1
 
 
 @contextmanager
-def run_database(log_path: Any) -> Iterator[str]:
-    """A migrated database of the run's own; its async URL (PARLEY_DATABASE_URL)."""
+def run_database(log_path: Any, stage: str = "postgres") -> Iterator[str]:
+    """A migrated database of the run's own; its async URL (PARLEY_DATABASE_URL). `stage` names what to
+    skip when no PostgreSQL answers (the replicas stage uses it too)."""
     import psycopg
     from psycopg import sql
     from sqlalchemy.engine import make_url
@@ -38,7 +39,7 @@ def run_database(log_path: Any) -> Iterator[str]:
         admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5)
     except psycopg.Error as exc:
         raise RuntimeError(
-            f"PostgreSQL not reachable at {ADMIN_URL} ({exc}); skip with --skip postgres"
+            f"PostgreSQL not reachable at {ADMIN_URL} ({exc}); skip with --skip {stage}"
         ) from exc
     with admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

@@ -14,6 +14,7 @@ from typing import Any
 
 from bench.figure import Figure, get
 from bench.procs import ROOT, Cores
+from bench.replica_report import markdown as replicas_markdown
 from bench.tools import markdown as tools_markdown
 
 
@@ -105,7 +106,8 @@ def _figure_rows(figures: list[Figure]) -> list[str]:
     rows = ["| figure | ours | target | baseline / peer | ratio | pass |", "|---|---|---|---|---|---|"]
     for figure in figures:
         others, ratios = _others(figure)
-        target = f"≤ {_fmt(figure.target, figure.unit)}" if figure.target is not None else "–"
+        bound = "≥" if figure.at_least else "≤"
+        target = f"{bound} {_fmt(figure.target, figure.unit)}" if figure.target is not None else "–"
         note = f"<br><sub>{figure.note}</sub>" if figure.note else ""
         rows.append(
             f"| {figure.name}{note} | {_fmt(figure.value, figure.unit)} | {target} | {others} | {ratios} | "
@@ -204,6 +206,13 @@ def markdown(results: dict[str, Any], figures: list[Figure]) -> str:
     lines += _stall_rows(results)
     if get(results, "tools", "kinds"):
         lines += ["", "## Tool calls", "", tools_markdown(results["tools"])]
+    if get(results, "replicas", "one", "levels"):
+        lines += [
+            "",
+            "## Several replicas: the capacity searches",
+            "",
+            replicas_markdown(results["replicas"]),
+        ]
     if results.get("errors"):
         lines += ["", "## Stage errors", ""]
         lines += [f"- {e['stage']}: `{e['error'][:300]}`" for e in results["errors"]]

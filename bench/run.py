@@ -3,8 +3,9 @@
 Order: the upstream starts (core 1) and stays up for the whole run; cold starts; the raw-SDK baselines
 (core 0, while no server runs); then per stream adapter one server (core 0) for the concurrency sweep, the
 stop stage and, on the first, the demo model; then a server over a seeded database for storage and idle
-streams; the sweep and storage again on PostgreSQL (bench/postgres.py); last the cost of a tool call per kind
-of tool (bench/tools.py: its own servers, unpinned). A stage that fails is recorded
+streams; the sweep and storage again on PostgreSQL (bench/postgres.py); the cost of a tool call per kind
+of tool (bench/tools.py: its own servers, unpinned); last two replicas on PostgreSQL and Redis
+(bench/replicas.py). A stage that fails is recorded
 (its figures stay empty) and the run goes on; the exit status is 1 if any stage failed, whatever the
 figures say: a missed target is a finding, not an error.
 """
@@ -27,6 +28,8 @@ from bench.figures import build, load_runs
 from bench.plan import Config, config_from, parser
 from bench.postgres import postgres
 from bench.procs import ROOT, Cores, UpstreamProcess, pin_self, raise_nofile
+from bench.replica_report import turn_errors as replica_turn_errors
+from bench.replicas import replicas
 from bench.report import machine, write
 from bench.startup import baselines, cold_start
 from bench.storage import storage
@@ -102,13 +105,15 @@ async def _stages(ctx: Context, results: dict[str, Any]) -> None:
         calls, work = ctx.config.tool_calls, ctx.work / "tools"
         measured = partial(asyncio.to_thread, measure_tools, work, calls)
         results["tools"] = await guarded(results, "tools", measured)
+    if "replicas" in stages:
+        results["replicas"] = await guarded(results, "replicas", lambda: replicas(ctx))
 
 
 def _turn_errors(results: dict[str, Any]) -> int:
     runs = load_runs(results)
     for baseline in (results.get("baselines") or {}).values():
         runs += baseline["levels"]
-    return sum(int(run["errors"]["count"]) for run in runs)
+    return sum(int(run["errors"]["count"]) for run in runs) + replica_turn_errors(results)
 
 
 def _peak(ctx: Context, results: dict[str, Any]) -> float | None:
