@@ -67,7 +67,7 @@ run: $(RUN_DEPS) ## Migrate the DB and serve on HOST:PORT (runtime lock only; re
 	$(BIN)/python -m app --host $(HOST) --port $(PORT)
 
 test: $(STAMP) ## ruff check + import contracts + the TypeScript client's tests + chromium + pytest (PYTEST_ARGS=...)
-	$(BIN)/ruff check app tests migrations bench
+	$(BIN)/ruff check app tests migrations bench clients
 	$(BIN)/lint-imports
 	$(MAKE) --no-print-directory client-test browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -83,16 +83,16 @@ bench: $(STAMP) ## Benchmark the server against a fake upstream and raw litellm/
 
 lint: $(STAMP) ## ruff check + ruff format --check + import contracts + mypy + hadolint (runs all, fails if any does)
 	@rc=0; \
-	echo "$(BIN)/ruff check app tests migrations bench"; $(BIN)/ruff check app tests migrations bench || rc=1; \
+	echo "$(BIN)/ruff check app tests migrations bench clients"; $(BIN)/ruff check app tests migrations bench clients || rc=1; \
 	echo "$(BIN)/lint-imports"; $(BIN)/lint-imports || rc=1; \
-	echo "$(BIN)/ruff format --check app tests migrations bench"; $(BIN)/ruff format --check app tests migrations bench || rc=1; \
+	echo "$(BIN)/ruff format --check app tests migrations bench clients"; $(BIN)/ruff format --check app tests migrations bench clients || rc=1; \
 	echo "$(BIN)/mypy"; $(BIN)/mypy || rc=1; \
 	echo "$(BIN)/hadolint Dockerfile"; $(BIN)/hadolint Dockerfile || rc=1; \
 	exit $$rc
 
 fmt: $(STAMP) ## Apply ruff format and ruff's safe fixes
-	$(BIN)/ruff format app tests migrations bench
-	$(BIN)/ruff check --fix app tests migrations bench
+	$(BIN)/ruff format app tests migrations bench clients
+	$(BIN)/ruff check --fix app tests migrations bench clients
 
 migrate: $(RUN_DEPS) ## alembic upgrade head
 	mkdir -p data

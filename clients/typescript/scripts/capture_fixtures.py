@@ -5,7 +5,8 @@ directory) on a free port, and for each scenario keeps the raw bytes of the sess
 as the server sent them (retry hint, ids, named events, pings if any), and the history
 (`GET .../messages`) once the turn has ended. The vitest suites replay these bytes through the client.
 
-Run from the repository root with the project's virtualenv: `.venv/bin/python clients/typescript/scripts/capture_fixtures.py`.
+Run from the repository root with the project's virtualenv:
+`.venv/bin/python clients/typescript/scripts/capture_fixtures.py`.
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ def main() -> None:
                 except httpx.TransportError:
                     pass
                 time.sleep(0.1)
-            record(base, "time", [("post", {"content": "what time is it?", "client_message_id": "cm-time-1"})], 1)
+            record(
+                base, "time", [("post", {"content": "what time is it?", "client_message_id": "cm-time-1"})], 1
+            )
             record(
                 base,
                 "stop",
