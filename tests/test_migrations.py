@@ -4,7 +4,11 @@ row, and the files are named by date and slug."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
@@ -21,6 +25,7 @@ from sqlalchemy import types as sa_types
 from sqlmodel import SQLModel
 
 import app.storage.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+from app.storage.engine import MIGRATION_LOCK
 from tests.support.postgres import ScratchDatabase
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,3 +198,43 @@ def test_0004_keeps_every_row_and_gives_old_sessions_the_open_mode_principal(
         assert connection.execute(text("SELECT id, client_message_id FROM queued_messages")).all() == [
             ("m_wait", None)
         ]
+
+
+def test_replicas_migrating_at_once_take_turns(backend: str, sync_url: str, engine: Engine) -> None:
+    """N replicas started together each run `alembic upgrade head` (the image's command): on PostgreSQL
+    they queue on an advisory lock held to each migration's commit, so the first migrates and the others
+    find the database at head, instead of racing on the same CREATE TABLEs. Proven by holding the lock
+    here while three real alembic processes start: all three wait for it, then all succeed."""
+    if backend != "postgresql":
+        pytest.skip("the lock is PostgreSQL's; SQLite serves one process")
+    env = {**os.environ, "PARLEY_DATABASE_URL": sync_url}
+    with engine.connect() as holder:
+        holder.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK})
+        runs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "alembic", "-x", f"url={sync_url}", "upgrade", "head"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for _ in range(3)
+        ]
+        try:
+            deadline = time.monotonic() + 120
+            waiting = 0
+            while waiting < 3:
+                assert time.monotonic() < deadline, f"{waiting} of 3 migrations waited for the lock"
+                assert all(run.poll() is None for run in runs), [run.communicate()[0] for run in runs]
+                time.sleep(0.1)
+                with engine.connect() as probe:
+                    waiting = probe.execute(
+                        text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                    ).scalar_one()
+        finally:
+            holder.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
+            holder.commit()
+        outputs = [run.communicate(timeout=120)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0], outputs
+    assert schema_diff(engine) == []

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 # How long a write waits for SQLite's one write lock before it fails with "database is locked".
 BUSY_TIMEOUT_MS = 10_000
 
+# PostgreSQL: replicas that start at once (the image migrates at every start) take turns on this advisory
+# lock, held to each migration's commit (migrations/env.py); the next one then finds the database at head.
+MIGRATION_LOCK = 0x7061726C6579  # "parley"
+
 
 @dataclass(frozen=True)
 class PoolOptions:
