@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 import redis
@@ -33,6 +34,13 @@ class Cluster:
     b: ServerProcess
     redis_url: str
     prefix: str
+
+    def clients(self) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+        """An HTTP client of each replica (the caller closes them)."""
+        return (
+            httpx.AsyncClient(base_url=self.a.base_url, timeout=30),
+            httpx.AsyncClient(base_url=self.b.base_url, timeout=30),
+        )
 
     def redis_connections(self) -> list[str]:
         """The names of the replicas' open Redis connections (each relay and bus names its own)."""

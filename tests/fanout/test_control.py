@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
 from app.turns.replicas import ReplicaTurns
@@ -22,13 +21,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 __all__ = ["ReplicaTurns"]
 
 
-def clients(cluster: Cluster) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
-    return (
-        httpx.AsyncClient(base_url=cluster.a.base_url, timeout=30),
-        httpx.AsyncClient(base_url=cluster.b.base_url, timeout=30),
-    )
-
-
 def as_log(frames: list[Frame]) -> list[tuple[int, str, str]]:
     return [(f.id, f.event, f.data) for f in frames]
 
@@ -40,7 +32,7 @@ async def test_the_replica_that_does_not_run_the_turn_shows_it_and_streams_to_it
     A's does; a stream on B with `until_idle=true`, opened live mid-turn, ends only after the turn's
     `turn_done`, every frame from its first one on contiguous and byte-identical to the log; once the
     turn is over B's GET shows the session idle."""
-    a, b = clients(cluster)
+    a, b = cluster.clients()
     async with a, b:
         sid = await new_session(a)
         watcher = StreamClient(a, sid)

@@ -26,13 +26,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 __all__ = ["ReplicaTurns"]
 
 
-def clients(cluster: Cluster) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
-    return (
-        httpx.AsyncClient(base_url=cluster.a.base_url, timeout=30),
-        httpx.AsyncClient(base_url=cluster.b.base_url, timeout=30),
-    )
-
-
 async def disconnected(cluster: Cluster, tag: str) -> RecordedRequest:
     """The upstream request of the `[bench tag=...]` message, once its client (a replica) closed it."""
     return await cluster.upstream.await_request(lambda r: r.tag == tag and r.disconnected, within=5.0)
@@ -46,7 +39,7 @@ async def test_a_stream_on_one_replica_gets_the_turn_run_on_the_other_as_logged(
     """The stream on A, the POST on B (the turn runs on B: B's live status names it, A's does not): A's
     stream gets every event, ids contiguous from 1, each frame byte-identical to its row in the event log
     and to B's own replay of the log (GET events after=0)."""
-    a, b = clients(cluster)
+    a, b = cluster.clients()
     async with a, b:
         sid = await new_session(b)
         watcher = StreamClient(a, sid)
@@ -84,7 +77,7 @@ async def test_subscribers_hopping_between_replicas_during_long_turns_miss_nothi
     from the start, two from live). Each ends with exactly the log's frames from its first position on:
     contiguous, byte-identical, none twice, whichever replica served each piece."""
     rng = random.Random(16)
-    a, b = clients(cluster)
+    a, b = cluster.clients()
     async with a, b:
         replicas = [a, b]
         sessions = [await new_session(a), await new_session(b)]
@@ -115,7 +108,7 @@ async def test_a_stop_sent_to_the_other_replica_reaches_the_upstream(cluster: Cl
     """The turn runs on B, the cancel goes to A: A answers with B's result (the turn stopped, its partial
     text named), the upstream sees its connection closed within a second of the cancel, and A's stream
     shows the turn end as cancelled."""
-    a, b = clients(cluster)
+    a, b = cluster.clients()
     async with a, b:
         sid = await new_session(a)
         watcher = StreamClient(a, sid)
@@ -142,7 +135,7 @@ async def test_wait_on_the_replica_that_does_not_run_the_turn_returns_at_its_end
     """POST on B, then GET .../turns/{id}?wait=true on A: A has no in-memory end to wait on, it follows the
     session's events and rows, and answers the ended turn (completed, its final answer) only once the
     log holds its turn_done."""
-    a, b = clients(cluster)
+    a, b = cluster.clients()
     async with a, b:
         sid = await new_session(b)
         accepted = await post(b, sid, bench_content("wait", chunks=60, delay_ms=10))
@@ -156,7 +149,7 @@ async def test_wait_on_the_replica_that_does_not_run_the_turn_returns_at_its_end
 async def test_a_delete_on_the_other_replica_stops_the_turn_and_ends_every_stream(cluster: Cluster) -> None:
     """The turn runs on B, streams watch on A and B, DELETE goes to A: the upstream sees the disconnect,
     both streams end (no client is left watching a deleted session) and neither replica finds it."""
-    a, b = clients(cluster)
+    a, b = cluster.clients()
     async with a, b:
         sid = await new_session(a)
         watchers = [StreamClient(a, sid), StreamClient(b, sid)]
@@ -177,7 +170,7 @@ async def test_many_streams_share_each_replicas_few_redis_connections(cluster: C
     """Sixty streams of thirty sessions on both replicas: each replica still holds one reader connection
     (one XREAD for all its sessions), and the replicas' connections grow by at most the publisher's pool
     taking a second one, never by a connection per stream; a turn on B then reaches every stream on A."""
-    a, b = clients(cluster)
+    a, b = cluster.clients()
     async with a, b:
         before = cluster.redis_connections()
         sessions = [await new_session(a) for _ in range(30)]
@@ -213,7 +206,7 @@ async def test_an_approval_sent_to_the_other_replica_reaches_the_turn(cluster: C
     cluster.upstream.enqueue(
         Script.tool_calls([("call_c", "calculate", '{"expression": "6*7"}')]), Script.text("It is 9.")
     )
-    a, b = clients(cluster)
+    a, b = cluster.clients()
     async with a, b:
         created = await b.post("/v1/sessions", json={"tools": ["calculate"], "approval": ["calculate"]})
         sid = created.json()["id"]
