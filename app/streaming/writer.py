@@ -11,9 +11,8 @@ Batches are a group commit with two speeds. Urgent work (the first delta of a re
 inserts its row, or an event published outside a turn's own write) is committed as soon as the previous
 commit returns: it waits for no tick, and under load batches grow instead of queueing. Text deltas of a
 message already open are not urgent: they ride the next commit, urgent or not, and on their own cause
-at most one commit per `interval` after the last commit of either kind. So the first token reaches a
-client about one commit after the upstream sent it, whatever the load, and a stream of deltas costs at
-most one commit per `interval`.
+at most one commit per `interval`. So the first token reaches a client about one commit after the
+upstream sent it, whatever the load, and a stream of deltas costs at most one commit per `interval`.
 
 Everything else (user messages, response ends, tool results, turn ends) is written by the turn itself,
 because those moments must be durable when they are announced. It writes them in `transaction()`, which
@@ -235,12 +234,9 @@ class WriteBehind:
                     self.urgent_commits += 1
                 else:
                     self.batch_commits += 1
-                # Every batch paces the next interval batch, an urgent one too: it took every pending
-                # delta with it, so an interval batch right after it would commit and fan out to every
-                # stream again for the deltas of a few milliseconds. Under load (a first delta every few
-                # tens of milliseconds) urgent commits then stand in for interval batches instead of
-                # coming on top of them; a delta still waits at most `interval` after the last commit.
-                self._last_commit = time.monotonic()
+                    # Only interval batches pace the next one: an urgent commit took the deltas with it,
+                    # and the next interval batch comes no sooner than it would have.
+                    self._last_commit = time.monotonic()
                 del self._events[:taken]
                 self._mark(written, now)
                 if frames and self._deliver is not None:
