@@ -44,8 +44,9 @@ class ObservedAdapter:
             usage_seen = False
             try:
                 async for part in parts:
-                    if isinstance(part, TextPart):
-                        call.first_output()
+                    if isinstance(part, TextPart):  # per chunk: the hook only for the first
+                        if not output:
+                            call.first_output()
                         output.append(part.text)
                     elif isinstance(part, ToolCallPart):
                         call.first_output()

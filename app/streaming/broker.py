@@ -136,9 +136,10 @@ class Channel:
             self.delivered_seq = frame.seq
             self._ring.append((frame.seq, frame.type, frame.data))
             dropped = [sub for sub in self.subscribers if not sub.push(frame)]
-            for sub in dropped:
-                self.subscribers.discard(sub)
-            streams_dropped(len(dropped))
+            if dropped:  # rare (a slow client): no hook call per frame otherwise
+                for sub in dropped:
+                    self.subscribers.discard(sub)
+                streams_dropped(len(dropped))
         if self.held:
             self._release_held()
 

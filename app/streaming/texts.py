@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from app.storage.tables import ChatMessageRow
+from app.streaming.frames import Draft, json_string
 
 
 class TextBuffer:
@@ -33,3 +35,34 @@ class TextBuffer:
             # Joined once here instead of at every later flush and at the end.
             parts[:] = ["".join(parts)]
         return parts[0], len(parts)
+
+
+def due_texts(
+    buffers: Iterable[TextBuffer], *, now: float, force: bool, interval: float, scope: set[str] | None
+) -> list[TextBuffer]:
+    """The buffers a batch writes: rows to insert, and texts changed since the last write and due (every
+    `interval`, or at once with `force`); with a `scope`, only its sessions' buffers."""
+    return [
+        b
+        for b in buffers
+        if (scope is None or b.session_id in scope)
+        and (
+            b.row is not None or (len(b.parts) != b.flushed_len and (force or now - b.flushed_at >= interval))
+        )
+    ]
+
+
+def rename(texts: dict[str, TextBuffer], events: list[Draft], renamed: dict[str, str]) -> None:
+    """Streamed messages whose id another message held got fresh ids on insert: their buffers (in the
+    writer's `texts`) and their events not committed yet (all of them: the first delta's event commits
+    with the row) take the new id, so clients only ever see it."""
+    for old, new in renamed.items():
+        buffer = texts.pop(old, None)
+        if buffer is None:
+            continue
+        buffer.message_id = new
+        texts[new] = buffer
+        mark, fresh = f',"id":{json_string(old)},', f',"id":{json_string(new)},'
+        for i, draft in enumerate(events):
+            if draft.session_id == buffer.session_id and draft.type == "text_delta":
+                events[i] = draft._replace(rest=draft.rest.replace(mark, fresh, 1))

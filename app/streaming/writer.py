@@ -9,10 +9,13 @@ of sessions in the batch.
 
 Batches are a group commit with two speeds. Urgent work (the first delta of a response, which also
 inserts its row, or an event published outside a turn's own write) is committed as soon as the previous
-commit returns: it waits for no tick, and under load batches grow instead of queueing. Text deltas of a
-message already open are not urgent: they ride the next commit, urgent or not, and on their own cause
-at most one commit per `interval`. So the first token reaches a client about one commit after the
-upstream sent it, whatever the load, and a stream of deltas costs at most one commit per `interval`.
+commit returns: it waits for no tick, and under load batches grow instead of queueing. An urgent batch
+takes only the sessions with urgent work (all their pending events, in order), so it stays small and fans
+out to their streams only: taking every session's deltas made each stream's sends, and the CPU per
+chunk, grow with the rate at which responses start. Text deltas of a message already open are not
+urgent: they ride the next interval batch (or a commit of their own session), at most one commit per
+`interval`. So the first token reaches a client about one commit after the upstream sent it, whatever
+the load, and a stream of deltas costs at most one commit per `interval`.
 
 Everything else (user messages, response ends, tool results, turn ends) is written by the turn itself,
 because those moments must be durable when they are announced. It writes them in `transaction()`, which
@@ -38,14 +41,11 @@ from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
 from app.streaming.commit import commit as _commit
 from app.streaming.fencing import Fence
-from app.streaming.frames import Draft, Frame, Publisher, json_string
+from app.streaming.frames import Draft, Frame, Publisher
 from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch, number
-from app.streaming.texts import TextBuffer
+from app.streaming.texts import TextBuffer, due_texts, rename
 
 log = logging.getLogger(__name__)
-
-__all__ = ["TextBuffer", "WriteBehind"]
-
 
 Deliver = Callable[[Sequence[tuple[str, Frame]]], None]
 
@@ -91,6 +91,8 @@ class WriteBehind:
         self._urgent = asyncio.Event()
         # The session whose turn write is open: its events commit with that write, so they are not urgent.
         self._writing_session: str | None = None
+        # Sessions with urgent work: the next urgent batch commits theirs (and only theirs).
+        self._urgent_sessions: set[str] = set()
         self._last_commit = 0.0
         # Batch commits (interval flushes and urgent ones), and turn writes that carried pending events.
         self.batch_commits = 0
@@ -106,6 +108,7 @@ class WriteBehind:
         if not self._pending.is_set():
             self._pending.set()
         if draft.type != "text_delta" and draft.session_id != self._writing_session:
+            self._urgent_sessions.add(draft.session_id)
             self._urgent.set()
 
     def publisher(self, session_id: str) -> Publisher:
@@ -121,6 +124,7 @@ class WriteBehind:
             # A response's first delta: its row and event go with the next commit, which comes at once.
             self._pending.set()
             if buffer.session_id != self._writing_session:
+                self._urgent_sessions.add(buffer.session_id)
                 self._urgent.set()
 
     def untrack(self, buffer: TextBuffer) -> None:
@@ -154,11 +158,16 @@ class WriteBehind:
             await asyncio.sleep(0)
             self._pending.clear()
             self._urgent.clear()
+            # An interval batch takes everything, the urgent sessions' work too.
+            scope = self._urgent_sessions if urgent else None
+            self._urgent_sessions = set()
             if task is not None:
                 # observability.monitor tells the two kinds of batch apart by the task's name.
                 task.set_name(URGENT_TASK if urgent else BATCH_TASK)
             try:
-                await self.flush(force_text=False, urgent=urgent)
+                await self.flush(force_text=False, urgent=urgent, scope=scope)
+                if scope is not None and self._events:
+                    self._pending.set()  # the other sessions' events: their interval batch is still due
             except Exception as exc:
                 self._failed(exc)
                 self._pending.set()
@@ -173,8 +182,7 @@ class WriteBehind:
             self.failure = None
 
     def _failed(self, exc: Exception) -> None:
-        """A batch failed: its rows and events stay pending for the next. Storage refusing work is logged
-        once per spell, anything else with its traceback."""
+        """A batch failed, its work stays pending: storage's refusal logged once a spell, else a traceback."""
         refusal = storage_refusal(exc)
         if refusal is None:
             log.exception("write-behind flush failed; will retry")
@@ -197,47 +205,53 @@ class WriteBehind:
                 await asyncio.wait_for(self._urgent.wait(), timeout=wait)
         return True
 
-    async def flush(self, *, force_text: bool = True, urgent: bool = False) -> None:
+    async def flush(
+        self, *, force_text: bool = True, urgent: bool = False, scope: set[str] | None = None
+    ) -> None:
+        """Commits the pending rows and events, then delivers the events; with a `scope`, only those of
+        its sessions (an urgent batch), all of each one's, so every session's events stay in order."""
         async with self._lock:
             now = time.monotonic()
-            texts = [
-                b
-                for b in self._texts.values()
-                if b.row is not None
-                or (
-                    len(b.parts) != b.flushed_len
-                    and (force_text or now - b.flushed_at >= self._text_interval)
-                )
-            ]
-            if not self._events and not texts:
+            texts = due_texts(
+                self._texts.values(), now=now, force=force_text, interval=self._text_interval, scope=scope
+            )
+            events = self._events
+            taken = len(events)
+            if not texts and not any(scope is None or d.session_id in scope for d in events):
                 return
-            taken = len(self._events)
             forgotten = self._forgotten
             numbers = self._sequencer.begin()
             async with self._database.session() as db:
                 if self.fence is not None:
                     dropped = await self.fence.screen(
-                        db, {b.session_id for b in texts} | {d.session_id for d in self._events[:taken]}
+                        db,
+                        {b.session_id for b in texts}
+                        | {d.session_id for d in events[:taken] if scope is None or d.session_id in scope},
                     )
                     if dropped:  # their turns lost their leases: nothing of them is written
                         forgotten = forgotten | dropped
                         texts = [b for b in texts if b.session_id not in dropped]
                         self._drop_texts(dropped)
                 written = await self._write_texts(db, texts)
-                # Taken after the texts: a streamed message renamed on insert renames its drafts (_rename).
-                drafts = [d for d in self._events[:taken] if d.session_id not in forgotten]
+                # Taken after the texts: a message renamed on insert renames its drafts (texts.rename).
+                mine = (
+                    events[:taken] if scope is None else [d for d in events[:taken] if d.session_id in scope]
+                )
+                drafts = [d for d in mine if d.session_id not in forgotten]
                 frames = await self._log(db, numbers, drafts, exact=False)
                 await _commit(db, "urgent" if urgent else "batch")
                 # No await from the commit to the delivery: a cancellation comes after both (_commit).
                 numbers.committed()
                 if urgent:
                     self.urgent_commits += 1
-                else:
+                else:  # only interval batches pace the next one: an urgent one took its sessions' work
                     self.batch_commits += 1
-                    # Only interval batches pace the next one: an urgent commit took the deltas with it,
-                    # and the next interval batch comes no sooner than it would have.
                     self._last_commit = time.monotonic()
-                del self._events[:taken]
+                if scope is None:
+                    del events[:taken]
+                else:  # only appended to meanwhile (turn writes wait for the lock)
+                    gone = {id(d) for d in mine}
+                    events[:] = [d for d in events if id(d) not in gone]
                 self._mark(written, now)
                 if frames and self._deliver is not None:
                     self._deliver(frames)
@@ -286,12 +300,7 @@ class WriteBehind:
                     self._mark(written, now)
                     self._turn_committed(finished, mine, frames)
             except BaseException:
-                if mark is not None:
-                    events = self._events
-                    events[mark:] = [d for d in events[mark:] if d.session_id != session_id]
-                # What stays pending must not wait for the interval to be logged.
-                if any(d.session_id == session_id for d in self._events):
-                    self._urgent.set()
+                self._abandoned(session_id, mark)
                 raise
             finally:
                 self._finished = None
@@ -300,10 +309,8 @@ class WriteBehind:
     def _turn_committed(
         self, finished: list[TextBuffer], mine: list[Draft], frames: list[tuple[str, Frame]]
     ) -> None:
-        """After a turn write's commit (no await: see transaction): the buffers it finished leave, its
-        events leave the pending list, and its frames are delivered."""
-        # Not only a batch proves storage works again: a turn's end written by end_durably is one, and a
-        # turn that starts right after it must not see the batches' stale failure.
+        """After a turn write's commit (no await, see transaction): its buffers and events leave; delivery."""
+        # A turn's end written by end_durably also proves storage works: the next turn must not stop on it.
         self._works_again("a turn's write committed")
         for buffer in finished:
             self._texts.pop(buffer.message_id, None)
@@ -313,6 +320,16 @@ class WriteBehind:
             self._events[:] = [d for d in self._events if id(d) not in taken]
         if frames and self._deliver is not None:
             self._deliver(frames)
+
+    def _abandoned(self, session_id: str, mark: int | None) -> None:
+        """A turn's write failed: the events its block published (from `mark` on) go; the session's
+        earlier ones stay pending, and must not wait for the interval to be logged."""
+        events = self._events
+        if mark is not None:
+            events[mark:] = [d for d in events[mark:] if d.session_id != session_id]
+        if any(d.session_id == session_id for d in events):
+            self._urgent_sessions.add(session_id)
+            self._urgent.set()
 
     async def _fenced(self, db: AsyncSession, session_id: str, turn_id: str | None, final: bool) -> None:
         """The fence's check of a transaction (LeaseLost for a turn's write); a write of the waiting line
@@ -337,25 +354,9 @@ class WriteBehind:
             written.append((buffer, count))
         renamed = await repository.insert_messages(db, rows, new_message_id)
         if renamed:
-            self._rename(renamed)
+            rename(self._texts, self._events, renamed)
         await repository.set_message_texts(db, updates)
         return written
-
-    def _rename(self, renamed: dict[str, str]) -> None:
-        """Streamed messages whose id another message held got fresh ids on insert: their buffers and
-        their events not committed yet (all of them: the first delta's event commits with the row) take
-        the new id, so clients only ever see it."""
-        for old, new in renamed.items():
-            buffer = self._texts.pop(old, None)
-            if buffer is None:
-                continue
-            buffer.message_id = new
-            self._texts[new] = buffer
-            mark, fresh = f',"id":{json_string(old)},', f',"id":{json_string(new)},'
-            events = self._events
-            for i, draft in enumerate(events):
-                if draft.session_id == buffer.session_id and draft.type == "text_delta":
-                    events[i] = draft._replace(rest=draft.rest.replace(mark, fresh, 1))
 
     @staticmethod
     def _mark(written: list[tuple[TextBuffer, int]], now: float) -> None:

@@ -40,7 +40,8 @@ from app.storage import repository
 from app.storage.tables import ChatMessageRow
 from app.streaming.fencing import LeaseLost
 from app.streaming.frames import Publisher
-from app.streaming.writer import TextBuffer, WriteBehind
+from app.streaming.texts import TextBuffer
+from app.streaming.writer import WriteBehind
 from app.turns.agent import (
     CallRequest,
 )

@@ -44,7 +44,7 @@ from app.protocol.ids import new_message_id
 from app.protocol.schemas import QueuedMessage
 from app.storage import repository
 from app.streaming.fencing import LeaseLost
-from app.streaming.writer import TextBuffer
+from app.streaming.texts import TextBuffer
 from app.turns.agent import (
     AgentError,
     AgentEvent,

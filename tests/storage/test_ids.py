@@ -16,7 +16,9 @@ from app.protocol import ids
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, QueuedMessageRow
-from app.streaming.writer import WriteBehind
+from app.streaming import texts
+from app.streaming.frames import Draft
+from app.streaming.texts import TextBuffer
 from tests.support.rows import T0, add_sessions
 from tests.support.server import LiveServer
 from tests.support.sse import EventReader
@@ -126,13 +128,13 @@ async def test_a_turn_whose_new_ids_are_all_taken_runs_as_any_other(
     end) is first one the first turn's rows hold: the turn completes, the history has no duplicate, and
     every event names the id its row was stored under."""
     streamed_renames: list[dict[str, str]] = []
-    rename = WriteBehind._rename
+    rename = texts.rename
 
-    def spy(writer: WriteBehind, renamed: dict[str, str]) -> None:
+    def spy(buffers: dict[str, TextBuffer], events: list[Draft], renamed: dict[str, str]) -> None:
         streamed_renames.append(dict(renamed))
-        rename(writer, renamed)
+        rename(buffers, events, renamed)
 
-    monkeypatch.setattr(WriteBehind, "_rename", spy)
+    monkeypatch.setattr("app.streaming.writer.rename", spy)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         sid = (await client.post("/v1/sessions", json={})).json()["id"]
         first = await client.post(f"/v1/sessions/{sid}/messages?wait=true", json={"content": "hello"})

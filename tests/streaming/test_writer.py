@@ -150,8 +150,9 @@ async def test_a_first_delta_commits_at_once_while_other_deltas_wait_for_the_int
     database: Database,
 ) -> None:
     """The group commit: a batch of deltas has just committed and the interval (5 s) has not passed, yet a
-    response's first delta (its row not inserted) commits as soon as it comes, with its row, and takes the
-    other session's waiting deltas along. Deltas alone then wait for the interval."""
+    response's first delta (its row not inserted) commits as soon as it comes, with its row, and only
+    its own session's work: the other session's delta waits for its interval batch (here the last one,
+    at stop), so an urgent commit fans out only to the streams it concerns."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=5.0, deliver=delivered)
     commits = count_commits(database)
@@ -166,8 +167,8 @@ async def test_a_first_delta_commits_at_once_while_other_deltas_wait_for_the_int
         buffer = first_text("s_a", "m_first")
         writer.track(buffer)
         sink("s_a", delta(1))  # the first delta's event
-        await wait_for(lambda: len(delivered.seqs) == 3, timeout=2.0)  # 2 s: well inside the 5 s interval
-        assert delivered.batches[-1] == [("s_b", 2), ("s_a", 1)]
+        await wait_for(lambda: len(delivered.seqs) == 2, timeout=2.0)  # 2 s: well inside the 5 s interval
+        assert delivered.batches[-1] == [("s_a", 1)]
         async with database.session() as db:
             stored = [(r.id, r.content) for r in await repository.list_messages(db, "s_a")]
         assert stored == [("m_first", "Hi")]
@@ -175,13 +176,15 @@ async def test_a_first_delta_commits_at_once_while_other_deltas_wait_for_the_int
         assert len(commits) == 2
     finally:
         await writer.stop()
+    assert delivered.batches[-1] == [("s_b", 2)]  # the last batch, at stop
 
 
 async def test_urgent_work_under_a_stream_of_deltas_keeps_deltas_to_one_batch_per_interval(
     database: Database,
 ) -> None:
     """Deltas every 2 ms and a status event every 30 ms for 0.6 s: each status commits without waiting
-    for the interval (none waits near 0.1 s), while the interval batches stay at least 0.1 s apart."""
+    for the interval (none waits near 0.1 s) and takes only its own session's events along, while the
+    interval batches, which carry the deltas, stay at least 0.1 s apart."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=0.1, deliver=delivered)
     loop = asyncio.get_running_loop()
@@ -198,10 +201,15 @@ async def test_urgent_work_under_a_stream_of_deltas_keeps_deltas_to_one_batch_pe
     batches: list[float] = []
     original = writer.flush
 
-    async def flush(*, force_text: bool = True, urgent: bool = False) -> None:
+    urgent_sessions: set[str] = set()
+
+    async def flush(*, force_text: bool = True, urgent: bool = False, scope: set[str] | None = None) -> None:
         if not urgent and not force_text:  # the loop's interval batches (stop() forces a last one)
             batches.append(loop.time())
-        await original(force_text=force_text, urgent=urgent)
+        before = len(delivered.batches)
+        await original(force_text=force_text, urgent=urgent, scope=scope)
+        if urgent:
+            urgent_sessions.update(sid for batch in delivered.batches[before:] for sid, _ in batch)
 
     writer.flush = flush  # type: ignore[method-assign]
     writer.start()
@@ -224,6 +232,8 @@ async def test_urgent_work_under_a_stream_of_deltas_keeps_deltas_to_one_batch_pe
     assert waits[len(waits) // 2] < 0.04, waits
     gaps = [b - a for a, b in itertools.pairwise(batches)]
     assert gaps and min(gaps) >= 0.09, gaps
+    # The urgent batches took the statuses' session alone: the deltas went with the interval batches.
+    assert writer.urgent_commits > 0 and urgent_sessions == {"s_b"}, (writer.urgent_commits, urgent_sessions)
     assert [s for x, s in delivered.seqs if x == "s_a"] == list(range(1, 301))
 
 
