@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 McpState = Literal["connecting", "connected", "error"]
 _PING_INTERVAL = 5.0
+# How long stop() waits for the holder to end before it cancels it again (see stop()).
+_STOP_RECANCEL = 2.0
 _CLIENT_INFO = types.Implementation(name="parley", version="0.1.0")
 
 
@@ -92,6 +94,7 @@ class McpServer:
         self._client: Client | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         # Set in the stdio server's environment, to find its process group among this process's children.
         self._marker = f"{name}-{secrets.token_hex(8)}"
 
@@ -101,11 +104,19 @@ class McpServer:
         self._task = asyncio.create_task(self._hold(), name=f"mcp:{self.name}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Ends the holder task. A cancel the SDK turns into an error on its way out (its anyio scopes can)
+        is not the end: the holder sees it is stopping and ends, and stop() cancels again until it has (a
+        shutdown hung on one swallowed cancel in CI)."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._stopping = True
+        task.cancel()
+        while not (await asyncio.wait({task}, timeout=_STOP_RECANCEL))[0]:
+            logger.warning("MCP server %r: its holder outlived a cancel; cancelling again", self.name)
+            task.cancel()
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("MCP server %r: its holder ended with %r", self.name, task.exception())
 
     async def _hold(self) -> None:
         delay = self._backoff
@@ -129,6 +140,8 @@ class McpServer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if self._stopping:
+                    raise asyncio.CancelledError from exc  # a cancel the SDK turned into an error
                 reason = _reason(exc)
                 # Once per new reason: a server that stays down does not fill the log every backoff.
                 level = logging.DEBUG if (self.state, self.error) == ("error", reason) else logging.WARNING

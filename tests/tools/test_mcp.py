@@ -171,3 +171,34 @@ async def test_unreachable_server_is_an_error_while_others_work(log: Path) -> No
         assert await call(registry, "up__add", {"a": 1, "b": 2}) == ("3", False, False)
     finally:
         await servers.stop()
+
+
+async def test_stop_ends_a_holder_whose_cancel_the_client_turned_into_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client whose way out turns the holder's cancel into an error (as an anyio scope inside the SDK
+    can): the holder used to log it as a connection failure, back off and connect again, for ever, and
+    shutdown hung on it (CI, test_unreachable_server_is_an_error_while_others_work). stop() returns."""
+    entered = asyncio.Event()
+
+    class SwallowsCancel:
+        async def __aenter__(self) -> None:
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                raise ConnectionError("the stream closed") from None
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    servers = McpServers(
+        {"odd": McpServerConfig(url="http://127.0.0.1:9/mcp")}, backoff=0.01, backoff_max=0.01
+    )
+    server = servers.servers["odd"]
+    monkeypatch.setattr(server, "_client_for", lambda stack: SwallowsCancel())
+    servers.start()
+    await asyncio.wait_for(entered.wait(), 10)
+    async with asyncio.timeout(30):
+        await servers.stop()
+    assert server.tools == []
