@@ -3,10 +3,15 @@ feeds the local broker's channels from the streams of the sessions its clients w
 
 The event log stays the only truth; Redis only carries events faster than polling it would.
 
-- Publishing: after each commit the write-behind hands its frames to this process's broker (local streams
-  get them at once, never through Redis) and to `deliver`, which queues them for one publisher task. It
-  XADDs each frame with its seq as the stream id (`<seq>-0`), so a frame published twice is refused by
-  Redis; each stream is capped (MAXLEN ~) and expires once its session is idle for STREAM_TTL.
+- Publishing: after each commit the write-behind hands its frames to `deliver`, which queues them for one
+  publisher task (woken first, so that the Redis hop does not also wait for the local sends) and to this
+  process's broker (local streams get them at once, never through Redis). Each run of consecutive frames
+  of a session is one XADD (`pack`: types and data joined by newlines, which compact JSON never holds)
+  whose stream id is the run's last seq (`<seq>-0`), so a run published twice is refused by Redis, and a
+  reader starting after any seq gets every run that ends after it. One entry per run instead of one per
+  frame: the commands to encode and the entries to parse are what the hop costs, in CPU on both sides.
+  Each stream is capped (MAXLEN ~) and expires once its session is idle for STREAM_TTL (refreshed at most
+  every EXPIRE_EVERY, not with every batch).
 - Reading: one task, one connection, XREAD BLOCK over the streams of every watched session, each from the
   last seq its channel delivered, so nothing falls between a stream's replay from the log and its live
   frames. A new watched session wakes the reader through a wake stream of this replica's own (an XADD the
@@ -28,7 +33,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -43,6 +48,8 @@ log = logging.getLogger(__name__)
 STREAM_MAXLEN = 2000
 # Seconds a session's stream outlives its last event: idle sessions leave nothing behind.
 STREAM_TTL = 3600
+# A stream's expiry is set again at most this often (seconds) while its session publishes.
+EXPIRE_EVERY = 60.0
 BLOCK_MS = 2000
 READ_COUNT = 2000
 POLL_INTERVAL = 0.5
@@ -56,6 +63,41 @@ FILL_ATTEMPTS = 20
 LoadHeads = Callable[[list[str]], Awaitable[dict[str, int]]]
 
 _ERRORS = (RedisError, OSError, TimeoutError)
+
+
+def pack(frames: Sequence[Frame]) -> Iterator[tuple[int, dict[str, str]]]:
+    """A session's frames, in order, as stream entries: (the id's seq, the fields) for each run of
+    consecutive seqs. A frame whose data holds a newline (never compact JSON) is an entry of its own,
+    whose data `unpack` does not split."""
+    run: list[Frame] = []
+    for frame in frames:
+        alone = "\n" in frame.data
+        if run and (alone or frame.seq != run[-1].seq + 1):
+            yield _entry(run)
+            run = []
+        run.append(frame)
+        if alone:
+            yield _entry(run)
+            run = []
+    if run:
+        yield _entry(run)
+
+
+def _entry(run: list[Frame]) -> tuple[int, dict[str, str]]:
+    if len(run) == 1:
+        return run[0].seq, {"t": run[0].type, "d": run[0].data}
+    return run[-1].seq, {"t": "\n".join(f.type for f in run), "d": "\n".join(f.data for f in run)}
+
+
+def unpack(entry_id: str, fields: dict[str, str]) -> list[Frame]:
+    """The frames of one entry `pack` made."""
+    last = int(entry_id.partition("-")[0])
+    types = fields["t"].split("\n")
+    if len(types) == 1:
+        return [Frame(last, types[0], fields["d"])]
+    first = last - len(types) + 1
+    datas = fields["d"].split("\n")
+    return [Frame(first + i, t, d) for i, (t, d) in enumerate(zip(types, datas, strict=True))]
 
 
 def redis_client(url: str, **options: Any) -> Redis:
@@ -94,6 +136,8 @@ class RedisRelay:
         self._broker: Broker | None = None
         self._outbox: list[tuple[str, Frame]] = []
         self._outbox_ready = asyncio.Event()
+        # When each stream's expiry was last set (monotonic seconds).
+        self._expired: dict[str, float] = {}
         self._reading: set[str] = set()
         self._wake_wanted = False
         self._waker: asyncio.Task[None] | None = None
@@ -114,10 +158,11 @@ class RedisRelay:
     def deliver(self, committed: Sequence[tuple[str, Frame]]) -> None:
         """The write-behind's delivery: local streams at once, other replicas through Redis."""
         assert self._broker is not None
-        self._broker.deliver(committed)
+        # The publisher first: its wake-up then comes before those of the local streams.
         if len(self._outbox) < OUTBOX_LIMIT:
             self._outbox.extend(committed)
             self._outbox_ready.set()
+        self._broker.deliver(committed)
 
     async def _publish_loop(self) -> None:
         while True:
@@ -139,15 +184,20 @@ class RedisRelay:
     async def _publish(self, batch: list[tuple[str, Frame]]) -> None:
         if not batch:
             return
-        pipe = self._client.pipeline(transaction=False)
-        keys: set[str] = set()
+        by_session: dict[str, list[Frame]] = {}
         for session_id, frame in batch:
+            by_session.setdefault(session_id, []).append(frame)
+        pipe = self._client.pipeline(transaction=False)
+        now = time.monotonic()
+        for session_id, frames in by_session.items():
             key = self.key(session_id)
-            keys.add(key)
-            fields = {"t": frame.type, "d": frame.data}
-            pipe.xadd(key, fields, id=f"{frame.seq}-0", maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
-        for key in keys:
-            pipe.expire(key, STREAM_TTL)
+            for seq, fields in pack(frames):
+                pipe.xadd(key, fields, id=f"{seq}-0", maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+            if now - self._expired.get(key, -EXPIRE_EVERY) >= EXPIRE_EVERY:
+                pipe.expire(key, STREAM_TTL)
+                self._expired[key] = now
+        if len(self._expired) > 2 * len(by_session) + 10_000:
+            self._expired = {k: at for k, at in self._expired.items() if now - at < EXPIRE_EVERY}
         for result in await pipe.execute(raise_on_error=False):
             # A duplicate (its id is not above the stream's last) is refused: that is the point of it.
             if isinstance(result, Exception) and not isinstance(result, ResponseError):
@@ -205,7 +255,7 @@ class RedisRelay:
             if key == self._wake_key:
                 self._wake_last = entries[-1][0]
                 continue
-            frames = [Frame(int(id_.partition("-")[0]), f["t"], f["d"]) for id_, f in entries]
+            frames = [frame for id_, fields in entries for frame in unpack(id_, fields)]
             channel = self._broker.existing(key[start:])
             if channel is not None:
                 channel.deliver(frames)

@@ -18,7 +18,7 @@ from app.storage import event_log
 from app.storage.engine import Database
 from app.streaming.broker import Broker, Subscription
 from app.streaming.frames import Frame
-from app.streaming.redis_fanout import STREAM_TTL, RedisRelay
+from app.streaming.redis_fanout import STREAM_TTL, RedisRelay, pack, unpack
 from app.streaming.writer import WriteBehind
 from tests.support.redis import REDIS_URL, RedisServer, own_redis, redis_prefix
 from tests.support.rows import add_sessions
@@ -120,8 +120,11 @@ async def test_events_written_on_one_replica_stream_on_another_as_logged(
     client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         key = f"{redis_prefix}:events:{SID}"
-        ids = [entry_id for entry_id, _ in await client.xrange(key) or []]
-        assert ids == [f"{n}-0" for n in range(1, 51)]
+        entries = await client.xrange(key) or []
+        # One entry per run of consecutive events, its id the run's last seq: 50 events, fewer entries.
+        assert [frame.seq for id_, fields in entries for frame in unpack(id_, fields)] == list(range(1, 51))
+        assert [(f.seq, f.type, f.data) for id_, fs in entries for f in unpack(id_, fs)] == rows
+        assert len(entries) < 50
         assert 0 < await client.ttl(key) <= STREAM_TTL
     finally:
         await client.aclose()
@@ -172,3 +175,14 @@ async def test_without_redis_streams_poll_the_log_and_recover(
     finally:
         await a.close()
         await b.close()
+
+
+def test_a_batch_packs_into_one_entry_per_run_of_consecutive_events() -> None:
+    """Runs split where a seq is skipped (another replica logged it) and around a frame whose data holds
+    a newline; each entry's id is its run's last seq, and unpacking gives back every frame as it was."""
+    delta = [Frame(seq, "text_delta", f'{{"n":{seq}}}') for seq in (3, 4, 5, 7, 8)]
+    assert [seq for seq, _ in pack(delta)] == [5, 8]
+    frames = [*delta[:3], Frame(6, "other", "a\nb"), *delta[3:], Frame(9, "turn_done", "{}")]
+    entries = list(pack(frames))
+    assert [seq for seq, _ in entries] == [5, 6, 9]
+    assert [f for seq, fields in entries for f in unpack(f"{seq}-0", fields)] == frames
