@@ -155,11 +155,12 @@ class ReplicaTurns:
         reads at its next heartbeat, or a sweeper honours once the lease expires), then fast (a broadcast
         its owner hears). The answer is the owner's, as a local cancel gives it; without one (Redis down,
         the reply lost, the owner gone) what the flag did, read from the turn's rows once it ended."""
-        if self._runner.runs(session_id) or await self._open_turn(session_id) is None:
+        if self._runner.runs(session_id):
             return await self._runner.cancel(session_id, clear_queue=clear_queue)
         withdrawn = await self._runner.withdraw(session_id) if clear_queue else []
+        # The flag's UPDATE also finds the running turn: no read before it, one round trip less.
         flagged = await self._runner.keeper.flag_cancel(session_id)
-        if flagged is None:  # it ended meanwhile (or its successor runs here): what a cancel says now
+        if flagged is None:  # none runs (or its successor runs here): what a cancel says now
             result = await self._runner.cancel(session_id)
         else:
             result = await self._owner_stops(flagged)
