@@ -85,3 +85,30 @@ async def test_the_events_of_a_deleted_session_are_dropped(database: Database) -
         assert await event_log.events_after(db, "s_gone", 0, 10) == []
         assert [e.seq for e in await event_log.events_after(db, SID, 0, 10)] == [1, 2, 3, 4]
     assert [sid for sid, _ in delivered] == [SID]
+
+
+async def test_batches_of_many_sessions_on_two_engines_number_each_session_once_without_deadlock(
+    database_url: str, database: Database
+) -> None:
+    """Each batch numbers all its sessions at once (advance_counters); two writers publishing to the
+    same twenty sessions in opposite orders, batch after batch: no deadlock (PostgreSQL would abort one
+    batch), and every session's log is 1..N with each number once."""
+    sids = [f"s_many_{n:02d}" for n in range(20)]
+    await add_sessions(database, *sids)
+    other = Database(database_url)
+    writers = [WriteBehind(db, interval=5.0, sequencer=CounterSequencer()) for db in (database, other)]
+
+    async def log_many(writer: WriteBehind, order: list[str]) -> None:
+        for _ in range(10):
+            for sid in order:
+                writer.add(draft(sid, AgentStatus, status="thinking", turn_id="t_1"))
+                writer.add(draft(sid, AgentStatus, status="idle", turn_id="t_1"))
+            await writer.flush()
+
+    try:
+        await asyncio.gather(log_many(writers[0], sids), log_many(writers[1], sids[::-1]))
+        async with database.session() as db:
+            logged = {sid: [e.seq for e in await event_log.events_after(db, sid, 0, 1000)] for sid in sids}
+    finally:
+        await other.dispose()
+    assert logged == {sid: list(range(1, 2 * 2 * 10 + 1)) for sid in sids}
