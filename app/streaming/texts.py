@@ -5,6 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.protocol.ids import new_message_id
+from app.storage import repository
 from app.storage.tables import ChatMessageRow
 from app.streaming.frames import Draft, json_string
 
@@ -66,3 +70,34 @@ def rename(texts: dict[str, TextBuffer], events: list[Draft], renamed: dict[str,
         for i, draft in enumerate(events):
             if draft.session_id == buffer.session_id and draft.type == "text_delta":
                 events[i] = draft._replace(rest=draft.rest.replace(mark, fresh, 1))
+
+
+async def write_texts(
+    db: AsyncSession, buffers: list[TextBuffer], texts: dict[str, TextBuffer], events: list[Draft]
+) -> list[tuple[TextBuffer, int]]:
+    """Inserts the rows of buffers that have none yet and updates the others' text in `db`'s transaction
+    (a renamed row renames its buffer in `texts` and its drafts in `events`); returns what was written,
+    for `mark_written` once the commit succeeded."""
+    rows: list[ChatMessageRow] = []
+    updates: list[tuple[str, str]] = []
+    written: list[tuple[TextBuffer, int]] = []
+    for buffer in buffers:
+        text, count = buffer.snapshot()
+        if buffer.row is not None:
+            buffer.row.content = text
+            rows.append(buffer.row)
+        else:
+            updates.append((buffer.message_id, text))
+        written.append((buffer, count))
+    renamed = await repository.insert_messages(db, rows, new_message_id)
+    if renamed:
+        rename(texts, events, renamed)
+    await repository.set_message_texts(db, updates)
+    return written
+
+
+def mark_written(written: list[tuple[TextBuffer, int]], now: float) -> None:
+    for buffer, count in written:
+        buffer.row = None
+        buffer.flushed_len = count
+        buffer.flushed_at = now
