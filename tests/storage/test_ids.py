@@ -134,7 +134,7 @@ async def test_a_turn_whose_new_ids_are_all_taken_runs_as_any_other(
         streamed_renames.append(dict(renamed))
         rename(buffers, events, renamed)
 
-    monkeypatch.setattr("app.streaming.writer.rename", spy)
+    monkeypatch.setattr("app.streaming.texts.rename", spy)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         sid = (await client.post("/v1/sessions", json={})).json()["id"]
         first = await client.post(f"/v1/sessions/{sid}/messages?wait=true", json={"content": "hello"})
