@@ -114,17 +114,28 @@ async def expired(db: AsyncSession) -> list[LeaseRecord]:
     return [LeaseRecord(str(t), str(s), int(k)) for t, s, k in found]
 
 
-async def take_over(db: AsyncSession, lease: LeaseRecord, owner: str, token: int, seconds: float) -> bool:
-    """Makes an expired lease `owner`'s under a new token (to close its turn); False when another replica
-    took it first or its owner renewed it meanwhile."""
+async def take_over(
+    db: AsyncSession, lease: LeaseRecord, owner: str, token: int, seconds: float
+) -> bool | None:
+    """Makes an expired lease `owner`'s under a new token (to close or resume its turn): whether a cancel
+    was asked for its turn; None when another replica took it first or its owner renewed it meanwhile."""
     conn = await raw(db)
     now = _now(conn)
     found = await conn.fetchall(
         f"UPDATE turn_leases SET owner = ?, token = ?, expires_at = {now} + ? WHERE turn_id = ? AND token = ?"
-        f" AND state = 'running' AND expires_at <= {now} RETURNING turn_id",
+        f" AND state = 'running' AND expires_at <= {now} RETURNING cancel_requested",
         (owner, token, seconds, lease.turn_id, lease.token),
     )
-    return bool(found)
+    return bool(found[0][0]) if found else None
+
+
+async def expire(db: AsyncSession, token: int) -> None:
+    """Lets a running lease go at once (a replica shutting down leaves a turn that waits for answers to
+    the first sweeper that comes, instead of after the rest of its lease)."""
+    conn = await raw(db)
+    await conn.execute(
+        f"UPDATE turn_leases SET expires_at = {_now(conn)} WHERE token = ? AND state = 'running'", (token,)
+    )
 
 
 async def running_turn_ids(db: AsyncSession) -> set[str]:

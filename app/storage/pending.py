@@ -86,9 +86,10 @@ async def of_turn(db: AsyncSession, turn_id: str) -> list[PendingToolRequestRow]
     return list((await db.exec(query)).all())
 
 
-async def suspended_turns(db: AsyncSession) -> list[str]:
+async def suspended_turns(db: AsyncSession, turn_id: str | None = None) -> list[str]:
     """Turns with a call still waiting for an answer, or approved and not yet started: at startup they
-    resume instead of being closed as interrupted (an open turn, whose turn_done is missing)."""
+    resume instead of being closed as interrupted (an open turn, whose turn_done is missing). With
+    `turn_id`, that turn if it is one (a sweeper taking over a dead replica's turn resumes it too)."""
     done = select(ChatMessageRow.turn_id).where(col(ChatMessageRow.type) == "turn_done")
     query = (
         select(PendingToolRequestRow.turn_id)
@@ -102,6 +103,8 @@ async def suspended_turns(db: AsyncSession) -> list[str]:
         )
         .distinct()
     )
+    if turn_id is not None:
+        query = query.where(col(PendingToolRequestRow.turn_id) == turn_id)
     return list((await db.exec(query)).all())
 
 

@@ -62,6 +62,9 @@ class Fence:
         if lease is not None and lease.turn_id == turn_id and not lease.lost:
             del self._leases[session_id]
 
+    def lease(self, session_id: str) -> Lease | None:
+        return self._leases.get(session_id)
+
     def held(self) -> list[Lease]:
         """The leases to renew."""
         return [lease for lease in self._leases.values() if not lease.lost]

@@ -287,21 +287,28 @@ class TurnLog:
     # --- after a crash -------------------------------------------------------------------------------
 
     async def close_after_restart(
-        self, started_at: str, rows: Sequence[ChatMessageRow], seen_text: Mapping[str, str]
+        self,
+        started_at: str,
+        rows: Sequence[ChatMessageRow],
+        seen_text: Mapping[str, str],
+        *,
+        cancelled: bool = False,
     ) -> None:
         """Closes a turn a crash left open, as a stop by the server would have: its streamed text kept as
         `seen_text` gives it and marked, its calls without a result given TOOL_INTERRUPTED_BY_RESTART, and
         a turn_done interrupted. Its duration runs from its start to this close (downtime included: when
-        the process died is not recorded)."""
+        the process died is not recorded). `cancelled`: a user's cancel was asked for before its process
+        died (multi-replica mode: the flag on its lease), so it closes as that cancel would have:
+        TOOL_INTERRUPTED_BY_USER, and a turn_done cancelled."""
         self._finishing = True
         at = now_iso()
-        done = self._row(
-            "turn_done", at, duration_seconds=_seconds_between(started_at, at), status="interrupted"
-        )
+        status = "cancelled" if cancelled else "interrupted"
+        result = TOOL_INTERRUPTED_BY_USER if cancelled else TOOL_INTERRUPTED_BY_RESTART
+        done = self._row("turn_done", at, duration_seconds=_seconds_between(started_at, at), status=status)
         async with self._transaction(final=True) as db:
             for row in rows:
                 if row.type == "tool_group" and row.result is None:
-                    values = {"result": TOOL_INTERRUPTED_BY_RESTART, "is_error": True, "interrupted": True}
+                    values = {"result": result, "is_error": True, "interrupted": True}
                     await repository.update_message(db, row.id, values)
                     self.interrupted_message_ids.append(row.id)
                     self.interrupted_tool_call_ids.append(row.tool_call_id or "")

@@ -112,6 +112,20 @@ class LeaseKeeper:
                 self.on_waiting(lease.session_id, urgent[lease.session_id])
         self._cancelled &= {lease.token for lease in held}
 
+    async def let_go(self, session_id: str, turn_id: str) -> None:
+        """Expires the lease of a turn this replica leaves unfinished (a shutdown while it waits for
+        answers), so that another replica's sweeper takes it over at its next pass, not a lease later.
+        Best effort: if the database refuses, the lease expires by itself."""
+        lease = self.fence.lease(session_id)
+        if lease is None or lease.turn_id != turn_id or lease.lost:
+            return
+        try:
+            async with self._database.session() as db:
+                await leases.expire(db, lease.token)
+                await db.commit()
+        except Exception as exc:
+            log.warning("turn %s: its lease could not be let go (%s); it expires by itself", turn_id, exc)
+
     async def cancel_elsewhere(self, session_id: str) -> CancelResult | None:
         """Flags the session's running turn (run by another replica) for cancelling, and waits until its
         owner stopped it (or, if the owner is gone, a sweeper closed it); None when no turn runs."""

@@ -87,6 +87,9 @@ class LeasedRunner(Runner):
 
     async def _after_turn(self, session_id: str, state: SessionState) -> None:
         if state.recorder is not None:
+            if state.recorder.detached:
+                # A shutdown left it waiting for answers: the next sweep of another replica resumes it.
+                await self._keeper.let_go(session_id, state.recorder.turn_id)
             self._fence.end(session_id, state.recorder.turn_id)
             self._stopping.discard(state.recorder.turn_id)
         await super()._after_turn(session_id, state)

@@ -86,6 +86,12 @@ class TurnRecorder(WaitLog):
     # (turns.leased_runner); raises TurnBusy when another turn of the session runs.
     claim: Callable[[AsyncSession], Awaitable[None]] | None = None
 
+    @property
+    def detached(self) -> bool:
+        """A shutdown ended the task while the turn waits for answers: it is not closed, it goes on after
+        the restart (or, with several replicas, on the first replica whose sweeper takes it over)."""
+        return self._detach and self.suspended
+
     def request_stop(self, *, by_server: bool = False) -> bool:
         """Stops the turn as soon as no write is in progress. False when it is already ending by itself.
         A stop `by_server` (shutdown) records the turn as interrupted rather than cancelled, or leaves it

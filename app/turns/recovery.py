@@ -68,17 +68,25 @@ async def close_open_turns(
 
 
 async def close_left_turn(
-    database: Database, writer: WriteBehind, live: LiveStatusBoard, session_id: str, turn_id: str
+    database: Database,
+    writer: WriteBehind,
+    live: LiveStatusBoard,
+    session_id: str,
+    turn_id: str,
+    *,
+    cancelled: bool = False,
 ) -> bool:
     """Closes one turn whose process is gone, as a stop by the server would have (TurnLog.
-    close_after_restart); False when it was closed already. In multi-replica mode the caller holds the
-    turn's lease (taken over), and the close releases it."""
+    close_after_restart; as the user's stop would have, if `cancelled`); False when it was closed
+    already. In multi-replica mode the caller holds the turn's lease (taken over), and the close
+    releases it."""
     async with database.session() as db:
         rows = await repository.turn_messages(db, turn_id)
         seen = {row.id: await _seen_text(db, row) for row in rows if _streaming(row)}
     if not rows or any(row.type == "turn_done" for row in rows):
         return False
-    await _turn_log(writer, live, session_id, turn_id).close_after_restart(rows[0].timestamp, rows, seen)
+    closing = _turn_log(writer, live, session_id, turn_id)
+    await closing.close_after_restart(rows[0].timestamp, rows, seen, cancelled=cancelled)
     return True
 
 
@@ -88,19 +96,25 @@ async def resume_suspended(database: Database, runner: Runner) -> int:
     the restart's interrupted result (turns.resume)."""
     async with database.session() as db:
         turn_ids = await pending.suspended_turns(db)
-        turns = [await repository.turn_messages(db, turn_id) for turn_id in turn_ids]
-        sessions = [await repository.get_session(db, rows[0].session_id) for rows in turns]
-    for rows, session in zip(turns, sessions, strict=True):
-        if session is None:
-            continue
-        elapsed = (datetime.now(UTC) - datetime.fromisoformat(rows[0].timestamp)).total_seconds()
-        runner.resume_turn(
-            session, rows[0].turn_id, time.monotonic() - elapsed, last_round(rows, rows[0].turn_id)
-        )
-        log.warning(
-            "turn %s of session %s waits again for answers after a restart", rows[0].turn_id, session.id
-        )
-    return len(turns)
+    resumed = 0
+    for turn_id in turn_ids:
+        if await resume_turn(database, runner, turn_id):
+            resumed += 1
+            log.warning("turn %s waits again for answers after a restart", turn_id)
+    return resumed
+
+
+async def resume_turn(database: Database, runner: Runner, turn_id: str) -> bool:
+    """Runs a suspended turn (pending.suspended_turns) here again, from its rows: its waiting round first.
+    False when its session or its rows are gone, or it has ended."""
+    async with database.session() as db:
+        rows = await repository.turn_messages(db, turn_id)
+        session = await repository.get_session(db, rows[0].session_id) if rows else None
+    if session is None or any(row.type == "turn_done" for row in rows):
+        return False
+    elapsed = (datetime.now(UTC) - datetime.fromisoformat(rows[0].timestamp)).total_seconds()
+    runner.resume_turn(session, turn_id, time.monotonic() - elapsed, last_round(rows, turn_id))
+    return True
 
 
 async def resume_waiting(database: Database, runner: Runner) -> None:

@@ -1,7 +1,14 @@
 """The sweeper (multi-replica mode), on every replica: closes the turns whose owner stopped renewing its
 lease, exactly as crash recovery closes a turn at a restart (turns.recovery.close_left_turn: the partial
-text kept and marked, open tool calls given the interrupted result, turn_done interrupted), then starts
-the session's waiting messages here; and starts the waiting messages of any session no turn runs for.
+text kept and marked, open tool calls given the interrupted result, turn_done interrupted; cancelled, as
+the user's stop would have closed it, when a cancel was flagged on the lease), then starts the session's
+waiting messages here; and starts the waiting messages of any session no turn runs for.
+
+A turn suspended while it waits for answers (a client tool's result, a person's decision) is not closed:
+it is handed over. The sweeper that took its lease resumes it here as a restart resumes it
+(turns.recovery.resume_turn: same requests, same expiry), and answers sent to any replica reach it here.
+A replica shutting down lets such a lease go at once (LeaseKeeper.let_go), so the handover takes a sweep,
+not the rest of the lease.
 
 A lease is taken over before its turn is closed: an UPDATE that gives it this replica's new token only
 if it is still expired and still under the old one, so of several sweepers exactly one closes it, and
@@ -14,14 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from app.storage import leases
+from app.storage import leases, pending
 from app.storage.engine import Database
 from app.streaming.fencing import Lease
 from app.streaming.writer import WriteBehind
 from app.turns.lease import LeaseKeeper, new_token
 from app.turns.leased_runner import LeasedRunner
 from app.turns.live import LiveStatusBoard
-from app.turns.recovery import close_left_turn
+from app.turns.recovery import close_left_turn, resume_turn
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +68,7 @@ class Sweeper:
                 log.exception("lease sweep failed; retrying")
 
     async def sweep(self) -> int:
-        """One pass; returns how many turns it closed."""
+        """One pass; returns how many turns it took over (closed, or resumed here)."""
         async with self._database.session() as db:
             expired = await leases.expired(db)
         closed = 0
@@ -80,16 +87,20 @@ class Sweeper:
     async def _close(self, record: leases.LeaseRecord) -> bool:
         token = new_token()
         async with self._database.session() as db:
-            won = await leases.take_over(db, record, self._keeper.replica_id, token, self._keeper.seconds)
+            flagged = await leases.take_over(db, record, self._keeper.replica_id, token, self._keeper.seconds)
+            suspended = bool(await pending.suspended_turns(db, record.turn_id))
             await db.commit()
-        if not won:
+        if flagged is None:
             return False
         lease = Lease(record.turn_id, record.session_id, token)
         fence = self._keeper.fence
         fence.hold(lease)
+        # Held from here on: renewed by this replica's heartbeat, released by the resumed turn's end.
+        if suspended and not flagged and await self._resume(record):
+            return True
         try:
             closed = await close_left_turn(
-                self._database, self._writer, self._live, record.session_id, record.turn_id
+                self._database, self._writer, self._live, record.session_id, record.turn_id, cancelled=flagged
             )
             if not closed:  # its end was written already: only the lease is left to release
                 async with self._database.session() as db:
@@ -98,6 +109,23 @@ class Sweeper:
         finally:
             fence.end(record.session_id, record.turn_id)
         log.warning(
-            "closed turn %s of session %s: its owner's lease expired", record.turn_id, record.session_id
+            "closed turn %s of session %s (%s): its owner's lease expired",
+            record.turn_id,
+            record.session_id,
+            "cancelled, as its flag asked" if flagged else "interrupted",
         )
         return True
+
+    async def _resume(self, record: leases.LeaseRecord) -> bool:
+        try:
+            resumed = await resume_turn(self._database, self._runner, record.turn_id)
+        except Exception:
+            log.exception("turn %s could not be resumed here; closing it", record.turn_id)
+            return False
+        if resumed:
+            log.warning(
+                "took over turn %s of session %s, which waits for answers: its owner's lease expired",
+                record.turn_id,
+                record.session_id,
+            )
+        return resumed

@@ -40,8 +40,8 @@ async def test_one_running_lease_per_session_renewal_takeover_and_the_fence(data
         await (await db.connection()).execute(text("UPDATE turn_leases SET expires_at = expires_at - 60"))
         [gone] = await leases.expired(db)
         assert await leases.renew(db, [11], 30.0) == {}  # expired: not renewed
-        assert await leases.take_over(db, gone, "b", 33, 30.0)
-        assert not await leases.take_over(db, gone, "c", 44, 30.0)  # once only
+        assert await leases.take_over(db, gone, "b", 33, 30.0) is True  # won, and its cancel flag with it
+        assert await leases.take_over(db, gone, "c", 44, 30.0) is None  # once only
         await db.commit()
     fence = Fence()
     lost: list[str] = []
@@ -60,6 +60,23 @@ async def test_one_running_lease_per_session_renewal_takeover_and_the_fence(data
         assert await leases.running_turn_ids(db) == set()
         # Released: the session may run its next turn.
         assert await leases.claim(db, "t_2", "s_1", "b", 55, 30.0)
+
+
+async def test_a_lease_let_go_is_the_next_sweeps_and_keeps_its_cancel_flag(database: Database) -> None:
+    """A replica shutting down while its turn waits for answers expires the lease at once (`expire`): the
+    next sweep takes it over (take_over says whether a cancel was asked: no). A flagged one says yes."""
+    async with database.session() as db:
+        assert await leases.claim(db, "t_1", "s_1", "a", 11, 30.0)
+        assert await leases.claim(db, "t_2", "s_2", "a", 12, 30.0)
+        assert await leases.request_cancel(db, "s_2") is not None
+        await leases.expire(db, 11)
+        await leases.expire(db, 12)
+        first, second = sorted(await leases.expired(db), key=lambda lease: lease.token)
+        assert first == leases.LeaseRecord("t_1", "s_1", 11)
+        assert await leases.take_over(db, first, "b", 21, 30.0) is False
+        assert await leases.take_over(db, second, "b", 22, 30.0) is True
+        assert await leases.expired(db) == []
+        await db.commit()
 
 
 def _status(seq: int, status: str, turn_id: str) -> tuple[str, int, str, str]:
