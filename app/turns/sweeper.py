@@ -71,20 +71,22 @@ class Sweeper:
         """One pass; returns how many turns it took over (closed, or resumed here)."""
         async with self._database.session() as db:
             expired = await leases.expired(db)
-        closed = 0
+        taken = 0
         for record in expired:
             if self._runner.runs_turn(record.turn_id):
                 continue  # this replica's own: its heartbeat stops it, then a sweep closes it
-            if await self._close(record):
-                closed += 1
+            if await self._take_over(record):
+                taken += 1
             await self._runner.take_waiting(record.session_id)
         async with self._database.session() as db:
             idle = await leases.sessions_waiting_without_turn(db)
         for session_id in idle:
             await self._runner.take_waiting(session_id)
-        return closed
+        return taken
 
-    async def _close(self, record: leases.LeaseRecord) -> bool:
+    async def _take_over(self, record: leases.LeaseRecord) -> bool:
+        """Takes the expired lease; then resumes its turn here if it waits for answers, else closes it.
+        False when another replica took it first."""
         token = new_token()
         async with self._database.session() as db:
             flagged = await leases.take_over(db, record, self._keeper.replica_id, token, self._keeper.seconds)
