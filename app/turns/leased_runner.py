@@ -75,7 +75,7 @@ class LeasedRunner(Runner):
         return opened
 
     async def _line_empty(self, session_id: str, state: SessionState) -> bool:
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             rows = await repository.queued(db, session_id)
         state.waiting = {row.id: queued_message(row) for row in rows}
         return not rows
@@ -144,7 +144,7 @@ class LeasedRunner(Runner):
             recorder = state.recorder
             if state.task is None or recorder is None:
                 return  # the turn ended meanwhile: its end read the line
-            async with self._database.session() as db:
+            async with self._database.read() as db:
                 rows = await repository.queued(db, session_id)
             state.waiting = {row.id: queued_message(row) for row in rows}
         if any(row.delivery == "interrupt" for row in rows):

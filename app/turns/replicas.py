@@ -75,7 +75,7 @@ class ReplicaTurns:
         found = await self._runner.statuses(session_ids)
         elsewhere = [session_id for session_id in session_ids if not self._runner.runs(session_id)]
         if elsewhere:
-            async with self._database.session() as db:
+            async with self._database.read() as db:
                 running = await leases.running_statuses(db, elsewhere)
             found.update({sid: _announced(*running[sid]) for sid in elsewhere if sid in running})
         return found
@@ -221,7 +221,7 @@ class ReplicaTurns:
         return None
 
     async def _open_turn(self, session_id: str) -> str | None:
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             return await turn_queries.open_turn_id(db, session_id)
 
     # --- waiting ---------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ class ReplicaTurns:
         subscription = await self._fanout.subscribe(session_id, None)
         try:
             while True:
-                async with self._database.session() as db:
+                async with self._database.read() as db:
                     row = await repository.get_message(db, message_id)
                     waiting = row is None and await repository.get_queued(db, message_id) is not None
                 if row is not None:
@@ -264,7 +264,7 @@ class ReplicaTurns:
             subscription.close()
 
     async def _turn_state(self, turn_id: str) -> tuple[str, bool] | None:
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             return await turn_queries.turn_state(db, turn_id)
 
     async def _ended(self, turn_id: str) -> bool:
