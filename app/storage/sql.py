@@ -85,6 +85,12 @@ class RawPostgres:
             await cursor.execute(_pyformat(statement, "%b"), columns)
             return int(cursor.rowcount)
 
+    async def fetch_columns(self, statement: str, columns: Sequence[list[Any]]) -> list[tuple[Any, ...]]:
+        """`execute_columns` for a statement that returns rows."""
+        async with self.connection.cursor() as cursor:
+            await cursor.execute(_pyformat(statement, "%b"), columns)
+            return list(await cursor.fetchall())
+
     async def executemany(self, statement: str, params: Sequence[Sequence[Any]]) -> int:
         if not params:
             return 0

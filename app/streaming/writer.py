@@ -47,7 +47,7 @@ from app.streaming.commit import commit as _commit
 from app.streaming.fencing import Fence
 from app.streaming.frames import Draft, Frame, Publisher
 from app.streaming.lanes import Lanes
-from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch, number
+from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
 from app.streaming.texts import TextBuffer, due_texts, mark_written, write_texts
 
 log = logging.getLogger(__name__)
@@ -363,8 +363,7 @@ class WriteBehind:
         commits."""
         if not drafts:
             return []
-        events = await number(db, numbers, drafts)
-        await event_log.log_events(db, [(sid, f.seq, f.type, f.data) for sid, f in events])
+        events = await numbers.log(db, drafts)
         if self._retention is None:
             return events
         heads: dict[str, int] = {}

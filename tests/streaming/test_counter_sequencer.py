@@ -8,14 +8,15 @@ are dropped, never logged."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 
-from app.protocol.events import AgentStatus
+from app.protocol.events import AgentStatus, TextDelta
 from app.storage import event_log
 from app.storage.engine import Database
-from app.streaming.frames import draft
+from app.streaming.frames import Frame, draft
 from app.streaming.sequencing import CounterSequencer
 from app.streaming.writer import WriteBehind
 from tests.support.rows import add_sessions
@@ -112,3 +113,32 @@ async def test_batches_of_many_sessions_on_two_engines_number_each_session_once_
     finally:
         await other.dispose()
     assert logged == {sid: list(range(1, 2 * 2 * 10 + 1)) for sid in sids}
+
+
+async def test_the_log_holds_each_delivered_frame_byte_for_byte(database: Database) -> None:
+    """On PostgreSQL the counters move and the events are logged by one statement, which writes each
+    event's data with its number in it (sequencing._CounterBatch.log): the log must hold exactly the
+    frames delivered, whatever the text (quotes, backslashes, newlines, non-ASCII), in batches of one
+    session and of several."""
+    other = "s_counted_other"
+    await add_sessions(database, other)
+    delivered: list[tuple[str, Frame]] = []
+    writer = WriteBehind(database, interval=5.0, sequencer=CounterSequencer(), deliver=delivered.extend)
+    texts = ['a "quoted" word', "back\\slash", "line\nbreak", "ünïcødé ✓ 中文", '{"seq":1}', "%s ? %b"]
+    for text in texts:
+        writer.add(draft(SID, TextDelta, id="m_1", text=text, turn_id="t_1"))
+    await writer.flush()  # one session
+    for text in texts:
+        writer.add(draft(other, TextDelta, id="m_2", text=text, turn_id="t_2"))
+        writer.add(draft(SID, TextDelta, id="m_1", text=text, turn_id="t_1"))
+    await writer.flush()  # two sessions, interleaved
+    async with database.session() as db:
+        logged = {
+            sid: [(e.seq, e.type, e.data) for e in await event_log.events_after(db, sid, 0, 100)]
+            for sid in (SID, other)
+        }
+    sent = {sid: [(f.seq, f.type, f.data) for s, f in delivered if s == sid] for sid in (SID, other)}
+    assert logged[SID][3:] == sent[SID] and logged[other] == sent[other]
+    assert [seq for seq, _, _ in sent[SID]] == list(range(4, 4 + 2 * len(texts)))
+    assert [json.loads(data)["text"] for _, _, data in sent[other]] == texts
+    assert all(json.loads(data)["seq"] == seq for seq, _, data in sent[SID] + sent[other])
