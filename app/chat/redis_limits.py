@@ -111,7 +111,9 @@ class _Store:
 
     def __init__(self, url: str, prefix: str) -> None:
         self.prefix = prefix
-        self.client: Redis = redis_client(url, socket_timeout=REDIS_TIMEOUT, client_name=f"{prefix}:limits")
+        # REDIS_TIMEOUT bounds each call here (asyncio.timeout, no task of its own): redis-py's socket timeout
+        # would send every command from a task under asyncio.wait_for, a loop turn later, on every POST.
+        self.client: Redis = redis_client(url, socket_timeout=None, client_name=f"{prefix}:limits")
         self._down_until = 0.0
         self._down = False
 
@@ -139,7 +141,8 @@ class _Store:
     async def run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         """The script's answer; raises one of _ERRORS (noted as an outage) when Redis does not give it."""
         try:
-            found = await asyncio.wait_for(script(keys=keys, args=args), REDIS_TIMEOUT)
+            async with asyncio.timeout(REDIS_TIMEOUT):
+                found = await script(keys=keys, args=args)
         except _ERRORS as exc:
             self.failed(exc)
             raise
@@ -277,7 +280,8 @@ class RedisStreamSlots:
         pipe = self._store.client.pipeline(transaction=False)
         for slot in released:
             pipe.zrem(self._store.key("streams", slot.principal), slot.slot_id)
-        await asyncio.wait_for(pipe.execute(), REDIS_TIMEOUT)
+        async with asyncio.timeout(REDIS_TIMEOUT):
+            await pipe.execute()
 
     async def _renew_held(self) -> None:
         by_principal: dict[str, list[str]] = {}

@@ -29,13 +29,17 @@ log = logging.getLogger(__name__)
 Handler = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
 RECONNECT_SECONDS = 0.5
+# Seconds a broadcast may take before it counts as Redis being unreachable.
+PUBLISH_TIMEOUT = 5.0
 _ERRORS = (RedisError, OSError, TimeoutError)
 
 
 class ControlBus:
     def __init__(self, url: str, prefix: str) -> None:
         self.replica_id = uuid.uuid4().hex
-        self._client = redis_client(url, socket_timeout=5, client_name=f"{prefix}:control")
+        # Timeouts are the callers' own (PUBLISH_TIMEOUT): with a socket timeout redis-py sends each command
+        # from a task of its own, a loop turn later, and a stop sent elsewhere would wait for it.
+        self._client = redis_client(url, socket_timeout=None, client_name=f"{prefix}:control")
         self._prefix = prefix
         self._channel = f"{prefix}:control"
         self._reply_channel = f"{prefix}:reply:{self.replica_id}"
@@ -78,7 +82,8 @@ class ControlBus:
             "from": self.replica_id,
         }
         try:
-            await self._client.publish(self._channel, json.dumps(message))
+            async with asyncio.timeout(PUBLISH_TIMEOUT):
+                await self._client.publish(self._channel, json.dumps(message))
         except _ERRORS as exc:
             log.warning("control: Redis unreachable (%s); %s of %s not broadcast", exc, op, session_id)
             return False
@@ -123,7 +128,8 @@ class ControlBus:
         if answer is not None and message.get("id"):
             reply = {"id": message["id"], "answer": answer}
             try:
-                await self._client.publish(f"{self._prefix}:reply:{message['from']}", json.dumps(reply))
+                async with asyncio.timeout(PUBLISH_TIMEOUT):
+                    await self._client.publish(f"{self._prefix}:reply:{message['from']}", json.dumps(reply))
             except _ERRORS as exc:
                 log.warning("control: the answer to %s could not be sent (%s)", message["op"], exc)
 

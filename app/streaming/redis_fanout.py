@@ -5,11 +5,13 @@ The event log stays the only truth; Redis only carries events faster than pollin
 
 - Publishing: after each commit the write-behind hands its frames to `deliver`, which queues them for one
   publisher task (woken first, so that the Redis hop does not also wait for the local sends) and to this
-  process's broker (local streams get them at once, never through Redis). Each run of consecutive frames
-  of a session is one XADD (`pack`: types and data joined by newlines, which compact JSON never holds)
-  whose stream id is the run's last seq (`<seq>-0`), so a run published twice is refused by Redis, and a
-  reader starting after any seq gets every run that ends after it. One entry per run instead of one per
-  frame: the commands to encode and the entries to parse are what the hop costs, in CPU on both sides.
+  process's broker (local streams get them at once, never through Redis). The publisher writes each
+  batch on a connection of its own without waiting for the previous batch's replies (redis_publish).
+  Each run of consecutive frames of a session is one XADD (`pack`: types and data joined by newlines,
+  which compact JSON never holds) whose stream id is the run's last seq (`<seq>-0`), so a run published
+  twice is refused by Redis, and a reader starting after any seq gets every run that ends after it. One
+  entry per run instead of one per frame: the commands to encode and the entries to parse are what the
+  hop costs, in CPU on both sides.
   Each stream is capped (MAXLEN ~) and expires once its session is idle for STREAM_TTL (refreshed at most
   every EXPIRE_EVERY, not with every batch).
 - Reading: one task, one connection, XREAD BLOCK over the streams of every watched session, each from the
@@ -37,11 +39,12 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from app.observability.hooks import fanout_backfilled, redis_state
 from app.streaming.broker import Broker, Channel, LoadFrames
 from app.streaming.frames import Frame
+from app.streaming.redis_publish import Command, Publisher, xadd
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +126,14 @@ class RedisRelay:
         self._poll_interval = poll_interval
         self._sweep_interval = sweep_interval
         # Named, so that CLIENT LIST shows what each connection is for (tests count them).
-        self._client = redis_client(url, socket_timeout=5, client_name=f"{prefix}:fanout")
-        # The reader's own connection: a blocked XREAD holds it.
+        self._client = redis_client(url, socket_timeout=None, client_name=f"{prefix}:fanout")
+        # Committed frames go out on a connection of their own, without waiting for earlier replies.
+        self._publisher = Publisher(url, f"{prefix}:fanout-publish")
+        # The reader's own connection: a blocked XREAD holds it. Its timeout is the read loop's own: with a
+        # socket timeout redis-py sends each command from a task of its own, a loop turn later.
         self._reader = redis_client(
             url,
-            socket_timeout=BLOCK_MS / 1000 + 5,
+            socket_timeout=None,
             single_connection_client=True,
             client_name=f"{prefix}:fanout-reader",
         )
@@ -182,26 +188,24 @@ class RedisRelay:
                 self._publish_failing = False
 
     async def _publish(self, batch: list[tuple[str, Frame]]) -> None:
-        if not batch:
-            return
+        # Handed to the socket, not answered: the publisher reads the replies (redis_publish says why).
+        await self._publisher.send(self._commands(batch))
+
+    def _commands(self, batch: list[tuple[str, Frame]]) -> list[Command]:
         by_session: dict[str, list[Frame]] = {}
         for session_id, frame in batch:
             by_session.setdefault(session_id, []).append(frame)
-        pipe = self._client.pipeline(transaction=False)
+        commands: list[Command] = []
         now = time.monotonic()
         for session_id, frames in by_session.items():
             key = self.key(session_id)
-            for seq, fields in pack(frames):
-                pipe.xadd(key, fields, id=f"{seq}-0", maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+            commands.extend(xadd(key, seq, fields, STREAM_MAXLEN) for seq, fields in pack(frames))
             if now - self._expired.get(key, -EXPIRE_EVERY) >= EXPIRE_EVERY:
-                pipe.expire(key, STREAM_TTL)
+                commands.append(("EXPIRE", key, STREAM_TTL))
                 self._expired[key] = now
         if len(self._expired) > 2 * len(by_session) + 10_000:
             self._expired = {k: at for k, at in self._expired.items() if now - at < EXPIRE_EVERY}
-        for result in await pipe.execute(raise_on_error=False):
-            # A duplicate (its id is not above the stream's last) is refused: that is the point of it.
-            if isinstance(result, Exception) and not isinstance(result, ResponseError):
-                raise result
+        return commands
 
     # --- reading ---------------------------------------------------------------------------------------
 
@@ -224,8 +228,9 @@ class RedisRelay:
             self._wake_wanted = False
             # If Redis fails here the reader is not blocked on it: it polls the log, these sessions too.
             with contextlib.suppress(*_ERRORS):
-                await self._client.xadd(self._wake_key, {"w": "1"}, maxlen=16, approximate=True)
-                await self._client.expire(self._wake_key, STREAM_TTL)
+                async with asyncio.timeout(5):
+                    await self._client.xadd(self._wake_key, {"w": "1"}, maxlen=16, approximate=True)
+                    await self._client.expire(self._wake_key, STREAM_TTL)
 
     async def _read_loop(self) -> None:
         assert self._broker is not None
@@ -238,7 +243,8 @@ class RedisRelay:
             streams.update({self.key(sid): f"{seq}-0" for sid, seq in watched.items()})
             self._reading = set(watched)
             try:
-                reply = await self._reader.xread(streams, count=READ_COUNT, block=BLOCK_MS)  # type: ignore[arg-type]
+                async with asyncio.timeout(BLOCK_MS / 1000 + 5):
+                    reply = await self._reader.xread(streams, count=READ_COUNT, block=BLOCK_MS)  # type: ignore[arg-type]
             except _ERRORS as exc:
                 self._set_connected(False, exc)
                 continue
@@ -346,6 +352,7 @@ class RedisRelay:
         try:
             await asyncio.wait_for(self._reader.ping(), timeout=2.0)
             self._set_connected(True)
+            await asyncio.wait_for(self._publisher.connect(), timeout=2.0)
         except _ERRORS as exc:
             log.warning("fan-out: Redis unreachable at start (%s); streams poll the event log", exc)
         self._spawn(self._publish_loop(), "fanout-publish")
@@ -358,6 +365,9 @@ class RedisRelay:
         # The last batch of the write-behind's final flush, once, without waiting on a Redis that is away.
         batch, self._outbox = self._outbox, []
         with contextlib.suppress(*_ERRORS):
-            await asyncio.wait_for(self._publish(batch), timeout=1.0)
+            async with asyncio.timeout(1.0):
+                await self._publish(batch)
+                await self._publisher.drained()
+        await self._publisher.close()
         await self._client.aclose()
         await self._reader.aclose()
