@@ -70,7 +70,9 @@ class Fence:
         return [lease for lease in self._leases.values() if not lease.lost]
 
     def lose(self, lease: Lease, why: str) -> None:
-        if lease.lost:
+        """The lease is gone: its turn stops. Only a lease still held: a heartbeat reads which leases to
+        renew before it renews them, and a turn that ended in between released its own (not lost)."""
+        if lease.lost or self._leases.get(lease.session_id) is not lease:
             return
         lease.lost = True
         log.warning(

@@ -9,11 +9,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy import text
+from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.settings import Settings
 from app.storage import event_log, leases
 from app.storage.engine import Database
 from app.storage.tables import QueuedMessageRow
 from app.streaming.fencing import Fence, Lease, LeaseLost
+from app.turns.lease import LeaseKeeper
 from tests.support.rows import add_sessions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
@@ -132,3 +135,42 @@ async def test_urgent_waiting_names_the_steer_and_interrupt_messages_of_those_se
         await db.commit()
         assert await leases.urgent_waiting(db, ["s_1", "s_2"]) == {"s_1": {"m_0", "m_2"}}
         assert await leases.urgent_waiting(db, []) == {}
+
+
+async def test_a_turn_that_ends_while_its_renewal_is_under_way_has_not_lost_its_lease(
+    database: Database,
+) -> None:
+    """A heartbeat takes the leases to renew, then renews them; a turn that ends in between releases its
+    lease, so the renewal does not find it. It ended: nothing is stopped and no loss is reported (seen
+    under load as "lost its lease" warnings for turns that had finished). A lease still held that the
+    renewal does not find is lost, as before."""
+    settings = Settings(database_url="sqlite+aiosqlite:///unused.db", lease_seconds=30)
+    fence = Fence()
+    keeper = LeaseKeeper(settings, database, fence)
+    lost: list[str] = []
+    fence.on_lost = lambda lease: lost.append(lease.turn_id)
+    async with database.session() as db:
+        ending = await keeper.claim(db, "s_1", "t_ending")
+        taken = await keeper.claim(db, "s_2", "t_taken")
+        await db.commit()
+    fence.hold(ending)
+    fence.hold(taken)
+    real_renew = leases.renew
+
+    async def renew_while_one_ends(db: AsyncSession, tokens: list[int], seconds: float) -> dict[int, bool]:
+        async with database.session() as other:  # t_ending's last write releases its lease
+            assert await fence.guard(other, "s_1", "t_ending", final=True)
+            await other.commit()
+        fence.end("s_1", "t_ending")
+        async with database.session() as other:  # t_taken's lease is taken by another replica
+            await (await other.connection()).execute(
+                text("UPDATE turn_leases SET token = 77 WHERE turn_id = 't_taken'")
+            )
+            await other.commit()
+        return await real_renew(db, tokens, seconds)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(leases, "renew", renew_while_one_ends)
+        await keeper.beat()
+    assert lost == ["t_taken"]
+    assert not ending.lost and taken.lost
