@@ -94,6 +94,8 @@ async def replicas(pg: ScratchDatabase, upstream: FakeUpstream, tmp_path: Path) 
         for server in started:
             server.resume()
             server.kill()
+            # Shown by pytest only when the test failed: what each replica logged, for the post-mortem.
+            print(f"--- {server.log_path.name} (last 6000 characters)\n{server.log()[-6000:]}")
         with suppress(redis.RedisError, OSError):  # the tests do not need Redis to be there
             remove_keys(REDIS_URL, prefix)
 
