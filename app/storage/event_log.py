@@ -10,7 +10,7 @@ from sqlalchemy import text
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage.sql import RawPostgres, json_text_field, json_text_sql, raw
+from app.storage.sql import Raw, RawPostgres, json_text_field, json_text_sql, raw
 from app.storage.tables import ChatMessageRow, EventRow
 
 
@@ -35,6 +35,13 @@ async def last_event_seqs(db: AsyncSession, session_ids: Sequence[str]) -> dict[
     return heads
 
 
+async def _lock_in_order(conn: Raw, ids: list[str]) -> None:
+    """Locks several sessions' counter rows in id order, as every replica locks a batch's rows (no
+    deadlock); one row needs nothing: the UPDATE's own lock is the only one."""
+    if len(ids) > 1:
+        await conn.fetchall("SELECT id FROM chat_sessions WHERE id = ANY(?) ORDER BY id FOR UPDATE", (ids,))
+
+
 async def advance_counters(db: AsyncSession, counts: dict[str, int]) -> dict[str, int]:
     """`advance_counter` for every session of a batch: each existing session's last number taken. On
     PostgreSQL two statements whatever the number of sessions (one per session was a round trip each,
@@ -48,8 +55,7 @@ async def advance_counters(db: AsyncSession, counts: dict[str, int]) -> dict[str
         return {sid: last for sid, last in taken.items() if last is not None}
     if not ids:
         return {}
-    if len(ids) > 1:  # one row: the UPDATE's own lock is the only one
-        await conn.fetchall("SELECT id FROM chat_sessions WHERE id = ANY(?) ORDER BY id FOR UPDATE", (ids,))
+    await _lock_in_order(conn, ids)
     found = await conn.fetchall(
         "UPDATE chat_sessions AS s SET last_seq = greatest(s.last_seq,"
         " COALESCE((SELECT max(seq) FROM events WHERE session_id = s.id), 0)) + v.n"
@@ -106,8 +112,7 @@ async def advance_and_log(
     ids = sorted(counts)
     if not ids:
         return {}
-    if len(ids) > 1:
-        await conn.fetchall("SELECT id FROM chat_sessions WHERE id = ANY(?) ORDER BY id FOR UPDATE", (ids,))
+    await _lock_in_order(conn, ids)
     columns: list[list[Any]] = [ids, [counts[sid] for sid in ids]]
     columns += [list(column) for column in zip(*events, strict=True)]
     found = await conn.fetch_columns(_ADVANCE_AND_LOG, columns)
