@@ -1,9 +1,9 @@
 """A turn's rows and events from its writes to its end: the base of the recorder.
 
 It holds the turn's state and writes its rows with their events (one transaction each), and closes the
-turn every way a turn can end: completed, failed, stopped (its partial state committed, seed 004), or
-left open by a crash (recovery hands it the turn). The running part, agent events to rows, is
-turns.recorder.TurnRecorder, which extends it.
+turn every way a turn can end, each end one transaction: completed (with its last response), failed,
+stopped (its partial state committed, seed 004), or left open by a crash (recovery hands it the turn).
+The running part, agent events to rows, is turns.recorder.TurnRecorder, which extends it.
 
 Storage that refuses a write (a full disk, a lock held past the busy timeout, an I/O error) must not
 leave a turn half closed: every step of an end changes the turn's state only once its transaction has
@@ -95,12 +95,14 @@ class TurnLog:
     _writing: int = 0
     _stop_requested: bool = False
     _finishing: bool = False
+    # A completed turn's end waits for its turn to write: a stop is taken, and that end records it.
+    _ending: bool = False
     # The task has taken its first step: before it, a cancel would end it without running its body (and
     # the turn would never close), so a stop is only noted and the task acts on it when it begins.
     _begun: bool = False
-    # Steps of an end already committed, so that running the end again (end_durably) skips them.
-    _partial_done: bool = False
-    _error_done: bool = False
+    # The turn's last response, written by the end's transaction (turns.recorder): the agent ends right
+    # after it, and one commit instead of two is one write less for every turn.
+    deferred: Callable[[AsyncSession], Awaitable[None]] | None = None
     # What storage answered while the end cannot be written; None when it is not stuck.
     stalled: StorageUnavailable | None = None
     _stall: asyncio.Event = field(default_factory=asyncio.Event)
@@ -142,49 +144,45 @@ class TurnLog:
 
     # --- ends ----------------------------------------------------------------------------------------
 
-    async def commit_partial(self, tool_result: str, announce: Callable[[], None] | None = None) -> None:
-        """Seed 004's partial-state commit: streamed text is kept and marked, and every call of the
-        interrupted round ends with exactly one result (finished calls keep theirs). `announce` emits
-        the events that go out with this commit. The state is cleared only once the commit succeeded."""
-        if self._partial_done:
-            return
+    async def _write_partial(
+        self, db: AsyncSession, tool_result: str, announce: Callable[[], None] | None
+    ) -> None:
+        """Seed 004's partial state, in the end's transaction: streamed text is kept and marked, and every
+        call of the interrupted round ends with exactly one result (finished calls keep theirs).
+        `announce` emits the events that go out with it. The state is cleared by `_end`, once the
+        transaction committed."""
         buffer, open_tools = self._text, self._open_tools
         unstarted = [c for c in self._round_calls if c.id not in self._started_calls]
         at = now_iso()
         rows = [
             self._tool_row(call, at, result=tool_result, is_error=True, duration_ms=0) for call in unstarted
         ]
-        async with self._transaction() as db:
-            await self._abandon_waiting(db, tool_result)
-            if buffer is not None:
-                self.writer.untrack(buffer)
-                await repository.update_message(
-                    db, buffer.message_id, {"content": buffer.text(), "interrupted": True}
-                )
-            for tool in open_tools.values():
-                await repository.update_message(
-                    db, tool.row_id, {"result": tool_result, "is_error": True, "interrupted": True}
-                )
-            await repository.insert_messages(db, rows, new_message_id)
-            # Named once written: a streamed message's id is final once its row is in (writer._rename).
-            self.interrupted_message_ids = [
-                *([buffer.message_id] if buffer is not None else []),
-                *(tool.row_id for tool in open_tools.values()),
-                *(row.id for row in rows),
-            ]
-            self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
-            if announce is not None:
-                announce()
-        self._partial_done = True
-        self._text, self._open_tools, self._round_calls = None, {}, []
+        await self._abandon_waiting(db, tool_result)
+        if buffer is not None:
+            self.writer.untrack(buffer)
+            await repository.update_message(
+                db, buffer.message_id, {"content": buffer.text(), "interrupted": True}
+            )
+        for tool in open_tools.values():
+            await repository.update_message(
+                db, tool.row_id, {"result": tool_result, "is_error": True, "interrupted": True}
+            )
+        await repository.insert_messages(db, rows, new_message_id)
+        # Named once written: a streamed message's id is final once its row is in (writer._rename).
+        self.interrupted_message_ids = [
+            *([buffer.message_id] if buffer is not None else []),
+            *(tool.row_id for tool in open_tools.values()),
+            *(row.id for row in rows),
+        ]
+        self.interrupted_tool_call_ids = [*open_tools, *(call.id for call in unstarted)]
+        if announce is not None:
+            announce()
 
     async def _abandon_waiting(self, db: AsyncSession, tool_result: str) -> None:
         """Closes the requests of calls that wait for an answer (turns.wait_log); none wait here."""
 
     async def finish_cancelled(self) -> None:
-        self._finishing = True
-        await self.commit_partial(self.stop_tool_result, self._announce_cancelled)
-        await self.close(self.stop_status)
+        await self._end(self.stop_status, partial=self.stop_tool_result, announce=self._announce_cancelled)
 
     def _announce_cancelled(self) -> None:
         self.set_status("idle")
@@ -196,37 +194,85 @@ class TurnLog:
         )
 
     async def finish_failed(self, code: str, message: str) -> None:
-        self._finishing = True
-        await self.commit_partial(TOOL_INTERRUPTED_BY_ERROR)
-        await self.fail(code, message)
-        await self.close("failed")
+        await self._end("failed", partial=TOOL_INTERRUPTED_BY_ERROR, error=(code, message))
 
-    async def fail(self, code: str, message: str) -> None:
-        if self._error_done:
-            return
-        row = self._row("error", now_iso(), role="assistant", content=message, code=code, model=self.model)
-        async with self._transaction() as db:
-            await repository.insert_messages(db, [row], new_message_id)
-            self._emit(
-                ErrorEvent,
-                id=row.id,
-                message=message,
-                code=code,
-                model=self.model,
-                timestamp=row.timestamp,
-                trace_id=current_trace_id(),
-            )
-        self._error_done = True
+    def _error_row(self, code: str, message: str) -> ChatMessageRow:
+        return self._row("error", now_iso(), role="assistant", content=message, code=code, model=self.model)
+
+    def _announce_error(self, row: ChatMessageRow) -> None:
+        self._emit(
+            ErrorEvent,
+            id=row.id,
+            message=row.content or "",
+            code=row.code or "",
+            model=self.model,
+            timestamp=row.timestamp,
+            trace_id=current_trace_id(),
+        )
 
     async def close(self, status: TurnStatus) -> None:
+        await self._end(status)
+
+    async def _write_deferred(self) -> None:
+        """A last response that waits for the turn's end, followed after all by another event: written
+        now, before it (defensive: the agent yields nothing after a response without calls)."""
+        write, self.deferred = self.deferred, None
+        if write is not None:
+            try:
+                async with self._transaction() as db:
+                    await write(db)
+            except BaseException:
+                self.deferred = write
+                raise
+
+    async def _end(
+        self,
+        status: TurnStatus,
+        *,
+        partial: str | None = None,
+        announce: Callable[[], None] | None = None,
+        error: tuple[str, str] | None = None,
+    ) -> None:
+        """The turn's end in one transaction, which releases its lease: the last response if it waits
+        (`deferred`), the partial state of a stop or failure, the error, and turn_done, each with its
+        events in that order. Either all of it commits or none of it does, so `end_durably` can run it
+        again; the turn's state changes only once it committed."""
         if self.closed:
             return
-        self._finishing = True
-        duration = round(time.monotonic() - self.started, 3)
-        row = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
-        async with self._transaction(final=True) as db:
-            await repository.insert_messages(db, [row], new_message_id)
-            self._announce_end(row)
+        # A turn that completes can still be stopped until its end's transaction has its turn to write
+        # (a write of the session before it, an interrupt's, holds it): the stop is then recorded by that
+        # transaction, as it was when the last response was a write of its own (recorder.request_stop).
+        completing = status == "completed"
+        if completing:
+            self._ending = True
+        else:
+            self._finishing = True
+        # The live status goes idle with the end's events; if they do not commit, the turn is still live.
+        live = self.live.get(self.session_id)
+        try:
+            async with self._transaction(final=True) as db:
+                self._finishing = True
+                if completing and self._stop_requested:
+                    status, partial = self.stop_status, self.stop_tool_result
+                    announce = self._announce_cancelled
+                duration = round(time.monotonic() - self.started, 3)
+                done = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
+                if self.deferred is not None:
+                    await self.deferred(db)
+                if partial is not None:
+                    await self._write_partial(db, partial, announce)
+                failure = [self._error_row(*error)] if error is not None else []
+                # Inserted first: a row whose id was taken gets a fresh one, which its event must carry.
+                await repository.insert_messages(db, [*failure, done], new_message_id)
+                for row in failure:
+                    self._announce_error(row)
+                self._announce_end(done)
+        except BaseException:
+            self.live.set(self.session_id, live)
+            raise
+        self.deferred = None
+        if partial is not None:
+            self._text, self._open_tools, self._round_calls = None, {}, []
         self.closed = True
         self.closed_status = status
 

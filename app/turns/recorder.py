@@ -7,7 +7,8 @@ that announce it, so a client never misses what the history holds. A stop takes 
 its writes (request_stop).
 
 Text is accumulated in memory and persisted by the write-behind (at most every second), then written
-for good at response_done, at a stop and at the turn's end. Tool rows are written when the tool starts
+for good at response_done, at a stop and at the turn's end (a turn's last response by the transaction
+that ends the turn: one write for both). Tool rows are written when the tool starts
 and when it ends, so a crash never loses a result that was announced.
 """
 
@@ -104,7 +105,7 @@ class TurnRecorder(WaitLog):
             return False
         if not self._stop_requested:
             self._stop_requested = True
-            if self._begun and not self._writing and self.task is not None:
+            if self._begun and not self._writing and not self._ending and self.task is not None:
                 self.task.cancel()
         return True
 
@@ -227,6 +228,8 @@ class TurnRecorder(WaitLog):
             await self._dispatch(event)
 
     async def _dispatch(self, event: AgentEvent) -> None:
+        if self.deferred is not None:
+            await self._write_deferred()
         if isinstance(event, ResponseStarted):
             self._response_id = new_message_id()
             self._text = None
@@ -273,7 +276,8 @@ class TurnRecorder(WaitLog):
         buffer, self._text = self._text, None
         usage = event.usage
         at = now_iso()
-        async with self._transaction() as db:
+
+        async def write(db: AsyncSession) -> None:
             if buffer is not None:
                 self.writer.untrack(buffer)
                 await repository.update_message(
@@ -290,6 +294,14 @@ class TurnRecorder(WaitLog):
                     at=at,
                 )
             self._announce_response(buffer, event, totals)
+
+        if not event.calls:
+            # The turn's last response (the agent ends after a response without calls): written by the
+            # transaction that ends the turn, whichever end it is, so a turn costs one write less.
+            self.deferred = write
+            return
+        async with self._transaction() as db:
+            await write(db)
 
     def _announce_response(
         self, buffer: TextBuffer | None, event: ResponseFinished, totals: tuple[int, int] | None

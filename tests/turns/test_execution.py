@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from app.llm.gateway import ModelGateway
+from app.llm.types import UsagePart
 from app.protocol.schemas import QueuedMessage
 from app.settings import DEMO_MODEL, Settings
 from app.storage import event_log, repository
@@ -26,7 +27,7 @@ from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.streaming.writer import WriteBehind
 from app.tools.registry import build_default_registry
-from app.turns.agent import AgentRun
+from app.turns.agent import AgentRun, ResponseFinished, ResponseStarted, TextChunk
 from app.turns.execution import AgentFactory, run_turn
 from app.turns.live import LocalLiveStatus
 from app.turns.recorder import TurnRecorder
@@ -166,3 +167,104 @@ async def test_a_failure_while_closing_a_stopped_turn_is_logged_and_never_raised
         await run_stopped(turn.recorder, never_prepared())
     messages = [r.getMessage() for r in caplog.records if r.name == "app.turns.execution"]
     assert messages == [f"closing turn {TURN} failed"]
+
+
+@dataclass
+class _Model:
+    context_window: int | None = 8192
+
+
+class ScriptedAgent:
+    """What TurnRecorder.record reads of an AgentRun: its model and its events, here a plain answer."""
+
+    model = _Model()
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    async def run(self) -> AsyncIterator[object]:
+        yield ResponseStarted()
+        for part in self.parts:
+            yield TextChunk(part)
+        usage = UsagePart(prompt_tokens=7, completion_tokens=3, total_tokens=10)
+        yield ResponseFinished("".join(self.parts), [], "stop", usage, 12)
+
+
+def count_writes(turn: Turn, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The turn's own writes (WriteBehind.transaction), each noted as it begins."""
+    writes: list[str] = []
+    transaction = turn.recorder.writer.transaction
+
+    def counted(session_id: str, **kwargs: Any) -> Any:
+        writes.append(session_id)
+        return transaction(session_id, **kwargs)
+
+    monkeypatch.setattr(turn.recorder.writer, "transaction", counted)
+    return writes
+
+
+async def test_a_completed_turn_commits_its_last_response_with_its_end(
+    turn: Turn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last response (no calls: the agent ends after it) is written by the turn's end: one write
+    for both, its events before the end's, the response's text whole and its usage counted."""
+    writes = count_writes(turn, monkeypatch)
+    await turn.recorder.record(ScriptedAgent("Hello", ", world"))  # type: ignore[arg-type]
+
+    assert writes == [SID]
+    assert await turn.rows() == [
+        ("turn_start", None),
+        ("text", None),
+        ("text", None),
+        ("turn_done", "completed"),
+    ]
+    async with turn.database.session() as db:
+        answer = (await repository.list_messages(db, SID))[2]
+        stored = await repository.get_session(db, SID)
+    assert (answer.content, answer.duration_ms, bool(answer.interrupted)) == ("Hello, world", 12, False)
+    assert stored is not None and stored.total_tokens == 10
+    events = await turn.events()
+    assert [e["type"] for e in events][-5:] == [
+        "text_delta",
+        "response_done",
+        "token_usage",
+        "agent_status",
+        "turn_done",
+    ]
+    assert events[-1]["status"] == "completed" and turn.live.get(SID).agent_status == "idle"
+
+
+async def test_a_stop_while_the_completed_turns_end_waits_to_write_is_recorded(turn: Turn) -> None:
+    """A stop that comes while the end of a completed turn waits for another write of the session (an
+    interrupt's row) is taken, and that end records it: the turn is cancelled, its answer kept whole."""
+    writer = turn.recorder.writer
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def other_write() -> None:
+        async with writer.transaction(SID):
+            held.set()
+            await release.wait()
+
+    other = asyncio.create_task(other_write())
+    await held.wait()
+    recording = turn.recorder.task = asyncio.create_task(turn.recorder.record(ScriptedAgent("Done.")))  # type: ignore[arg-type]
+    turn.recorder.begin()
+    await asyncio.sleep(0.05)
+    assert not recording.done()  # its end waits for the other write
+    assert turn.recorder.request_stop() is True
+    release.set()
+    await asyncio.gather(other, recording)
+
+    assert (await turn.rows())[-2:] == [("text", None), ("turn_done", "cancelled")]
+    async with turn.database.session() as db:
+        answer = (await repository.list_messages(db, SID))[-2]
+    assert (answer.content, bool(answer.interrupted)) == ("Done.", False)
+    events = await turn.events()
+    assert [e["type"] for e in events][-5:] == [
+        "response_done",
+        "token_usage",
+        "agent_status",
+        "agent_cancelled",
+        "turn_done",
+    ]
+    assert events[-2]["interrupted_message_ids"] == []
