@@ -21,12 +21,17 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import functools
 import json
 import logging
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from aiohttp.helpers import proxies_from_env
 
 from app.llm.provider_errors import ended_unfinished, from_status, not_a_stream, provider_error
 from app.llm.routing import Endpoint
@@ -57,15 +62,50 @@ _SSE_FIELDS = frozenset({b"data", b"event", b"id", b"retry"})
 
 def new_http_client() -> aiohttp.ClientSession:
     """The pool the lean reader shares (create it on the loop that uses it): no cap on connections, each
-    stream holds one for its duration; proxies from the environment, as httpx and the openai SDK do."""
+    stream holds one for its duration; proxies from the environment (`env_proxy`), as httpx and the
+    openai SDK do."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
         headers={"user-agent": USER_AGENT, "accept-encoding": "identity"},
-        trust_env=True,
+        # Not aiohttp's trust_env: it looks the proxy up again for every request, and ~/.netrc too, each
+        # in a thread of the default executor (measured: 5% of a turn's CPU, two thread hops before each
+        # request is sent), and credentials it found in ~/.netrc for the provider's host would make every
+        # request fail beside the key's Authorization header.
+        trust_env=False,
         # The body is read as it comes; nothing may buffer or inflate it on the way.
         auto_decompress=False,
         raise_for_status=False,
     )
+
+
+@dataclass(frozen=True)
+class EnvProxy:
+    """Where a provider URL's requests go per the environment: `url` None means straight to the host."""
+
+    url: str | None = None
+    # The proxy's login as a Proxy-Authorization header: in the CONNECT request for an https target
+    # (`connect_headers`), in the request itself for an http one (`headers`), which goes to the proxy.
+    connect_headers: dict[str, str] | None = None
+    headers: dict[str, str] | None = None
+
+
+@functools.lru_cache(maxsize=64)
+def env_proxy(url: str) -> EnvProxy:
+    """The proxy the environment names for `url` and its login, as aiohttp's trust_env finds them
+    (HTTP_PROXY / HTTPS_PROXY by scheme, NO_PROXY, the login from the proxy's URL or ~/.netrc): looked up
+    once per provider URL, since the environment does not change under a running server."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname is not None and urllib.request.proxy_bypass(parts.hostname):
+        return EnvProxy()
+    found = proxies_from_env().get(parts.scheme)
+    if found is None:
+        return EnvProxy()
+    if found.proxy_auth is None:
+        return EnvProxy(str(found.proxy))
+    login = {"Proxy-Authorization": found.proxy_auth.encode()}
+    if parts.scheme == "https":
+        return EnvProxy(str(found.proxy), connect_headers=login)
+    return EnvProxy(str(found.proxy), headers=login)
 
 
 class OpenAICompatAdapter:
@@ -121,12 +161,15 @@ class OpenAICompatAdapter:
         body = endpoint.prepare(request.messages, request.tools)
         # Per read, like LiteLLM's `timeout=`: connecting, the headers, then every gap between chunks.
         timeout = aiohttp.ClientTimeout(total=None, connect=request.timeout, sock_read=request.timeout)
+        proxy = env_proxy(endpoint.url)
         try:
             return await self._client.post(
                 endpoint.url,
                 data=json.dumps(body, separators=(",", ":")).encode(),
-                headers=endpoint.headers,
+                headers={**endpoint.headers, **proxy.headers} if proxy.headers else endpoint.headers,
                 timeout=timeout,
+                proxy=proxy.url,
+                proxy_headers=proxy.connect_headers,
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _before_response(exc, endpoint) from exc

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from app.llm.gateway import ModelGateway
-from app.llm.openai_compat import OpenAICompatAdapter, SSEReader
+from app.llm.openai_compat import OpenAICompatAdapter, SSEReader, env_proxy
 from app.llm.types import (
     FinishPart,
     ModelRequest,
@@ -426,3 +426,101 @@ async def test_a_stall_mid_stream_is_a_timeout(
     assert request.disconnected
     [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "0.3" in line
+
+
+# --- proxies from the environment ------------------------------------------------------------------------
+
+
+class ForwardProxy:
+    """A plain HTTP forward proxy on a real socket: takes the absolute-form request line a client sends
+    a proxy, passes the request on to the host it names in origin form, then relays both ways."""
+
+    def __init__(self) -> None:
+        self.request_lines: list[str] = []
+        self.authorizations: list[str | None] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> ForwardProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+        line, rest = head.split("\r\n", 1)
+        self.request_lines.append(line)
+        found = [h.split(":", 1)[1].strip() for h in rest.split("\r\n") if h.lower().startswith("proxy-auth")]
+        self.authorizations.append(found[0] if found else None)
+        method, target, version = line.split(" ")
+        hostport, path = target.removeprefix("http://").split("/", 1)
+        host, port = hostport.split(":")
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        up_writer.write(f"{method} /{path} {version}\r\n{rest}".encode("latin-1"))
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+
+@pytest.fixture
+def proxy_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytest.MonkeyPatch]:
+    """No proxy settings but the test's own (the lookup is cached per URL: cleared around the test)."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    empty = tmp_path / "empty-netrc"
+    empty.write_text("", encoding="utf-8")
+    monkeypatch.setenv("NETRC", str(empty))
+    env_proxy.cache_clear()
+    yield monkeypatch
+    env_proxy.cache_clear()
+
+
+async def test_a_proxy_from_the_environment_carries_the_stream(
+    tmp_path: Path, upstream: FakeUpstream, proxy_env: pytest.MonkeyPatch
+) -> None:
+    upstream.enqueue(Script.text("Through the proxy."), Script.text("Straight."))
+    async with ForwardProxy() as proxy:
+        proxy_env.setenv("HTTP_PROXY", proxy.url.replace("http://", "http://user:secret@"))
+        async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+            parts = [part async for part in adapter.stream(_request())]
+        assert _summary(parts)[0] == "Through the proxy."
+        (line,) = proxy.request_lines
+        assert line == f"POST {upstream.base_url}/chat/completions HTTP/1.1"
+        assert proxy.authorizations == ["Basic dXNlcjpzZWNyZXQ="]  # user:secret, for the proxy only
+        # NO_PROXY names the upstream's host: the next stream goes straight to it.
+        proxy_env.setenv("NO_PROXY", "127.0.0.1")
+        env_proxy.cache_clear()
+        async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+            parts = [part async for part in adapter.stream(_request())]
+        assert _summary(parts)[0] == "Straight."
+        assert len(proxy.request_lines) == 1
+    assert [r.headers.get("authorization") for r in upstream.requests] == ["Bearer sk-edge"] * 2
+
+
+async def test_credentials_in_netrc_for_the_providers_host_do_not_break_its_requests(
+    tmp_path: Path, upstream: FakeUpstream, proxy_env: pytest.MonkeyPatch
+) -> None:
+    """aiohttp's trust_env sent ~/.netrc's login for the host as well as the key's Authorization header,
+    and refused the request (ValueError) before it left."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login someone password elsewhere\n", encoding="utf-8")
+    netrc.chmod(0o600)
+    proxy_env.setenv("NETRC", str(netrc))
+    upstream.enqueue(Script.text("Answered."))
+    async with lean_adapter(tmp_path, upstream.base_url) as adapter:
+        parts = [part async for part in adapter.stream(_request())]
+    assert _summary(parts)[0] == "Answered."
+    assert upstream.requests[0].headers.get("authorization") == "Bearer sk-edge"
