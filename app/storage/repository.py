@@ -155,6 +155,7 @@ class _Loader:
 
 _SESSIONS = _Loader(ChatSessionRow)
 _MESSAGES = _Loader(ChatMessageRow)
+_QUEUED = _Loader(QueuedMessageRow)
 
 
 async def insert_messages(
@@ -346,12 +347,11 @@ async def enqueue(db: AsyncSession, row: QueuedMessageRow, new_id: Callable[[], 
 
 
 async def queued(db: AsyncSession, session_id: str) -> list[QueuedMessageRow]:
-    query = (
-        select(QueuedMessageRow)
-        .where(col(QueuedMessageRow.session_id) == session_id)
-        .order_by(col(QueuedMessageRow.position))
+    """The session's waiting line in order (read at every turn's start and end with several replicas)."""
+    rows: list[QueuedMessageRow] = await _QUEUED.all(
+        db, "WHERE session_id = ? ORDER BY position", (session_id,)
     )
-    return list((await db.exec(query)).all())
+    return rows
 
 
 async def sessions_with_queue(db: AsyncSession) -> list[str]:
