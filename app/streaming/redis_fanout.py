@@ -24,8 +24,8 @@ The event log stays the only truth; Redis only carries events faster than pollin
   retention pruned them, the session's streams end and their clients resume with a resync.
 - Redis down: the reader polls the log every `poll_interval` for the watched sessions (latency grows,
   nothing is lost), pings Redis meanwhile, and once it answers reads the log once more and goes back to
-  XREAD. Failed publishes are dropped (the log has the frames). Every `sweep_interval` the reader also
-  compares each watched channel with the log's head: whatever could still slip through arrives then.
+  XREAD. Failed publishes are dropped (the log has the frames). Every `sweep_interval` a task beside the
+  reader compares each watched channel with the log's head: whatever could still slip through arrives then.
 """
 
 from __future__ import annotations
@@ -234,7 +234,6 @@ class RedisRelay:
 
     async def _read_loop(self) -> None:
         assert self._broker is not None
-        swept = time.monotonic()
         while True:
             if not self.connected:
                 await self._until_connected()
@@ -249,8 +248,15 @@ class RedisRelay:
                 self._set_connected(False, exc)
                 continue
             self._apply(reply or [])
-            if time.monotonic() - swept >= self._sweep_interval:
-                swept = time.monotonic()
+
+    async def _sweep_loop(self) -> None:
+        """Every `sweep_interval`, while Redis answers, every watched channel brought up to the log's head.
+        A task of its own: inside the read loop, each sweep's read of the log held up every stream's live
+        frames (measured: deliveries on the other replica late by 20-70 ms, every five seconds). A frame
+        the sweep and the reader both bring is delivered once (a channel skips what it has)."""
+        while True:
+            await asyncio.sleep(self._sweep_interval)
+            if self.connected:
                 await self._poll_log()
 
     def _apply(self, reply: Any) -> None:
@@ -357,6 +363,7 @@ class RedisRelay:
             log.warning("fan-out: Redis unreachable at start (%s); streams poll the event log", exc)
         self._spawn(self._publish_loop(), "fanout-publish")
         self._spawn(self._read_loop(), "fanout-read")
+        self._spawn(self._sweep_loop(), "fanout-sweep")
 
     async def stop(self) -> None:
         for task in list(self._tasks):

@@ -151,6 +151,42 @@ async def test_a_hole_in_what_redis_brings_is_filled_from_the_log(
     assert [(f.seq, f.type, f.data) for f in frames] == await logged(a.database)
 
 
+async def test_a_slow_sweep_of_the_log_holds_up_no_live_frame(database_url: str, redis_prefix: str) -> None:
+    """The periodic sweep (every watched channel against the log's head) reads the log beside the reader,
+    not in its loop: while a sweep's read takes a second, frames published meanwhile still arrive at
+    once (in the reader's loop they waited for the sweep: every five seconds, 20-70 ms at load)."""
+    settings = Settings(database_url=database_url, redis_url=REDIS_URL, redis_prefix=redis_prefix)
+    database = Database(database_url)
+    writer, broker, relay = _event_log(settings, database)
+    assert relay is not None
+    sweeping, sweeps = asyncio.Event(), [0]
+    load_heads = relay._load_heads
+
+    async def slow_heads(session_ids: list[str]) -> dict[str, int]:
+        sweeps[0] += 1
+        sweeping.set()
+        await asyncio.sleep(1.0)
+        return await load_heads(session_ids)
+
+    relay._load_heads, relay._sweep_interval = slow_heads, 0.05
+    writer.start()
+    await relay.start()
+    a = Replica(database, writer, broker, relay)
+    b = await replica(database_url, REDIS_URL, redis_prefix)
+    try:
+        await add_sessions(a.database, SID)
+        live = Reader(await a.broker.subscribe(SID, None))
+        await asyncio.wait_for(sweeping.wait(), 2.0)
+        during = sweeps[0]
+        b.publish(5)
+        frames = await live.until(5, within=0.5)
+        assert sweeps[0] == during  # no other sweep began: the first one is still reading
+        assert [f.seq for f in frames] == [1, 2, 3, 4, 5]
+    finally:
+        await b.close()
+        await a.close()
+
+
 async def test_without_redis_streams_poll_the_log_and_recover(
     database_url: str, own_redis: RedisServer
 ) -> None:
