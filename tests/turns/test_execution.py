@@ -203,6 +203,7 @@ def count_writes(turn: Turn, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return writes
 
 
+@pytest.mark.both_backends
 async def test_a_completed_turn_commits_its_last_response_with_its_end(
     turn: Turn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -234,6 +235,7 @@ async def test_a_completed_turn_commits_its_last_response_with_its_end(
     assert events[-1]["status"] == "completed" and turn.live.get(SID).agent_status == "idle"
 
 
+@pytest.mark.both_backends
 async def test_a_stop_while_the_completed_turns_end_waits_to_write_is_recorded(turn: Turn) -> None:
     """A stop that comes while the end of a completed turn waits for another write of the session (an
     interrupt's row) is taken, and that end records it: the turn is cancelled, its answer kept whole."""
