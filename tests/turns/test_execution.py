@@ -235,6 +235,33 @@ async def test_a_completed_turn_commits_its_last_response_with_its_end(
     assert events[-1]["status"] == "completed" and turn.live.get(SID).agent_status == "idle"
 
 
+class TwoAnswers(ScriptedAgent):
+    """An agent that, unlike AgentRun, goes on after a response without calls: another response."""
+
+    async def run(self) -> AsyncIterator[object]:
+        async for event in super().run():
+            yield event
+        async for event in ScriptedAgent("Second.").run():
+            yield event
+
+
+async def test_a_response_without_calls_that_is_not_the_last_is_written_before_what_follows(
+    turn: Turn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recorder defers a response without calls to the turn's end; should anything follow it after
+    all, it is written first, in order, and only the last one rides the end."""
+    writes = count_writes(turn, monkeypatch)
+    await turn.recorder.record(TwoAnswers("First."))  # type: ignore[arg-type]
+
+    assert writes == [SID, SID]
+    async with turn.database.session() as db:
+        texts = [m.content for m in await repository.list_messages(db, SID) if m.role == "assistant"]
+    assert texts == ["First.", "Second."]
+    types = [e["type"] for e in await turn.events()]
+    assert types.count("response_done") == 2 and types[-1] == "turn_done"
+    assert types.index("response_done") < types.index("text_delta", types.index("response_done"))
+
+
 @pytest.mark.both_backends
 async def test_a_stop_while_the_completed_turns_end_waits_to_write_is_recorded(turn: Turn) -> None:
     """A stop that comes while the end of a completed turn waits for another write of the session (an
