@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import select
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -23,6 +24,8 @@ from app.storage.sql import load_json
 
 if TYPE_CHECKING:
     from app.settings import Settings
+
+T = TypeVar("T")
 
 # How long a write waits for SQLite's one write lock before it fails with "database is locked".
 BUSY_TIMEOUT_MS = 10_000
@@ -157,6 +160,18 @@ def _check_alive(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
         raise DisconnectionError("the server closed the connection, or sent on it while idle")
 
 
+def _committed(connection: Any, work: Callable[[sqlite3.Connection], T]) -> T:
+    """In aiosqlite's thread: `work` with the sqlite3 connection, committed, or rolled back if it raises."""
+    sqlite = connection._conn
+    try:
+        result = work(sqlite)
+        sqlite.commit()
+    except BaseException:
+        sqlite.rollback()
+        raise
+    return result
+
+
 class Database:
     """Owns the engine and hands out short-lived database sessions (`db`)."""
 
@@ -186,6 +201,21 @@ class Database:
         `session()`. On SQLite the same as `session()`."""
         async with self._read_factory() as db:
             yield db
+
+    async def in_driver_thread(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """SQLite: `work(connection)` and then its commit in one trip to a pooled connection's own thread
+        (rolled back there if `work` raises), where each aiosqlite call is a trip of its own: the call
+        queued, the thread woken, the result handed back through the event loop, behind whatever else is
+        ready there. aiosqlite runs a function only through `_execute`, the method every one of its public
+        calls is made of (the version is pinned; tests/storage/test_engine.py runs this)."""
+        assert self.dialect == "sqlite", "in_driver_thread is SQLite's"
+        pooled = await self.engine.raw_connection()
+        try:
+            connection: Any = pooled.driver_connection
+            result: T = await connection._execute(_committed, connection, work)
+            return result
+        finally:
+            pooled.close()  # back to the pool (it resets nothing: create_engine)
 
     async def ping(self, timeout: float = 2.0) -> bool:
         """Whether a statement runs within `timeout` seconds (a pooled connection, or a new one)."""

@@ -119,7 +119,7 @@ async def advance_and_log(
     return {str(sid): int(last) for sid, last in found}
 
 
-_INSERT_EVENTS = "INSERT INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
+INSERT_EVENTS = "INSERT INTO events (session_id, seq, type, data) VALUES (?, ?, ?, ?)"
 _INSERT_EVENTS_UNNEST = (
     "INSERT INTO events (session_id, seq, type, data)"
     " SELECT * FROM unnest(?::varchar[], ?::integer[], ?::varchar[], ?::varchar[])"
@@ -144,7 +144,7 @@ async def log_events(db: AsyncSession, params: Sequence[tuple[str, int, str, str
         columns = [list(column) for column in zip(*params, strict=True)]
         await conn.execute_columns(_INSERT_EVENTS_UNNEST, columns)
     else:
-        await conn.executemany(_INSERT_EVENTS, params)
+        await conn.executemany(INSERT_EVENTS, params)
 
 
 async def events_after(db: AsyncSession, session_id: str, after: int, limit: int) -> list[EventRow]:
@@ -169,6 +169,9 @@ async def events_between(
     return [(int(seq), str(type_), str(data)) for seq, type_, data in rows]
 
 
+PRUNE_EVENTS = "DELETE FROM events WHERE session_id = ? AND seq <= ?"
+
+
 async def prune_events(db: AsyncSession, session_id: str, *, keep_after: int) -> None:
     """Retention: deletes the session's events with seq <= keep_after."""
     await prune_logs(db, [(session_id, keep_after)])
@@ -177,7 +180,7 @@ async def prune_events(db: AsyncSession, session_id: str, *, keep_after: int) ->
 async def prune_logs(db: AsyncSession, cutoffs: Sequence[tuple[str, int]]) -> None:
     """(session_id, keep_after) pairs: each session's events with seq <= keep_after go."""
     if cutoffs:
-        await (await raw(db)).executemany("DELETE FROM events WHERE session_id = ? AND seq <= ?", cutoffs)
+        await (await raw(db)).executemany(PRUNE_EVENTS, cutoffs)
 
 
 async def message_deltas(db: AsyncSession, session_id: str, message_id: str) -> list[EventRow]:

@@ -98,9 +98,12 @@ _JSON_COLUMNS = frozenset(
 _COLUMN_LIST = ", ".join(_MESSAGE_COLUMNS)
 _PLACEHOLDERS = ", ".join("?" * len(_MESSAGE_COLUMNS))
 _INSERT_MESSAGE = f"INSERT INTO chat_messages ({_COLUMN_LIST}) VALUES ({_PLACEHOLDERS})"
+# A row whose id is free goes in; one whose id is held is left out (its count says so).
+INSERT_NEW_MESSAGE = _INSERT_MESSAGE + " ON CONFLICT (id) DO NOTHING"
+SET_MESSAGE_TEXT = "UPDATE chat_messages SET content = ? WHERE id = ?"
 
 
-def _message_params(row: ChatMessageRow) -> tuple[Any, ...]:
+def message_params(row: ChatMessageRow) -> tuple[Any, ...]:
     # JSON columns as SQLAlchemy's JSON type writes them (json.dumps; None becomes 'null').
     return tuple(
         json.dumps(getattr(row, name)) if name in _JSON_COLUMNS else getattr(row, name)
@@ -177,11 +180,11 @@ async def insert_messages(
             seen.add(row.id)
     while rows:
         conn = await raw(db)
-        params = [_message_params(row) for row in rows]
+        params = [message_params(row) for row in rows]
         if new_id is None:
             await conn.executemany(_INSERT_MESSAGE, params)
             return renamed
-        inserted_count = await conn.executemany(_INSERT_MESSAGE + " ON CONFLICT (id) DO NOTHING", params)
+        inserted_count = await conn.executemany(INSERT_NEW_MESSAGE, params)
         if inserted_count == len(rows):
             return renamed
         taken = await _taken_ids(conn, rows)
@@ -234,9 +237,7 @@ async def set_message_texts(db: AsyncSession, texts: Sequence[tuple[str, str]]) 
             ([mid for mid, _ in texts], [text for _, text in texts]),
         )
     else:
-        await conn.executemany(
-            "UPDATE chat_messages SET content = ? WHERE id = ?", [(text, mid) for mid, text in texts]
-        )
+        await conn.executemany(SET_MESSAGE_TEXT, [(text, mid) for mid, text in texts])
 
 
 async def list_messages(

@@ -5,32 +5,43 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.observability.hooks import commit_observed
 
+T = TypeVar("T")
+
 
 async def commit(db: AsyncSession, kind: str) -> None:
-    """Commits, and knows whether it did even when the caller is cancelled meanwhile.
+    """Commits, and knows whether it did even when the caller is cancelled meanwhile (`settled`)."""
+    await settled(db.commit(), kind)
+
+
+async def settled(work: Coroutine[Any, Any, T], kind: str) -> T:
+    """Runs `work` (a commit, or a write that ends with its commit) to its end, and knows its outcome
+    even when the caller is cancelled meanwhile.
 
     The driver's thread finishes a commit that has begun whatever happens to the task awaiting it, so a
-    cancellation here is held back until the commit's outcome is known: a failed commit raises as usual,
-    a successful one returns, so its numbers and events are accounted for as committed, and the
+    cancellation here is held back until the outcome is known: a failed commit raises as usual, a
+    successful one returns, so its numbers and events are accounted for as committed, and the
     cancellation is delivered again at the caller's next await. Without this, a batch that did commit
     could be logged a second time.
     """
     caller = asyncio.current_task()
     # Named after its caller: the commit is that caller's work (observability.monitor counts it so).
-    commit = asyncio.get_running_loop().create_task(db.commit(), name=caller.get_name() if caller else None)
+    task = asyncio.get_running_loop().create_task(work, name=caller.get_name() if caller else None)
     started = time.monotonic()
-    commit.add_done_callback(lambda _: commit_observed(kind, time.monotonic() - started))
+    task.add_done_callback(lambda _: commit_observed(kind, time.monotonic() - started))
     try:
-        await asyncio.shield(commit)
+        return await asyncio.shield(task)
     except asyncio.CancelledError:
-        await asyncio.wait({commit})
-        if commit.cancelled() or commit.exception() is not None:
+        await asyncio.wait({task})
+        if task.cancelled() or task.exception() is not None:
             raise
         if caller is not None:
             caller.uncancel()
             caller.cancel()
+        return task.result()

@@ -60,14 +60,14 @@ class LocalSequencer:
     def __init__(self) -> None:
         self._last: dict[str, int] = {}
 
-    def begin(self) -> _LocalBatch:
-        return _LocalBatch(self._last)
+    def begin(self) -> LocalBatch:
+        return LocalBatch(self._last)
 
     def forget(self, session_id: str) -> None:
         self._last.pop(session_id, None)
 
 
-class _LocalBatch:
+class LocalBatch:
     __slots__ = ("_last", "_taken")
 
     def __init__(self, last: dict[str, int]) -> None:
@@ -85,6 +85,20 @@ class _LocalBatch:
 
     async def take_all(self, db: AsyncSession, counts: dict[str, int]) -> dict[str, int | None]:
         return {sid: await self.take(db, sid, count) for sid, count in counts.items()}
+
+    def number_known(self, drafts: list[Draft]) -> list[tuple[str, Frame]] | None:
+        """The drafts numbered without a read, as `number` does; None (nothing taken) when the last number
+        of one of their sessions is not known here yet."""
+        taken, last = self._taken, self._last
+        if any(d.session_id not in taken and d.session_id not in last for d in drafts):
+            return None
+        frames = []
+        for d in drafts:
+            sid = d.session_id
+            seq = taken.get(sid)
+            seq = taken[sid] = (last[sid] if seq is None else seq) + 1
+            frames.append((sid, d.number(seq)))
+        return frames
 
     async def log(self, db: AsyncSession, drafts: list[Draft]) -> list[tuple[str, Frame]]:
         return await number_and_log(db, self, drafts)

@@ -72,12 +72,11 @@ def rename(texts: dict[str, TextBuffer], events: list[Draft], renamed: dict[str,
                 events[i] = draft._replace(rest=draft.rest.replace(mark, fresh, 1))
 
 
-async def write_texts(
-    db: AsyncSession, buffers: list[TextBuffer], texts: dict[str, TextBuffer], events: list[Draft]
-) -> list[tuple[TextBuffer, int]]:
-    """Inserts the rows of buffers that have none yet and updates the others' text in `db`'s transaction
-    (a renamed row renames its buffer in `texts` and its drafts in `events`); returns what was written,
-    for `mark_written` once the commit succeeded."""
+def texts_to_write(
+    buffers: list[TextBuffer],
+) -> tuple[list[ChatMessageRow], list[tuple[str, str]], list[tuple[TextBuffer, int]]]:
+    """What a commit writes of these buffers: the rows not inserted yet (with their text so far), the
+    (message id, text) of the others, and what `mark_written` notes once it committed."""
     rows: list[ChatMessageRow] = []
     updates: list[tuple[str, str]] = []
     written: list[tuple[TextBuffer, int]] = []
@@ -89,6 +88,16 @@ async def write_texts(
         else:
             updates.append((buffer.message_id, text))
         written.append((buffer, count))
+    return rows, updates, written
+
+
+async def write_texts(
+    db: AsyncSession, buffers: list[TextBuffer], texts: dict[str, TextBuffer], events: list[Draft]
+) -> list[tuple[TextBuffer, int]]:
+    """Inserts the rows of buffers that have none yet and updates the others' text in `db`'s transaction
+    (a renamed row renames its buffer in `texts` and its drafts in `events`); returns what was written,
+    for `mark_written` once the commit succeeded."""
+    rows, updates, written = texts_to_write(buffers)
     renamed = await repository.insert_messages(db, rows, new_message_id)
     if renamed:
         rename(texts, events, renamed)

@@ -5,7 +5,7 @@ batch, inserts the rows of assistant messages that started streaming, updates th
 streaming (at most every `text_interval`), and trims the logs of sessions that outgrew `retention` by a
 tenth. Only after that commit are the events handed to the broker for delivery: a client never sees an
 event the log could lose. The statements go to the driver in one executemany each, whatever the number
-of sessions in the batch.
+of sessions in the batch; on SQLite, with the commit, in one trip to its thread (streaming.sqlite_batch).
 
 Batches are a group commit with two speeds. Urgent work (the first delta of a response, which also
 inserts its row, or an event published outside a turn's own write) is committed as soon as the previous
@@ -47,7 +47,9 @@ from app.streaming.commit import commit as _commit
 from app.streaming.fencing import Fence
 from app.streaming.frames import Draft, Frame, Publisher
 from app.streaming.lanes import Lanes
+from app.streaming.retention import Retention
 from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
+from app.streaming.sqlite_batch import write_in_one_trip
 from app.streaming.texts import TextBuffer, due_texts, mark_written, write_texts
 
 log = logging.getLogger(__name__)
@@ -77,11 +79,10 @@ class WriteBehind:
         self._sequencer = sequencer or LocalSequencer()
         self._interval = interval
         self._text_interval = text_interval
-        self._retention = retention
-        # A batch trims a session's log once it holds this many events beyond the retention; a turn's
-        # own writes trim it exactly. Trimming every batch would cost a DELETE per session per batch.
-        self._prune_slack = max(1, retention // 10) if retention is not None else 0
-        self._pruned_at: dict[str, int] = {}
+        self._retention = Retention(retention) if retention is not None else None
+        # SQLite with this process's numbers: a batch is one trip to the driver's thread (sqlite_batch).
+        local = self._sequencer if isinstance(self._sequencer, LocalSequencer) else None
+        self._local = local if database.dialect == "sqlite" and fence is None else None
         self._deliver = deliver
         # Published events not committed yet, in publication order.
         self._events: list[Draft] = []
@@ -145,7 +146,8 @@ class WriteBehind:
     def forget_session(self, session_id: str) -> None:
         """The session was deleted: its pending rows would only violate foreign keys."""
         self._forgotten.add(session_id)
-        self._pruned_at.pop(session_id, None)
+        if self._retention is not None:
+            self._retention.forget(session_id)
         self._sequencer.forget(session_id)
         self._drop_texts({session_id})
 
@@ -243,7 +245,16 @@ class WriteBehind:
 
     async def _batch(self, sessions: set[str], texts: list[TextBuffer], now: float, *, urgent: bool) -> None:
         """One batch's transaction: the pending work of `sessions`, which it holds."""
-        events = self._events
+        kind = "urgent" if urgent else "batch"
+        if self._local is not None:
+            mine = [d for d in self._events if d.session_id in sessions]
+            drafts = [d for d in mine if d.session_id not in self._forgotten]
+            retention, local = self._retention, self._local.begin()
+            done = await write_in_one_trip(self._database, local, drafts, texts, retention, kind)
+            if done is not None:
+                local.committed()  # no await since the commit: see sqlite_batch
+                self._batch_committed(mine, done[1], done[0], now, urgent=urgent)
+                return
         forgotten = self._forgotten
         numbers = self._sequencer.begin()
         async with self._database.session() as db:
@@ -256,23 +267,36 @@ class WriteBehind:
             written = await write_texts(db, texts, self._texts, self._events)
             # Taken after the texts: a message renamed on insert renames its drafts (texts.rename). Events
             # published from here on stay for the next commit.
-            mine = [d for d in events if d.session_id in sessions]
+            mine = [d for d in self._events if d.session_id in sessions]
             drafts = [d for d in mine if d.session_id not in forgotten]
             frames = await self._log(db, numbers, drafts, exact=False)
-            await _commit(db, "urgent" if urgent else "batch")
+            await _commit(db, kind)
             # No await from the commit to the delivery: a cancellation comes after both (_commit).
             numbers.committed()
-            if urgent:
-                self.urgent_commits += 1
-            else:  # only interval batches pace the next one: an urgent one took its sessions' work
-                self.batch_commits += 1
-                self._last_commit = time.monotonic()
-            # Other sessions' writes removed their own events meanwhile: by identity, not by position.
-            gone = {id(d) for d in mine}
-            events[:] = [d for d in events if id(d) not in gone]
-            mark_written(written, now)
-            if frames and self._deliver is not None:
-                self._deliver(frames)
+            self._batch_committed(mine, written, frames, now, urgent=urgent)
+
+    def _batch_committed(
+        self,
+        mine: list[Draft],
+        written: list[tuple[TextBuffer, int]],
+        frames: list[tuple[str, Frame]],
+        now: float,
+        *,
+        urgent: bool,
+    ) -> None:
+        """After a batch's commit (no await, see _batch): its events leave, its texts are marked written,
+        and its frames go to the broker."""
+        if urgent:
+            self.urgent_commits += 1
+        else:  # only interval batches pace the next one: an urgent one took its sessions' work
+            self.batch_commits += 1
+            self._last_commit = time.monotonic()
+        # Other sessions' writes removed their own events meanwhile: by identity, not by position.
+        gone = {id(d) for d in mine}
+        self._events[:] = [d for d in self._events if id(d) not in gone]
+        mark_written(written, now)
+        if frames and self._deliver is not None:
+            self._deliver(frames)
 
     @asynccontextmanager
     async def transaction(
@@ -364,23 +388,9 @@ class WriteBehind:
         if not drafts:
             return []
         events = await numbers.log(db, drafts)
-        if self._retention is None:
-            return events
-        heads: dict[str, int] = {}
-        for session_id, frame in events:
-            heads[session_id] = frame.seq
-        retention, pruned_at = self._retention, self._pruned_at
-        # Exact: whatever lies beyond the retention goes. Otherwise only once a tenth more has piled up.
-        least = 1 if exact else self._prune_slack
-        cutoffs = [
-            (sid, head - retention)
-            for sid, head in heads.items()
-            if head - retention - pruned_at.get(sid, 0) >= least
-        ]
-        await event_log.prune_logs(db, cutoffs)
-        # Noted before the commit: a failed batch only makes the next trim cover more.
-        for sid, keep_after in cutoffs:
-            pruned_at[sid] = keep_after
+        if self._retention is not None:
+            # Exact: whatever lies beyond the retention goes. Otherwise once a tenth more has piled up.
+            await event_log.prune_logs(db, self._retention.cutoffs(events, exact=exact))
         return events
 
     async def stop(self) -> None:

@@ -7,18 +7,23 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import sqlite3
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
+import aiosqlite
 import pytest
-from sqlalchemy import event as sa_event
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.errors import StorageUnavailable
 from app.protocol.events import TextDelta
-from app.storage import event_log, repository
+from app.storage import event_log, one_trip, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, EventRow
+from app.streaming import commit as commit_module
 from app.streaming.frames import Draft, Frame
 from app.streaming.texts import TextBuffer
 from app.streaming.writer import WriteBehind
@@ -84,10 +89,18 @@ async def logged(database: Database) -> list[tuple[str, int]]:
     return [(r.session_id, r.seq) for r in rows]
 
 
-def count_commits(database: Database) -> list[float]:
+def count_commits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """When each of the writer's commits returned: every one goes through commit.settled (a batch in one
+    trip to SQLite's thread included, which SQLAlchemy's commit event would not see)."""
     times: list[float] = []
     loop = asyncio.get_running_loop()
-    sa_event.listen(database.engine.sync_engine, "commit", lambda _conn: times.append(loop.time()))
+    observed = commit_module.commit_observed
+
+    def counted(kind: str, seconds: float) -> None:
+        times.append(loop.time())
+        observed(kind, seconds)
+
+    monkeypatch.setattr(commit_module, "commit_observed", counted)
     return times
 
 
@@ -116,12 +129,14 @@ async def test_the_first_event_after_a_quiet_spell_commits_without_waiting_for_a
         await writer.stop()
 
 
-async def test_a_steady_stream_of_deltas_commits_at_most_once_per_interval(database: Database) -> None:
+async def test_a_steady_stream_of_deltas_commits_at_most_once_per_interval(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """How 'at most one batch commit per interval under load' is proven: commits are counted with an
     SQLAlchemy listener while text deltas arrive every 2 ms for 0.6 s with a 0.1 s interval."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=0.1, deliver=delivered)
-    commits = count_commits(database)
+    commits = count_commits(monkeypatch)
     loop = asyncio.get_running_loop()
     writer.start()
     began = loop.time()
@@ -147,7 +162,7 @@ async def test_a_steady_stream_of_deltas_commits_at_most_once_per_interval(datab
 
 
 async def test_a_first_delta_commits_at_once_while_other_deltas_wait_for_the_interval(
-    database: Database,
+    database: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The group commit: a batch of deltas has just committed and the interval (5 s) has not passed, yet a
     response's first delta (its row not inserted) commits as soon as it comes, with its row, and only
@@ -155,7 +170,7 @@ async def test_a_first_delta_commits_at_once_while_other_deltas_wait_for_the_int
     at stop), so an urgent commit fans out only to the streams it concerns."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=5.0, deliver=delivered)
-    commits = count_commits(database)
+    commits = count_commits(monkeypatch)
     writer.start()
     try:
         sink = sink_of(writer)
@@ -474,6 +489,10 @@ async def test_a_streamed_message_whose_id_is_taken_takes_a_fresh_one_with_its_d
         await db.commit()
     delivered = Delivered()
     writer = WriteBehind(database, interval=60.0, deliver=delivered)
+    # The session's last number known: the batch tries its one trip first, which leaves it all to the long
+    # way once the id turns out to be held.
+    sink_of(writer)("s_a", frame(1))
+    await writer.flush()
     row = ChatMessageRow(
         id="m_taken", session_id="s_a", turn_id="t", type="text", role="assistant", content="He", timestamp=T0
     )
@@ -490,6 +509,115 @@ async def test_a_streamed_message_whose_id_is_taken_takes_a_fresh_one_with_its_d
     assert buffer.message_id != "m_taken"
     async with database.session() as db:
         stored = [(r.id, r.content) for r in await repository.list_messages(db, "s_a")]
-        logged = [json.loads(e.data)["id"] for e in await event_log.events_after(db, "s_a", 0, 10)]
+        logged = [json.loads(e.data)["id"] for e in await event_log.events_after(db, "s_a", 1, 10)]
     assert stored == [(buffer.message_id, "He")]
     assert logged == [buffer.message_id, buffer.message_id]
+
+
+class Trips:
+    """Counts the calls queued to aiosqlite's threads: each is a trip there and back through the loop."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        original = aiosqlite.Connection._execute
+
+        async def counted(connection: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return await original(connection, fn, *args, **kwargs)
+
+        monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+
+
+async def test_a_batch_on_sqlite_is_one_trip_to_the_driver_thread(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's new row, text update, events, trim and commit go to SQLite's thread as one call
+    (storage.one_trip): counted at aiosqlite, where the long way makes a trip of each and one more for
+    the commit. The session's first batch, whose last number this process does not know yet, takes the
+    long way and reads it."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=60.0, deliver=delivered, retention=4)
+    sink = sink_of(writer)
+    open_one = first_text("s_a", "m_open")
+    writer.track(open_one)
+    sink("s_a", delta(1))
+    trips = Trips(monkeypatch)
+    await writer.flush()
+    assert trips.count > 1  # the long way: the log's head read, then a trip per statement
+    open_one.parts.append(" there")
+    for n in range(2, 8):
+        sink("s_a", delta(n))
+    writer.track(first_text("s_a", "m_new"))
+    sink("s_a", delta(8))
+    trips.count = 0
+    await writer.flush()
+    assert trips.count == 1
+    assert delivered.seqs == [("s_a", n) for n in range(1, 9)]
+    # The trim kept the newest four events; the rows and texts are there.
+    assert await logged(database) == [("s_a", n) for n in range(5, 9)]
+    async with database.session() as db:
+        stored = [(r.id, r.content) for r in await repository.list_messages(db, "s_a")]
+    assert stored == [("m_open", "Hi there"), ("m_new", "Hi")]
+
+
+async def test_a_one_trip_batch_cancelled_while_it_runs_is_accounted_for_once(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for the long way (above): the trip runs to its end in SQLite's thread whatever happens to the
+    awaiting task; the cancelled flush still counts its events as logged, so none is logged twice."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=60.0, deliver=delivered)
+    sink = sink_of(writer)
+    sink("s_a", frame(1))
+    await writer.flush()  # the session's last number is known from here: the next batch is one trip
+    started = threading.Event()
+    write = one_trip._write
+
+    def slow_write(*args: Any) -> None:
+        started.set()
+        time.sleep(0.2)
+        write(*args)
+
+    monkeypatch.setattr(one_trip, "_write", slow_write)
+    sink("s_a", frame(2))
+    flush = asyncio.create_task(writer.flush())
+    await asyncio.to_thread(started.wait, 5)
+    flush.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flush
+    monkeypatch.setattr(one_trip, "_write", write)
+    sink("s_a", frame(3))
+    await writer.flush()
+    assert delivered.seqs == [("s_a", 1), ("s_a", 2), ("s_a", 3)]
+    assert await logged(database) == [("s_a", 1), ("s_a", 2), ("s_a", 3)]
+
+
+async def test_a_one_trip_batch_that_fails_writes_nothing_and_its_work_stays_pending(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trip fails after its statements ran (here an I/O error raised after them): they are rolled back
+    in the same trip, nothing is delivered, and the next batch writes the same work, numbered the same."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=60.0, deliver=delivered)
+    sink = sink_of(writer)
+    sink("s_a", frame(1))
+    await writer.flush()
+    write = one_trip._write
+
+    def failing(*args: Any) -> None:
+        write(*args)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(one_trip, "_write", failing)
+    writer.track(first_text("s_a", "m_new"))
+    sink("s_a", delta(2))
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        await writer.flush()
+    assert delivered.seqs == [("s_a", 1)]
+    assert await logged(database) == [("s_a", 1)]
+    monkeypatch.setattr(one_trip, "_write", write)
+    await writer.flush()
+    assert delivered.seqs == [("s_a", 1), ("s_a", 2)]
+    assert await logged(database) == [("s_a", 1), ("s_a", 2)]
+    async with database.session() as db:
+        assert [r.id for r in await repository.list_messages(db, "s_a")] == ["m_new"]

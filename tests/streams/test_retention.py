@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import httpx
 import pytest
-from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.settings import Settings
-from app.storage import event_log
+from app.streaming.frames import Frame
+from app.streaming.retention import Retention
 from tests.support.client import LONG, new_session, post
 from tests.support.server import live_server
 from tests.support.stream import StreamClient, assert_contiguous
@@ -73,15 +73,19 @@ async def test_the_log_keeps_the_newest_events_and_older_positions_resync(
 ) -> None:
     tuned = settings.model_copy(update={"event_retention": RETENTION})
     trims: list[list[tuple[str, int]]] = []
-    prune_logs = event_log.prune_logs
+    cutoffs = Retention.cutoffs
 
-    async def counted(db: AsyncSession, cutoffs: Sequence[tuple[str, int]]) -> None:
-        if cutoffs:
-            trims.append(list(cutoffs))
-        await prune_logs(db, cutoffs)
+    def counted(
+        self: Retention, events: Sequence[tuple[str, Frame]], *, exact: bool
+    ) -> list[tuple[str, int]]:
+        found = cutoffs(self, events, exact=exact)
+        if found:
+            trims.append(found)
+        return found
 
-    # The server runs in this process (a thread): the write-behind calls the patched function.
-    monkeypatch.setattr(event_log, "prune_logs", counted)
+    # The server runs in this process (a thread): every commit that logs events asks the patched method
+    # what to trim (a turn's own write, a batch on either path of streaming.writer).
+    monkeypatch.setattr(Retention, "cutoffs", counted)
     with live_server(tuned) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
             sid = await new_session(client)
