@@ -19,12 +19,15 @@ from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.errors import StorageUnavailable
+from app.observability import hooks
 from app.protocol.events import TextDelta
 from app.storage import event_log, one_trip, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, EventRow
 from app.streaming import commit as commit_module
 from app.streaming.frames import Draft, Frame
+from app.streaming.sequencing import LocalSequencer
+from app.streaming.sqlite_batch import write_in_one_trip
 from app.streaming.texts import TextBuffer
 from app.streaming.writer import WriteBehind
 from tests.support.rows import T0, add_sessions
@@ -94,7 +97,7 @@ def count_commits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     trip to SQLite's thread included, which SQLAlchemy's commit event would not see)."""
     times: list[float] = []
     loop = asyncio.get_running_loop()
-    observed = commit_module.commit_observed
+    observed = hooks.commit_observed
 
     def counted(kind: str, seconds: float) -> None:
         times.append(loop.time())
@@ -519,7 +522,7 @@ class Trips:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        original = aiosqlite.Connection._execute
+        original: Any = aiosqlite.Connection._execute
 
         async def counted(connection: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
             self.count += 1
@@ -621,3 +624,27 @@ async def test_a_one_trip_batch_that_fails_writes_nothing_and_its_work_stays_pen
     assert await logged(database) == [("s_a", 1), ("s_a", 2)]
     async with database.session() as db:
         assert [r.id for r in await repository.list_messages(db, "s_a")] == ["m_new"]
+
+
+async def test_a_one_trip_batch_leaves_a_session_it_cannot_number_to_the_long_way(database: Database) -> None:
+    """This process has not numbered an event of s_b yet (its last number is in the log only): the one
+    trip writes nothing and says so, and the long way reads the number and goes on from it."""
+    async with database.session() as db:
+        await event_log.log_events(db, [("s_b", n, "agent_status", "{}") for n in (1, 2, 3)])
+        await db.commit()
+    sequencer = LocalSequencer()
+    numbers = sequencer.begin()
+    drafts = [Draft("s_b", "agent_status", ',"expected":4}')]
+    buffer = first_text("s_b", "m_b")
+    done = await write_in_one_trip(database, numbers, drafts, [buffer], None, "urgent")
+    assert done is None
+    assert buffer.row is not None
+    async with database.session() as db:
+        assert await repository.list_messages(db, "s_b") == []
+    writer = WriteBehind(database, interval=60.0, deliver=(delivered := Delivered()), sequencer=sequencer)
+    writer.track(buffer)
+    writer.add(drafts[0])
+    await writer.flush()
+    assert delivered.seqs == [("s_b", 4)]
+    async with database.session() as db:
+        assert [r.id for r in await repository.list_messages(db, "s_b")] == ["m_b"]
