@@ -37,7 +37,7 @@ from app.protocol.events import (
 )
 from app.protocol.ids import new_message_id
 from app.storage import repository
-from app.storage.tables import ChatMessageRow
+from app.storage.tables import ChatMessageRow, new_message
 from app.streaming.fencing import LeaseLost
 from app.streaming.frames import Publisher
 from app.streaming.texts import TextBuffer
@@ -108,7 +108,7 @@ class TurnLog:
     _stall: asyncio.Event = field(default_factory=asyncio.Event)
 
     def _row(self, type_: str, timestamp: str, **fields: Any) -> ChatMessageRow:
-        return ChatMessageRow(
+        return new_message(
             id=fields.pop("id", None) or new_message_id(),
             session_id=self.session_id,
             turn_id=self.turn_id,

@@ -20,7 +20,7 @@ from sqlmodel import col, select
 from app.protocol.ids import new_message_id
 from app.storage import event_log, repository
 from app.storage.engine import Database
-from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow
+from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, QueuedMessageRow, new_message
 from tests.support.server import ROOT
 
 # The raw statements' errors are the driver's own: sqlite3's or psycopg's.
@@ -558,3 +558,37 @@ async def test_foreign_keys_are_enforced(database: Database) -> None:
         with pytest.raises(IntegrityError, match=r"(?i)foreign key"):
             await repository.enqueue(db, queued_row("s_missing", "m_q", "x"), new_message_id)
         await db.rollback()
+
+
+async def test_a_row_from_new_message_is_the_row_its_constructor_makes(database: Database) -> None:
+    """tables.new_message builds a row without SQLModel's per-column attribute events: the same values,
+    defaults and fields set as ChatMessageRow(...), attributes that can be set, and rows that both the
+    plain-SQL insert and the ORM store and read back alike."""
+    fields: dict[str, Any] = {
+        "session_id": "s_new",
+        "turn_id": "t_1",
+        "type": "tool_group",
+        "timestamp": stamp(1),
+        "role": "assistant",
+        "tool_name": "lookup",
+        "arguments": {"q": "x", "n": [1, 2]},
+        "truncated": False,
+    }
+    built = new_message(id="m_0000000a01", **fields)
+    made = ChatMessageRow(id="m_0000000a01", **fields)
+    assert built.model_dump() == made.model_dump()
+    assert built.__pydantic_fields_set__ == made.__pydantic_fields_set__
+    built.content = "set later"  # through SQLAlchemy's instrumentation, as on any row
+    by_orm = new_message(id="m_0000000a02", **fields)
+    async with database.session() as db:
+        db.add(session_row("s_new"))
+        await db.flush()
+        await repository.insert_messages(db, [built])
+        db.add(by_orm)
+        await db.commit()
+    async with database.session() as db:
+        stored = await repository.list_messages(db, "s_new")
+    assert [(r.id, r.content, r.arguments, r.truncated) for r in stored] == [
+        ("m_0000000a01", "set later", {"q": "x", "n": [1, 2]}, False),
+        ("m_0000000a02", None, {"q": "x", "n": [1, 2]}, False),
+    ]
