@@ -207,15 +207,20 @@ class Database:
         (rolled back there if `work` raises), where each aiosqlite call is a trip of its own: the call
         queued, the thread woken, the result handed back through the event loop, behind whatever else is
         ready there. aiosqlite runs a function only through `_execute`, the method every one of its public
-        calls is made of (the version is pinned; tests/storage/test_engine.py runs this)."""
+        calls is made of (the version is pinned; tests/streaming/test_writer.py counts the trips).
+
+        SQLAlchemy did not make this commit, so its `commit` event is fired for it here: its listeners
+        (observability.monitor's commit counter) see every commit of the engine. No SQLAlchemy connection
+        made it: the event's connection is None."""
         assert self.dialect == "sqlite", "in_driver_thread is SQLite's"
         pooled = await self.engine.raw_connection()
         try:
             connection: Any = pooled.driver_connection
             result: T = await connection._execute(_committed, connection, work)
-            return result
         finally:
             pooled.close()  # back to the pool (it resets nothing: create_engine)
+        self.engine.sync_engine.dispatch.commit(None)
+        return result
 
     async def ping(self, timeout: float = 2.0) -> bool:
         """Whether a statement runs within `timeout` seconds (a pooled connection, or a new one)."""
