@@ -14,6 +14,12 @@ from app.observability.hooks import commit_observed
 
 T = TypeVar("T")
 
+# The write-behind's commits are made in tasks of these names (observability.monitor counts them apart):
+# an interval batch, or an urgent one (whichever task starts it: see group_commit.opened).
+BATCH_TASK = "write-behind"
+URGENT_TASK = "write-behind:urgent"
+_TASK_OF_KIND = {"batch": BATCH_TASK, "urgent": URGENT_TASK}
+
 
 async def commit(db: AsyncSession, kind: str) -> None:
     """Commits, and knows whether it did even when the caller is cancelled meanwhile (`settled`)."""
@@ -31,8 +37,9 @@ async def settled(work: Coroutine[Any, Any, T], kind: str) -> T:
     could be logged a second time.
     """
     caller = asyncio.current_task()
-    # Named after its caller: the commit is that caller's work (observability.monitor counts it so).
-    task = asyncio.get_running_loop().create_task(work, name=caller.get_name() if caller else None)
+    # Named after its kind of batch, or else its caller: the commit is that work (observability.monitor).
+    name = _TASK_OF_KIND.get(kind) or (caller.get_name() if caller else None)
+    task = asyncio.get_running_loop().create_task(work, name=name)
     started = time.monotonic()
     task.add_done_callback(lambda _: commit_observed(kind, time.monotonic() - started))
     try:

@@ -7,15 +7,7 @@ tenth. Only after that commit are the events handed to the broker for delivery: 
 event the log could lose. The statements go to the driver in one executemany each, whatever the number
 of sessions in the batch; on SQLite, with the commit, in one trip to its thread (streaming.sqlite_batch).
 
-Batches are a group commit with two speeds. Urgent work (the first delta of a response, which also
-inserts its row, or an event published outside a turn's own write) is committed as soon as the previous
-commit returns: it waits for no tick, and under load batches grow instead of queueing. An urgent batch
-takes only the sessions with urgent work (all their pending events, in order), so it stays small and fans
-out to their streams only: taking every session's deltas made each stream's sends, and the CPU per
-chunk, grow with the rate at which responses start. Text deltas of a message already open are not
-urgent: they ride the next interval batch (or a commit of their own session), at most one commit per
-`interval`. So the first token reaches a client about one commit after the upstream sent it, whatever
-the load, and a stream of deltas costs at most one commit per `interval`.
+When batches commit (at once for urgent work, else at most once per `interval`) is streaming.group_commit.
 
 Everything else (user messages, response ends, tool results, turn ends) is written by the turn itself,
 because those moments must be durable when they are announced. It writes them in `transaction()`, which
@@ -31,20 +23,19 @@ waited 150-280 ms p50 at 60 sessions on one replica); on SQLite, one writer at a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.errors import StorageUnavailable, storage_refusal
 from app.storage import event_log
 from app.storage.engine import Database
 from app.streaming.commit import commit as _commit
 from app.streaming.fencing import Fence
 from app.streaming.frames import Draft, Frame, Publisher
+from app.streaming.group_commit import GroupCommit
 from app.streaming.lanes import Lanes
 from app.streaming.retention import Retention
 from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
@@ -55,20 +46,8 @@ log = logging.getLogger(__name__)
 
 Deliver = Callable[[Sequence[tuple[str, Frame]]], None]
 
-# The write-behind task's names, for observability.monitor: an interval batch, or an urgent one.
-BATCH_TASK = "write-behind"
-URGENT_TASK = "write-behind:urgent"
 
-
-async def _wait(event: asyncio.Event, timeout: float) -> None:
-    """Until `event` is set or `timeout` passed. Not wait_for: on 3.11 it waits in a task of its own (a
-    first delta to its urgent batch, 50 streaming sessions: 128 us p50, 688 p90; this way 87 and 297)."""
-    with suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await event.wait()
-
-
-class WriteBehind:
+class WriteBehind(GroupCommit):
     def __init__(
         self,
         database: Database,
@@ -80,11 +59,11 @@ class WriteBehind:
         sequencer: EventSequencer | None = None,
         fence: Fence | None = None,
     ) -> None:
+        super().__init__(interval=interval, text_interval=text_interval)
         self._database = database
         # Multi-replica mode: every write of a turn is checked against its lease (streaming.fencing).
         self.fence = fence
         self._sequencer = sequencer or LocalSequencer()
-        self._interval, self._text_interval = interval, text_interval
         self._retention = Retention(retention) if retention is not None else None
         # SQLite with this process's numbers: a batch is one trip to the driver's thread (sqlite_batch).
         local = self._sequencer if isinstance(self._sequencer, LocalSequencer) else None
@@ -96,22 +75,12 @@ class WriteBehind:
         # Buffers each open transaction finished (untrack), by session: they leave _texts once it commits.
         self._finished: dict[str, list[TextBuffer]] = {}
         self._forgotten: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
-        # A session's writes one at a time, in order (on SQLite all writes); batches one at a time anyway.
+        # A session's writes one at a time, in order (on SQLite all writes).
         self._lanes = Lanes(serial=database.dialect != "postgresql")
-        self._batches = asyncio.Lock()
-        self._pending = asyncio.Event()
-        # Set when pending work must not wait for the interval (see the module docstring).
-        self._urgent = asyncio.Event()
         # Sessions whose turn write is open: their events commit with that write, so they are not urgent.
         self._writing: set[str] = set()
-        # Sessions with urgent work: the next urgent batch commits theirs (and only theirs).
-        self._urgent_sessions: set[str] = set()
-        self._last_commit = 0.0
-        # Batch commits (interval flushes and urgent ones), and turn writes that carried pending events.
-        self.batch_commits = self.urgent_commits = self.turn_commits = 0
-        # Storage's refusal while batches fail (full, busy, failing): running turns stop on it, not stream on.
-        self.failure: StorageUnavailable | None = None
+        # Turn writes that carried pending events.
+        self.turn_commits = 0
 
     def add(self, draft: Draft) -> None:
         """A published event: numbered and logged by the next commit, delivered after it."""
@@ -119,8 +88,10 @@ class WriteBehind:
         if not self._pending.is_set():
             self._pending.set()
         if draft.type != "text_delta" and draft.session_id not in self._writing:
-            self._urgent_sessions.add(draft.session_id)
-            self._urgent.set()
+            self._mark_urgent(draft.session_id)
+
+    def _has_events(self) -> bool:
+        return bool(self._events)
 
     def publisher(self, session_id: str) -> Publisher:
         return Publisher(session_id, self.add)
@@ -135,8 +106,7 @@ class WriteBehind:
             # A response's first delta: its row and event go with the next commit, which comes at once.
             self._pending.set()
             if buffer.session_id not in self._writing:
-                self._urgent_sessions.add(buffer.session_id)
-                self._urgent.set()
+                self._mark_urgent(buffer.session_id)
 
     def untrack(self, buffer: TextBuffer) -> None:
         """Inside `transaction`, which writes the buffer's final text: it leaves the write-behind once that
@@ -156,65 +126,6 @@ class WriteBehind:
     def _drop_texts(self, session_ids: set[str]) -> None:
         for key in [k for k, b in self._texts.items() if b.session_id in session_ids]:
             del self._texts[key]
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=BATCH_TASK)
-
-    async def _run(self) -> None:
-        task = asyncio.current_task()
-        while True:
-            # Streamed text needs a flush every text_interval even when no event comes.
-            await _wait(self._pending, self._text_interval)
-            urgent = await self._until_due()
-            # One turn of the loop, so events published together share the commit.
-            await asyncio.sleep(0)
-            self._pending.clear()
-            self._urgent.clear()
-            # An interval batch takes everything, the urgent sessions' work too.
-            scope = self._urgent_sessions if urgent else None
-            self._urgent_sessions = set()
-            if task is not None:
-                # observability.monitor tells the two kinds of batch apart by the task's name.
-                task.set_name(URGENT_TASK if urgent else BATCH_TASK)
-            try:
-                await self.flush(force_text=False, urgent=urgent, scope=scope)
-                if scope is not None and self._events:
-                    self._pending.set()  # the other sessions' events: their interval batch is still due
-            except Exception as exc:
-                self._failed(exc)
-                self._pending.set()
-                await asyncio.sleep(self._interval)
-            else:
-                self._works_again("pending events committed")
-
-    def _works_again(self, how: str) -> None:
-        """A commit went through: storage takes writes again, so running turns may stream on."""
-        if self.failure is not None:
-            log.warning("write-behind: storage works again; %s", how)
-            self.failure = None
-
-    def _failed(self, exc: Exception) -> None:
-        """A batch failed, its work stays pending: storage's refusal logged once a spell, else a traceback."""
-        refusal = storage_refusal(exc)
-        if refusal is None:
-            log.exception("write-behind flush failed; will retry")
-            return
-        if self.failure is None:
-            log.error("write-behind: %s (%s); retrying until storage works", refusal.code, exc)
-        self.failure = refusal
-
-    async def _until_due(self) -> bool:
-        """Waits until the pending work is due: at once when it is urgent (True), else until `interval`
-        after the last commit (False), or until urgent work comes meanwhile."""
-        while not self._urgent.is_set():
-            # time.monotonic, not loop.time(): the loop's clock is read once per iteration, so after a long
-            # iteration it lags, and two commits could land in one interval. The millisecond covers a
-            # timer that fires a little early.
-            wait = self._last_commit + self._interval + 0.001 - time.monotonic()
-            if wait <= 0:
-                return False
-            await _wait(self._urgent, wait)
-        return True
 
     async def flush(
         self, *, force_text: bool = True, urgent: bool = False, scope: set[str] | None = None
@@ -286,11 +197,7 @@ class WriteBehind:
     ) -> None:
         """After a batch's commit (no await, see _batch): its events leave, its texts are marked written,
         and its frames go to the broker."""
-        if urgent:
-            self.urgent_commits += 1
-        else:  # only interval batches pace the next one: an urgent one took its sessions' work
-            self.batch_commits += 1
-            self._last_commit = time.monotonic()
+        self._batch_done(urgent=urgent)
         # Other sessions' writes removed their own events meanwhile: by identity, not by position.
         gone = {id(d) for d in mine}
         self._events[:] = [d for d in self._events if id(d) not in gone]
@@ -370,8 +277,7 @@ class WriteBehind:
         if before is not None:
             events[:] = [d for d in events if d.session_id != session_id or id(d) in before]
         if any(d.session_id == session_id for d in events):
-            self._urgent_sessions.add(session_id)
-            self._urgent.set()
+            self._mark_urgent(session_id)
 
     async def _fenced(self, db: AsyncSession, session_id: str, turn_id: str | None, final: bool) -> None:
         """The fence's check of a transaction (LeaseLost for a turn's write); a write of the waiting line
@@ -392,9 +298,3 @@ class WriteBehind:
             # Exact: whatever lies beyond the retention goes. Otherwise once a tenth more has piled up.
             await event_log.prune_logs(db, self._retention.cutoffs(events, exact=exact))
         return events
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        await self.flush()

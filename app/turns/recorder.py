@@ -220,6 +220,7 @@ class TurnRecorder(WaitLog):
             buffer = self._text
             if buffer is None:
                 self._on_first_text(text)
+                await self.writer.opened(self.session_id)
             else:
                 buffer.parts.append(text)
                 self.events.text_delta(buffer.message_id, text)
