@@ -23,7 +23,6 @@ waited 150-280 ms p50 at 60 sessions on one replica); on SQLite, one writer at a
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -41,8 +40,6 @@ from app.streaming.retention import Retention
 from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
 from app.streaming.sqlite_batch import write_in_one_trip
 from app.streaming.texts import TextBuffer, due_texts, mark_written, write_texts
-
-log = logging.getLogger(__name__)
 
 Deliver = Callable[[Sequence[tuple[str, Frame]]], None]
 
