@@ -93,8 +93,8 @@ async def logged(database: Database) -> list[tuple[str, int]]:
 
 
 def count_commits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """When each of the writer's commits returned: every one goes through commit.settled (a batch in one
-    trip to SQLite's thread included, which SQLAlchemy's commit event would not see)."""
+    """When each of the writer's commits returned: every one goes through commit.settled, the long way's
+    and the one trip's alike."""
     times: list[float] = []
     loop = asyncio.get_running_loop()
     observed = hooks.commit_observed
