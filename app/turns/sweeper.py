@@ -73,6 +73,10 @@ class Sweeper:
             expired = await leases.expired(db)
         taken = 0
         for record in expired:
+            if self._runner.closing:
+                # Shutting down (the drain starts at the signal, before the lifespan stops this sweeper):
+                # a lease this replica just let go is another replica's to take, not its own again.
+                return taken
             if self._runner.runs_turn(record.turn_id):
                 continue  # this replica's own: its heartbeat stops it, then a sweep closes it
             if await self._take_over(record):
