@@ -148,6 +148,8 @@ def _lifespan(
         if relay is not None and bus is not None:
             await relay.start()
             await bus.start()
+        if replicas is not None and relay is not None:
+            _feed_locally(replicas, relay)
         if replicas is not None:
             await replicas.start()
         else:
@@ -175,6 +177,13 @@ def _lifespan(
             stop_observability()
 
     return lifespan
+
+
+def _feed_locally(replicas: Replicas, relay: RedisRelay) -> None:
+    """A turn running here feeds its session's local streams: the relay's reader leaves them out, and
+    takes them in again once the turn is over (streaming.redis_fanout)."""
+    relay.runs_here = replicas.runner.runs
+    replicas.runner.on_turn_over = relay.turn_over
 
 
 async def _repair(database: Database, writer: WriteBehind, live: LocalLiveStatus, runner: Runner) -> None:

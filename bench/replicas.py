@@ -132,6 +132,7 @@ async def level(
     finally:
         await close_sessions(opened)
     ctx.dump(f"turns-{prefix}", [t.as_dict() for t in turns])
+    ctx.dump(f"upstream-{prefix}", [{"tag": tag, **record} for tag, record in upstream.items()])
     found = summary.streaming(turns, upstream, window, 0.0)
     for meaningless in ("cpu_per_chunk_net_us", "idle_cpu_rate"):  # no idle rate is measured here
         found.pop(meaningless)

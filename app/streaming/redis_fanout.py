@@ -6,18 +6,18 @@ The event log stays the only truth; Redis only carries events faster than pollin
 - Publishing: after each commit the write-behind hands its frames to `deliver`, which queues them for one
   publisher task (woken first, so that the Redis hop does not also wait for the local sends) and to this
   process's broker (local streams get them at once, never through Redis). The publisher writes each
-  batch on a connection of its own without waiting for the previous batch's replies (redis_publish).
-  Each run of consecutive frames of a session is one XADD (`pack`: types and data joined by newlines,
-  which compact JSON never holds) whose stream id is the run's last seq (`<seq>-0`), so a run published
-  twice is refused by Redis, and a reader starting after any seq gets every run that ends after it. One
-  entry per run instead of one per frame: the commands to encode and the entries to parse are what the
-  hop costs, in CPU on both sides.
-  Each stream is capped (MAXLEN ~) and expires once its session is idle for STREAM_TTL (refreshed at most
-  every EXPIRE_EVERY, not with every batch).
+  batch on a connection of its own without waiting for the previous batch's replies (redis_publish), as
+  one XADD per run of consecutive frames of a session, its id the run's last seq (redis_entries: a run
+  published twice is refused). Each stream is capped (MAXLEN ~) and expires once its session is idle for
+  STREAM_TTL (refreshed at most every EXPIRE_EVERY, not with every batch).
 - Reading: one task, one connection, XREAD BLOCK over the streams of every watched session, each from the
   last seq its channel delivered, so nothing falls between a stream's replay from the log and its live
-  frames. A new watched session wakes the reader through a wake stream of this replica's own (an XADD the
-  blocked XREAD returns for), not through a connection of its own.
+  frames. A new watched session wakes the reader through a wake stream of this replica's own.
+- A session whose turn runs here is left out of the XREAD: its frames reach its streams from this
+  replica's write-behind, and reading them back cost a tenth of a streaming replica's CPU. The frames
+  another replica logs for a session whose turn it does not run (a message posted there, a queue edit)
+  come with a notice naming the session, on a stream every replica reads; the reader then reads the
+  session's stream once. When the turn here ends, the reader takes the stream in again (`turn_over`).
 - Holes: a frame that does not follow its channel's last one (a publish lost while Redis was away, a
   stream trimmed past a slow reader) is held by the channel and the frames before it are read from the log
   (`_fill`); the sequencer commits a number only after every smaller one, so the log has them. If
@@ -33,9 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -44,15 +43,11 @@ from redis.exceptions import RedisError
 from app.observability.hooks import fanout_backfilled, redis_state
 from app.streaming.broker import Broker, Channel, LoadFrames
 from app.streaming.frames import Frame
-from app.streaming.redis_publish import Command, Publisher, xadd
+from app.streaming.redis_entries import STREAM_TTL, RunsHere, noticed, publish_commands, unpack
+from app.streaming.redis_publish import Command, Publisher
 
 log = logging.getLogger(__name__)
 
-STREAM_MAXLEN = 2000
-# Seconds a session's stream outlives its last event: idle sessions leave nothing behind.
-STREAM_TTL = 3600
-# A stream's expiry is set again at most this often (seconds) while its session publishes.
-EXPIRE_EVERY = 60.0
 BLOCK_MS = 2000
 READ_COUNT = 2000
 POLL_INTERVAL = 0.5
@@ -66,41 +61,6 @@ FILL_ATTEMPTS = 20
 LoadHeads = Callable[[list[str]], Awaitable[dict[str, int]]]
 
 _ERRORS = (RedisError, OSError, TimeoutError)
-
-
-def pack(frames: Sequence[Frame]) -> Iterator[tuple[int, dict[str, str]]]:
-    """A session's frames, in order, as stream entries: (the id's seq, the fields) for each run of
-    consecutive seqs. A frame whose data holds a newline (never compact JSON) is an entry of its own,
-    whose data `unpack` does not split."""
-    run: list[Frame] = []
-    for frame in frames:
-        alone = "\n" in frame.data
-        if run and (alone or frame.seq != run[-1].seq + 1):
-            yield _entry(run)
-            run = []
-        run.append(frame)
-        if alone:
-            yield _entry(run)
-            run = []
-    if run:
-        yield _entry(run)
-
-
-def _entry(run: list[Frame]) -> tuple[int, dict[str, str]]:
-    if len(run) == 1:
-        return run[0].seq, {"t": run[0].type, "d": run[0].data}
-    return run[-1].seq, {"t": "\n".join(f.type for f in run), "d": "\n".join(f.data for f in run)}
-
-
-def unpack(entry_id: str, fields: dict[str, str]) -> list[Frame]:
-    """The frames of one entry `pack` made."""
-    last = int(entry_id.partition("-")[0])
-    types = fields["t"].split("\n")
-    if len(types) == 1:
-        return [Frame(last, types[0], fields["d"])]
-    first = last - len(types) + 1
-    datas = fields["d"].split("\n")
-    return [Frame(first + i, t, d) for i, (t, d) in enumerate(zip(types, datas, strict=True))]
 
 
 def redis_client(url: str, **options: Any) -> Redis:
@@ -139,6 +99,14 @@ class RedisRelay:
         )
         self._wake_key = f"{prefix}:wake:{uuid.uuid4().hex}"
         self._wake_last = "0-0"
+        # Set by a replica (app.main): sessions whose turn runs here are left out of the reader's XREAD,
+        # and frames of sessions whose turn does not run here are announced on the notice stream.
+        self.runs_here: RunsHere | None = None
+        self._notice_key = f"{prefix}:notices"
+        self._notice_last = "0-0"
+        self._left_out: set[str] = set()
+        self._to_catch: set[str] = set()
+        self._catcher: asyncio.Task[None] | None = None
         self._broker: Broker | None = None
         self._outbox: list[tuple[str, Frame]] = []
         self._outbox_ready = asyncio.Event()
@@ -192,20 +160,7 @@ class RedisRelay:
         await self._publisher.send(self._commands(batch))
 
     def _commands(self, batch: list[tuple[str, Frame]]) -> list[Command]:
-        by_session: dict[str, list[Frame]] = {}
-        for session_id, frame in batch:
-            by_session.setdefault(session_id, []).append(frame)
-        commands: list[Command] = []
-        now = time.monotonic()
-        for session_id, frames in by_session.items():
-            key = self.key(session_id)
-            commands.extend(xadd(key, seq, fields, STREAM_MAXLEN) for seq, fields in pack(frames))
-            if now - self._expired.get(key, -EXPIRE_EVERY) >= EXPIRE_EVERY:
-                commands.append(("EXPIRE", key, STREAM_TTL))
-                self._expired[key] = now
-        if len(self._expired) > 2 * len(by_session) + 10_000:
-            self._expired = {k: at for k, at in self._expired.items() if now - at < EXPIRE_EVERY}
-        return commands
+        return publish_commands(batch, self.key, self._expired, self._notice_key, self.runs_here)
 
     # --- reading ---------------------------------------------------------------------------------------
 
@@ -215,6 +170,15 @@ class RedisRelay:
         connection, not a hundred connections."""
         if session_id in self._reading or not self.connected:
             return
+        self._wake_reader()
+
+    def turn_over(self, session_id: str) -> None:
+        """A turn of the session ended here and no other runs here: if the reader left its stream out,
+        it reads it again from now on (another replica may run its next turn)."""
+        if session_id in self._left_out and self.connected:
+            self._wake_reader()
+
+    def _wake_reader(self) -> None:
         self._wake_wanted = True
         if self._waker is None or self._waker.done():
             self._waker = asyncio.get_running_loop().create_task(self._wake(), name="fanout-wake")
@@ -239,7 +203,14 @@ class RedisRelay:
                 await self._until_connected()
             watched = self._broker.watched()
             streams = {self._wake_key: self._wake_last}
-            streams.update({self.key(sid): f"{seq}-0" for sid, seq in watched.items()})
+            runs_here = self.runs_here
+            if runs_here is not None:
+                # A turn running here feeds its session's streams itself: reading its frames back from
+                # Redis was a tenth of a streaming replica's CPU. Other replicas' frames for it come
+                # with a notice.
+                self._left_out = {sid for sid in watched if runs_here(sid)}
+                streams[self._notice_key] = self._notice_last
+            streams.update({self.key(s): f"{seq}-0" for s, seq in watched.items() if s not in self._left_out})
             self._reading = set(watched)
             try:
                 async with asyncio.timeout(BLOCK_MS / 1000 + 5):
@@ -267,10 +238,43 @@ class RedisRelay:
             if key == self._wake_key:
                 self._wake_last = entries[-1][0]
                 continue
+            if key == self._notice_key:
+                self._notice_last = entries[-1][0]
+                self._catch_up(noticed(entries) & self._left_out)
+                continue
             frames = [frame for id_, fields in entries for frame in unpack(id_, fields)]
             channel = self._broker.existing(key[start:])
             if channel is not None:
                 channel.deliver(frames)
+
+    def _catch_up(self, session_ids: set[str]) -> None:
+        """Noticed sessions whose stream the reader leaves out: read once, in one task for all."""
+        self._to_catch |= session_ids
+        if self._to_catch and (self._catcher is None or self._catcher.done()):
+            self._catcher = self._spawn(self._catching(), "fanout-catch-up")
+
+    async def _catching(self) -> None:
+        assert self._broker is not None
+        while self._to_catch:
+            session_ids, self._to_catch = self._to_catch, set()
+            for sid in session_ids:
+                channel = self._broker.existing(sid)
+                if channel is None or not channel.subscribers:
+                    continue
+                # What fails here, the sweep of the log brings (and a hole, the next frame's fill).
+                with contextlib.suppress(*_ERRORS):
+                    async with asyncio.timeout(5):
+                        after = f"{channel.delivered_seq + 1}-0"
+                        entries: Any = await self._client.xrange(self.key(sid), min=after, count=READ_COUNT)
+                    channel.deliver([frame for id_, fields in entries for frame in unpack(id_, fields)])
+
+    async def _notices_from_now(self) -> None:
+        """The reader takes the notices sent from now on: the log has the frames of those before (a
+        stream's replay at start, `_poll_log` after an outage)."""
+        with contextlib.suppress(*_ERRORS):
+            async with asyncio.timeout(5):
+                last: Any = await self._reader.xrevrange(self._notice_key, count=1)
+            self._notice_last = str(last[0][0]) if last else "0-0"
 
     async def _until_connected(self) -> None:
         """Redis is away: poll the log until it answers, then catch up once more from the log."""
@@ -282,6 +286,7 @@ class RedisRelay:
                 await asyncio.sleep(self._poll_interval)
                 continue
             self._set_connected(True)
+            await self._notices_from_now()
             await self._poll_log()
             return
 
@@ -348,16 +353,18 @@ class RedisRelay:
 
     # --- life ------------------------------------------------------------------------------------------
 
-    def _spawn(self, work: Awaitable[None], name: str) -> None:
+    def _spawn(self, work: Awaitable[None], name: str) -> asyncio.Task[None]:
         task = asyncio.ensure_future(work)
         task.set_name(name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def start(self) -> None:
         try:
             await asyncio.wait_for(self._reader.ping(), timeout=2.0)
             self._set_connected(True)
+            await self._notices_from_now()
             await asyncio.wait_for(self._publisher.connect(), timeout=2.0)
         except _ERRORS as exc:
             log.warning("fan-out: Redis unreachable at start (%s); streams poll the event log", exc)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from typing import Any
 
@@ -45,6 +45,8 @@ class LeasedRunner(Runner):
         # Turns of this replica a stop was asked for (a cancel, an interrupt): each is stopped once, whether
         # the request came by broadcast, by the flag on its lease, or from a waiting interrupt message.
         self._stopping: set[str] = set()
+        # Called with a session once no turn of it runs here any more (the fan-out reads its stream again).
+        self.on_turn_over: Callable[[str], None] | None = None
 
     def _recorder(self, session: ChatSessionRow, turn_id: str, **fields: Any) -> TurnRecorder:
         recorder = super()._recorder(session, turn_id, **fields)
@@ -92,7 +94,11 @@ class LeasedRunner(Runner):
                 await self._keeper.let_go(session_id, state.recorder.turn_id)
             self._fence.end(session_id, state.recorder.turn_id)
             self._stopping.discard(state.recorder.turn_id)
-        await super()._after_turn(session_id, state)
+        try:
+            await super()._after_turn(session_id, state)
+        finally:
+            if state.task is None and self.on_turn_over is not None:
+                self.on_turn_over(session_id)
 
     async def _interrupt(self, session_id: str) -> None:
         # A turn of another replica: its owner stops it once it reads the waiting interrupt (notified by

@@ -18,7 +18,8 @@ from app.storage import event_log
 from app.storage.engine import Database
 from app.streaming.broker import Broker, Subscription
 from app.streaming.frames import Frame
-from app.streaming.redis_fanout import STREAM_TTL, RedisRelay, pack, unpack
+from app.streaming.redis_entries import STREAM_TTL, pack, unpack
+from app.streaming.redis_fanout import RedisRelay
 from app.streaming.writer import WriteBehind
 from tests.support.redis import REDIS_URL, RedisServer, own_redis, redis_prefix
 from tests.support.rows import add_sessions
