@@ -5,6 +5,7 @@ timeout, and optionally no server-side prepared statements (for PgBouncer in tra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 import sqlite3
 from collections.abc import AsyncIterator, Callable
@@ -172,6 +173,18 @@ def _committed(connection: Any, work: Callable[[sqlite3.Connection], T]) -> T:
     return result
 
 
+async def _until_done(connection: Any, outcome: list[tuple[bool, Any]]) -> None:
+    """Until the trip a cancellation interrupted has ended: a trip of nothing behind it through the same
+    thread, which runs its calls in order (further cancellations meanwhile wait too)."""
+    while not outcome:
+        with contextlib.suppress(asyncio.CancelledError):
+            await connection._execute(_nothing)
+
+
+def _nothing() -> None:
+    return None
+
+
 class Database:
     """Owns the engine and hands out short-lived database sessions (`db`)."""
 
@@ -209,6 +222,12 @@ class Database:
         ready there. aiosqlite runs a function only through `_execute`, the method every one of its public
         calls is made of (the version is pinned; tests/streaming/test_writer.py counts the trips).
 
+        Its outcome is known even when the caller is cancelled meanwhile, without a task of its own (a
+        task and a shield around it cost three more turns of the event loop on the first token's path):
+        the thread finishes a trip whatever happens here, so a cancellation that comes during it waits for
+        its end (`_outcome`); a trip that committed returns, and the cancellation is delivered again at the
+        caller's next await; one that failed raises the cancellation.
+
         SQLAlchemy did not make this commit, so its `commit` event is fired for it here: its listeners
         (observability.monitor's commit counter) see every commit of the engine. No SQLAlchemy connection
         made it: the event's connection is None."""
@@ -216,11 +235,33 @@ class Database:
         pooled = await self.engine.raw_connection()
         try:
             connection: Any = pooled.driver_connection
-            result: T = await connection._execute(_committed, connection, work)
+            # Filled in the thread, before the trip's reply: what a cancelled caller reads.
+            outcome: list[tuple[bool, Any]] = []
+
+            def trip() -> T:
+                try:
+                    result = _committed(connection, work)
+                except BaseException as exc:
+                    outcome.append((False, exc))
+                    raise
+                outcome.append((True, result))
+                return result
+
+            try:
+                done: T = await connection._execute(trip)
+            except asyncio.CancelledError:
+                await _until_done(connection, outcome)
+                committed, done = outcome[0]
+                if not committed:
+                    raise
+                caller = asyncio.current_task()
+                if caller is not None:  # the cancellation again, at the caller's next await
+                    caller.uncancel()
+                    caller.cancel()
         finally:
             pooled.close()  # back to the pool (it resets nothing: create_engine)
         self.engine.sync_engine.dispatch.commit(None)
-        return result
+        return done
 
     async def ping(self, timeout: float = 2.0) -> bool:
         """Whether a statement runs within `timeout` seconds (a pooled connection, or a new one)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from app.storage.engine import Database
 from app.storage.one_trip import BatchWrites, write_batch
-from app.streaming.commit import settled
+from app.streaming.commit import in_caller
 from app.streaming.frames import Draft, Frame
 from app.streaming.retention import Retention
 from app.streaming.sequencing import LocalBatch
@@ -25,13 +25,13 @@ async def write_in_one_trip(
     written, when it must take the long way: a session whose last number this process does not know yet
     (its first events since the start), or a new row whose id another row holds (insert_messages
     renames it). Returns right after the commit (no await: the caller delivers before a cancellation
-    can come, see commit.settled)."""
+    can come, see storage's Database.in_driver_thread)."""
     frames = numbers.number_known(drafts)
     if frames is None:
         return None
     rows, updates, written = texts_to_write(texts)
     cutoffs = retention.cutoffs(frames, exact=False) if retention is not None else []
     writes = BatchWrites(rows, updates, [(sid, f.seq, f.type, f.data) for sid, f in frames], cutoffs)
-    if not await settled(write_batch(database, writes), kind):
+    if not await in_caller(write_batch(database, writes), kind):
         return None
     return frames, written

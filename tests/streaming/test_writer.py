@@ -22,6 +22,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.errors import StorageUnavailable
 from app.observability import hooks
+from app.observability.monitor import CommitCounter
 from app.protocol.events import TextDelta
 from app.storage import event_log, one_trip, repository
 from app.storage.engine import Database
@@ -688,6 +689,33 @@ async def test_a_first_delta_is_committed_by_the_task_that_opened_it(database: D
         assert writer.urgent_commits == 1
         await asyncio.sleep(0.2)
         assert writer.urgent_commits == 1  # the write-behind's task committed nothing more
+    finally:
+        await writer.stop()
+
+
+async def test_a_first_delta_committed_in_one_trip_by_a_turns_task_counts_as_urgent(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one trip runs in the task that asks for it, without a task of its own (storage's
+    in_driver_thread), here a turn's: the commit counter (the bench's "write-behind commits in any
+    100 ms") still counts it as the write-behind's urgent commit, not as the turn's own write."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=60.0, deliver=delivered)
+    writer.add(Draft("s_a", "agent_status", ',"status":"idle"}'))
+    await writer.flush(force_text=False)  # the session's last number is known: one trip from here
+    counter = CommitCounter()
+    counter.attach(database.engine)
+    trips = Trips(monkeypatch)
+    writer.start()
+    try:
+
+        async def turn() -> None:
+            open_message(writer, "s_a", "m_a")
+            await writer.opened("s_a")
+
+        await asyncio.create_task(turn(), name="turn:t_000000000001")
+        assert (trips.count, delivered.seqs) == (1, [("s_a", 1), ("s_a", 2)])
+        assert counter.snapshot(window=60.0)["by_origin"] == {"urgent": 1}
     finally:
         await writer.stop()
 
