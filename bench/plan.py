@@ -69,9 +69,10 @@ class Config:
     # replica; two start at 1.8 times its capacity, stepping twice as far; a failing level is halved) and
     # halving the gap once a level passed and one failed; at most `replica_searches` levels each, and
     # `replica_rounds` turns a session.
-    replica_start: int = 40
-    replica_step: int = 20
-    replica_searches: int = 6
+    # One replica's search must end on a failing level: a floor for one replica overstates the ratio.
+    replica_start: int = 60
+    replica_step: int = 40
+    replica_searches: int = 8
     replica_rounds: int = 2
     replica_ratio_limit: float = 1.10
     # Cross-replica delivery (streams on both replicas) and cancel (sent to the replica without the turn).
