@@ -225,7 +225,7 @@ class Database:
         Its outcome is known even when the caller is cancelled meanwhile, without a task of its own (a
         task and a shield around it cost three more turns of the event loop on the first token's path):
         the thread finishes a trip whatever happens here, so a cancellation that comes during it waits for
-        its end (`_outcome`); a trip that committed returns, and the cancellation is delivered again at the
+        its end (`_until_done`); a trip that committed returns, and the cancellation is delivered again at the
         caller's next await; one that failed raises the cancellation.
 
         SQLAlchemy did not make this commit, so its `commit` event is fired for it here: its listeners
@@ -235,14 +235,14 @@ class Database:
         pooled = await self.engine.raw_connection()
         try:
             connection: Any = pooled.driver_connection
-            # Filled in the thread, before the trip's reply: what a cancelled caller reads.
+            # (committed, result), set in the thread before the trip's reply: what a cancelled caller reads.
             outcome: list[tuple[bool, Any]] = []
 
             def trip() -> T:
                 try:
                     result = _committed(connection, work)
-                except BaseException as exc:
-                    outcome.append((False, exc))
+                except BaseException:
+                    outcome.append((False, None))
                     raise
                 outcome.append((True, result))
                 return result

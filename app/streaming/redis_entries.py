@@ -96,6 +96,11 @@ def unpack(entry_id: str, fields: dict[str, str]) -> list[Frame]:
     return [Frame(first + i, t, d) for i, (t, d) in enumerate(zip(types, datas, strict=True))]
 
 
+def unpack_all(entries: Sequence[tuple[str, dict[str, str]]]) -> list[Frame]:
+    """The frames of a stream's entries, in order (an XREAD's or an XRANGE's reply for one stream)."""
+    return [frame for id_, fields in entries for frame in unpack(id_, fields)]
+
+
 def notice(key: str, session_ids: Sequence[str]) -> Command:
     """The XADD of a notice naming `session_ids`."""
     return ("XADD", key, "MAXLEN", "~", NOTICE_MAXLEN, "*", "s", "\n".join(session_ids))

@@ -43,7 +43,7 @@ from redis.exceptions import RedisError
 from app.observability.hooks import fanout_backfilled, redis_state
 from app.streaming.broker import Broker, Channel, LoadFrames
 from app.streaming.frames import Frame
-from app.streaming.redis_entries import STREAM_TTL, RunsHere, noticed, publish_commands, unpack
+from app.streaming.redis_entries import STREAM_TTL, RunsHere, noticed, publish_commands, unpack_all
 from app.streaming.redis_publish import Command, Publisher
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ class RedisRelay:
                 self._notice_last = entries[-1][0]
                 self._catch_up(noticed(entries) & self._left_out)
                 continue
-            frames = [frame for id_, fields in entries for frame in unpack(id_, fields)]
+            frames = unpack_all(entries)
             channel = self._broker.existing(key[start:])
             if channel is not None:
                 channel.deliver(frames)
@@ -266,7 +266,7 @@ class RedisRelay:
                     async with asyncio.timeout(5):
                         after = f"{channel.delivered_seq + 1}-0"
                         entries: Any = await self._client.xrange(self.key(sid), min=after, count=READ_COUNT)
-                    channel.deliver([frame for id_, fields in entries for frame in unpack(id_, fields)])
+                    channel.deliver(unpack_all(entries))
 
     async def _notices_from_now(self) -> None:
         """The reader takes the notices sent from now on: the log has the frames of those before (a
