@@ -31,6 +31,11 @@ T = TypeVar("T")
 # How long a write waits for SQLite's one write lock before it fails with "database is locked".
 BUSY_TIMEOUT_MS = 10_000
 
+# SQLite: at most this many commits made on the event loop's thread (Database.in_driver_thread's
+# `on_loop`) between two trips to the driver's thread, whose commits checkpoint the WAL when it has grown
+# (SQLite's autocheckpoint, switched off for the loop's commits: a checkpoint copies pages and syncs).
+LOOP_COMMITS_PER_TRIP = 64
+
 # PostgreSQL: replicas that start at once (the image migrates at every start) take turns on this advisory
 # lock, held to each migration's commit (migrations/env.py); the next one then finds the database at head.
 MIGRATION_LOCK = 0x7061726C6579  # "parley"
@@ -173,6 +178,36 @@ def _committed(connection: Any, work: Callable[[sqlite3.Connection], T]) -> T:
     return result
 
 
+_SQLITE_BUSY = 5
+
+
+def _on_loop(
+    sqlite: sqlite3.Connection, work: Callable[[sqlite3.Connection], T], busy_timeout_ms: int
+) -> tuple[T] | None:
+    """On the event loop's thread: `work` and its commit, (its result,), if SQLite's write lock is free at
+    once (no busy wait, no autocheckpoint), else None with nothing written (the caller takes the driver's
+    thread, which waits for the lock). Raises as `_committed` does for any other failure, rolled back."""
+    if sqlite.in_transaction:  # nobody leaves one open in a pooled connection; if so, not here
+        return None
+    sqlite.execute("PRAGMA busy_timeout=0")
+    sqlite.execute("PRAGMA wal_autocheckpoint=0")
+    try:
+        result = work(sqlite)
+        sqlite.commit()
+    except sqlite3.OperationalError as exc:
+        sqlite.rollback()
+        if getattr(exc, "sqlite_errorcode", -1) & 0xFF == _SQLITE_BUSY:
+            return None
+        raise
+    except BaseException:
+        sqlite.rollback()
+        raise
+    finally:
+        sqlite.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        sqlite.execute("PRAGMA wal_autocheckpoint=1000")
+    return (result,)
+
+
 async def _until_done(connection: Any, outcome: list[tuple[bool, Any]]) -> None:
     """Until the trip a cancellation interrupted has ended: a trip of nothing behind it through the same
     thread, which runs its calls in order (further cancellations meanwhile wait too)."""
@@ -185,6 +220,35 @@ def _nothing() -> None:
     return None
 
 
+async def _trip(connection: Any, work: Callable[[sqlite3.Connection], T]) -> T:
+    """`work` committed in one trip to aiosqlite's thread, its outcome known to a cancelled caller
+    (Database.in_driver_thread)."""
+    # (committed, result), set in the thread before the trip's reply: what a cancelled caller reads.
+    outcome: list[tuple[bool, Any]] = []
+
+    def trip() -> T:
+        try:
+            result = _committed(connection, work)
+        except BaseException:
+            outcome.append((False, None))
+            raise
+        outcome.append((True, result))
+        return result
+
+    try:
+        return await connection._execute(trip)  # type: ignore[no-any-return]
+    except asyncio.CancelledError:
+        await _until_done(connection, outcome)
+        committed, done = outcome[0]
+        if not committed:
+            raise
+        caller = asyncio.current_task()
+        if caller is not None:  # the cancellation again, at the caller's next await
+            caller.uncancel()
+            caller.cancel()
+        return done  # type: ignore[no-any-return]
+
+
 class Database:
     """Owns the engine and hands out short-lived database sessions (`db`)."""
 
@@ -192,6 +256,9 @@ class Database:
         self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, pool: PoolOptions | None = None
     ) -> None:
         self.engine = create_engine(url, busy_timeout_ms=busy_timeout_ms, pool=pool)
+        self._busy_timeout_ms = busy_timeout_ms
+        # SQLite: commits made on the loop's thread since the last trip to a driver's (in_driver_thread).
+        self.loop_commits_since_trip = 0
         self.dialect = self.engine.dialect.name
         self._factory = async_sessionmaker(self.engine, class_=AsyncSession, expire_on_commit=False)
         # PostgreSQL's reads in autocommit: the same snapshots as in a transaction (READ COMMITTED takes one
@@ -215,7 +282,7 @@ class Database:
         async with self._read_factory() as db:
             yield db
 
-    async def in_driver_thread(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def in_driver_thread(self, work: Callable[[sqlite3.Connection], T], *, on_loop: bool = False) -> T:
         """SQLite: `work(connection)` and then its commit in one trip to a pooled connection's own thread
         (rolled back there if `work` raises), where each aiosqlite call is a trip of its own: the call
         queued, the thread woken, the result handed back through the event loop, behind whatever else is
@@ -228,6 +295,12 @@ class Database:
         its end (`_until_done`); a trip that committed returns, and the cancellation is delivered again at the
         caller's next await; one that failed raises the cancellation.
 
+        `on_loop` (small work only: it holds the event loop): first tried right here, on the loop's own
+        thread, with the same pooled connection, when SQLite's write lock is free at once; that saves the
+        trip (the thread's wake-up, which waits for the GIL behind a busy loop, and the reply's turns of
+        the loop). Where the lock is held, the trip as above. Without autocheckpoint, so the loop never
+        copies the WAL back: every LOOP_COMMITS_PER_TRIP-th such commit takes the trip instead.
+
         SQLAlchemy did not make this commit, so its `commit` event is fired for it here: its listeners
         (observability.monitor's commit counter) see every commit of the engine. No SQLAlchemy connection
         made it: the event's connection is None."""
@@ -235,33 +308,21 @@ class Database:
         pooled = await self.engine.raw_connection()
         try:
             connection: Any = pooled.driver_connection
-            # (committed, result), set in the thread before the trip's reply: what a cancelled caller reads.
-            outcome: list[tuple[bool, Any]] = []
-
-            def trip() -> T:
-                try:
-                    result = _committed(connection, work)
-                except BaseException:
-                    outcome.append((False, None))
-                    raise
-                outcome.append((True, result))
-                return result
-
-            try:
-                done: T = await connection._execute(trip)
-            except asyncio.CancelledError:
-                await _until_done(connection, outcome)
-                committed, done = outcome[0]
-                if not committed:
-                    raise
-                caller = asyncio.current_task()
-                if caller is not None:  # the cancellation again, at the caller's next await
-                    caller.uncancel()
-                    caller.cancel()
+            done = self._on_loop(connection, work) if on_loop else None
+            if done is None:
+                self.loop_commits_since_trip = 0
+                done = (await _trip(connection, work),)
+            else:
+                self.loop_commits_since_trip += 1
         finally:
             pooled.close()  # back to the pool (it resets nothing: create_engine)
         self.engine.sync_engine.dispatch.commit(None)
-        return done
+        return done[0]
+
+    def _on_loop(self, connection: Any, work: Callable[[sqlite3.Connection], T]) -> tuple[T] | None:
+        if self.loop_commits_since_trip >= LOOP_COMMITS_PER_TRIP:
+            return None
+        return _on_loop(connection._conn, work, self._busy_timeout_ms)
 
     async def ping(self, timeout: float = 2.0) -> bool:
         """Whether a statement runs within `timeout` seconds (a pooled connection, or a new one)."""

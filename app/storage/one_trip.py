@@ -43,13 +43,28 @@ class _IdHeld(Exception):
     """A new row's id is held by another row: the batch is rolled back."""
 
 
-async def write_batch(database: Database, writes: BatchWrites) -> bool:
-    """Writes and commits the batch in one trip; False (nothing written) when a new row's id is held.
-    Storage's errors are sqlite3's own (errors.storage_refusal reads them)."""
+# An urgent batch up to this size (its texts and events, in characters) is first tried on the event loop's
+# thread (engine.Database.in_driver_thread's `on_loop`): a response's first delta is some hundreds.
+ON_LOOP_LIMIT = 8_192
+
+
+def small(writes: BatchWrites) -> bool:
+    """Whether the batch is small enough to be written on the event loop's own thread: a trim of the log
+    (some tenth of a session's retention deleted) is not."""
+    size = sum(len(row.content or "") for row in writes.messages)
+    size += sum(len(text) for _, text in writes.texts) + sum(len(event[3]) for event in writes.events)
+    return size <= ON_LOOP_LIMIT and not writes.cutoffs
+
+
+async def write_batch(database: Database, writes: BatchWrites, *, on_loop: bool = False) -> bool:
+    """Writes and commits the batch in one trip (`on_loop`: see Database.in_driver_thread); False
+    (nothing written) when a new row's id is held. Storage's errors are sqlite3's own
+    (errors.storage_refusal reads them)."""
     rows = [message_params(row) for row in writes.messages]
     texts = [(text, message_id) for message_id, text in writes.texts]
+    work = partial(_write, rows, texts, writes.events, writes.cutoffs)
     try:
-        await database.in_driver_thread(partial(_write, rows, texts, writes.events, writes.cutoffs))
+        await database.in_driver_thread(work, on_loop=on_loop and small(writes))
     except _IdHeld:
         return False
     return True

@@ -32,6 +32,7 @@ async def write_in_one_trip(
     rows, updates, written = texts_to_write(texts)
     cutoffs = retention.cutoffs(frames, exact=False) if retention is not None else []
     writes = BatchWrites(rows, updates, [(sid, f.seq, f.type, f.data) for sid, f in frames], cutoffs)
-    if not await in_caller(write_batch(database, writes), kind):
+    # An urgent batch (a response's first delta) is tried on the loop's thread when it is small.
+    if not await in_caller(write_batch(database, writes, on_loop=kind == "urgent"), kind):
         return None
     return frames, written
