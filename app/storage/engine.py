@@ -19,8 +19,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.storage.loop_writes import LoopConnection
 from app.storage.sql import load_json
 
 if TYPE_CHECKING:
@@ -30,11 +32,6 @@ T = TypeVar("T")
 
 # How long a write waits for SQLite's one write lock before it fails with "database is locked".
 BUSY_TIMEOUT_MS = 10_000
-
-# SQLite: at most this many commits made on the event loop's thread (Database.in_driver_thread's
-# `on_loop`) between two trips to the driver's thread, whose commits checkpoint the WAL when it has grown
-# (SQLite's autocheckpoint, switched off for the loop's commits: a checkpoint copies pages and syncs).
-LOOP_COMMITS_PER_TRIP = 64
 
 # PostgreSQL: replicas that start at once (the image migrates at every start) take turns on this advisory
 # lock, held to each migration's commit (migrations/env.py); the next one then finds the database at head.
@@ -178,36 +175,6 @@ def _committed(connection: Any, work: Callable[[sqlite3.Connection], T]) -> T:
     return result
 
 
-_SQLITE_BUSY = 5
-
-
-def _on_loop(
-    sqlite: sqlite3.Connection, work: Callable[[sqlite3.Connection], T], busy_timeout_ms: int
-) -> tuple[T] | None:
-    """On the event loop's thread: `work` and its commit, (its result,), if SQLite's write lock is free at
-    once (no busy wait, no autocheckpoint), else None with nothing written (the caller takes the driver's
-    thread, which waits for the lock). Raises as `_committed` does for any other failure, rolled back."""
-    if sqlite.in_transaction:  # nobody leaves one open in a pooled connection; if so, not here
-        return None
-    sqlite.execute("PRAGMA busy_timeout=0")
-    sqlite.execute("PRAGMA wal_autocheckpoint=0")
-    try:
-        result = work(sqlite)
-        sqlite.commit()
-    except sqlite3.OperationalError as exc:
-        sqlite.rollback()
-        if getattr(exc, "sqlite_errorcode", -1) & 0xFF == _SQLITE_BUSY:
-            return None
-        raise
-    except BaseException:
-        sqlite.rollback()
-        raise
-    finally:
-        sqlite.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        sqlite.execute("PRAGMA wal_autocheckpoint=1000")
-    return (result,)
-
-
 async def _until_done(connection: Any, outcome: list[tuple[bool, Any]]) -> None:
     """Until the trip a cancellation interrupted has ended: a trip of nothing behind it through the same
     thread, which runs its calls in order (further cancellations meanwhile wait too)."""
@@ -256,9 +223,8 @@ class Database:
         self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, pool: PoolOptions | None = None
     ) -> None:
         self.engine = create_engine(url, busy_timeout_ms=busy_timeout_ms, pool=pool)
-        self._busy_timeout_ms = busy_timeout_ms
-        # SQLite: commits made on the loop's thread since the last trip to a driver's (in_driver_thread).
-        self.loop_commits_since_trip = 0
+        # SQLite: the connection of the commits made on the loop's own thread (in_driver_thread's `on_loop`).
+        self.loop_connection = LoopConnection(self.engine, busy_timeout_ms)
         self.dialect = self.engine.dialect.name
         self._factory = async_sessionmaker(self.engine, class_=AsyncSession, expire_on_commit=False)
         # PostgreSQL's reads in autocommit: the same snapshots as in a transaction (READ COMMITTED takes one
@@ -296,33 +262,28 @@ class Database:
         caller's next await; one that failed raises the cancellation.
 
         `on_loop` (small work only: it holds the event loop): first tried right here, on the loop's own
-        thread, with the same pooled connection, when SQLite's write lock is free at once; that saves the
-        trip (the thread's wake-up, which waits for the GIL behind a busy loop, and the reply's turns of
-        the loop). Where the lock is held, the trip as above. Without autocheckpoint, so the loop never
-        copies the WAL back: every LOOP_COMMITS_PER_TRIP-th such commit takes the trip instead.
+        thread, when SQLite's write lock is free at once (storage.loop_writes); that saves the trip and
+        the checkout. Where the lock is held, the trip as above; every LOOP_COMMITS_PER_TRIP-th such
+        commit takes the trip too, whose commit checkpoints the WAL (the loop's commits never do).
 
         SQLAlchemy did not make this commit, so its `commit` event is fired for it here: its listeners
         (observability.monitor's commit counter) see every commit of the engine. No SQLAlchemy connection
         made it: the event's connection is None."""
         assert self.dialect == "sqlite", "in_driver_thread is SQLite's"
-        pooled = await self.engine.raw_connection()
-        try:
-            connection: Any = pooled.driver_connection
-            done = self._on_loop(connection, work) if on_loop else None
-            if done is None:
-                self.loop_commits_since_trip = 0
-                done = (await _trip(connection, work),)
-            else:
-                self.loop_commits_since_trip += 1
-        finally:
-            pooled.close()  # back to the pool (it resets nothing: create_engine)
+        loop = self.loop_connection
+        done = await loop.commit(work) if on_loop and not loop.due_for_a_trip else None
+        if done is None:
+            loop.commits_since_trip = 0
+            pooled = await self.engine.raw_connection()
+            try:
+                done = (await _trip(pooled.driver_connection, work),)
+            finally:
+                # Back to the pool (it resets nothing: create_engine). In a greenlet: a full pool closes
+                # what it takes back, which awaits aiosqlite's close (outside one, the connection and its
+                # thread were left open, "Exception closing connection").
+                await greenlet_spawn(pooled.close)
         self.engine.sync_engine.dispatch.commit(None)
         return done[0]
-
-    def _on_loop(self, connection: Any, work: Callable[[sqlite3.Connection], T]) -> tuple[T] | None:
-        if self.loop_commits_since_trip >= LOOP_COMMITS_PER_TRIP:
-            return None
-        return _on_loop(connection._conn, work, self._busy_timeout_ms)
 
     async def ping(self, timeout: float = 2.0) -> bool:
         """Whether a statement runs within `timeout` seconds (a pooled connection, or a new one)."""
@@ -334,4 +295,5 @@ class Database:
         return True
 
     async def dispose(self) -> None:
+        await self.loop_connection.close()
         await self.engine.dispose()

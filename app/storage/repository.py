@@ -95,6 +95,7 @@ _JSON_COLUMNS = frozenset(
     for c in ChatMessageRow.__table__.columns  # type: ignore[attr-defined]
     if c.type.__class__.__name__ == "JSON"
 )
+_JSON_INDEXES = tuple(i for i, name in enumerate(_MESSAGE_COLUMNS) if name in _JSON_COLUMNS)
 _COLUMN_LIST = ", ".join(_MESSAGE_COLUMNS)
 _PLACEHOLDERS = ", ".join("?" * len(_MESSAGE_COLUMNS))
 _INSERT_MESSAGE = f"INSERT INTO chat_messages ({_COLUMN_LIST}) VALUES ({_PLACEHOLDERS})"
@@ -104,11 +105,14 @@ SET_MESSAGE_TEXT = "UPDATE chat_messages SET content = ? WHERE id = ?"
 
 
 def message_params(row: ChatMessageRow) -> tuple[Any, ...]:
-    # JSON columns as SQLAlchemy's JSON type writes them (json.dumps; None becomes 'null').
-    return tuple(
-        json.dumps(getattr(row, name)) if name in _JSON_COLUMNS else getattr(row, name)
-        for name in _MESSAGE_COLUMNS
-    )
+    # JSON columns as SQLAlchemy's JSON type writes them (json.dumps; None becomes 'null'). A new row
+    # holds every value in its __dict__ (tables.new_message): read there, not through the attributes'
+    # instrumentation (a fifth of the cost, on the first token's path); getattr for any other.
+    values = row.__dict__
+    params = [values[name] if name in values else getattr(row, name) for name in _MESSAGE_COLUMNS]
+    for index in _JSON_INDEXES:
+        params[index] = json.dumps(params[index])
+    return tuple(params)
 
 
 def _decoder(column: Any) -> Any:
