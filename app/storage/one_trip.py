@@ -5,7 +5,8 @@ it, and the result comes back through the event loop, where it waits its turn be
 ready. A batch of the write-behind (the rows of responses that started streaming, the texts of those
 still streaming, the numbered events, the log's trim) was a trip for each and one for its commit, on the
 path of every response's first token (streaming.writer). Here the statements and the commit are one
-function run in that thread (engine.Database.in_driver_thread).
+function run in that thread (engine.Database.in_driver_thread); a small urgent batch (a response's first
+delta) runs it on the event loop's own thread when SQLite's write lock is free (storage.loop_writes).
 
 The new rows go in with ON CONFLICT DO NOTHING: when the id of one of them is held (48 random bits
 collide, rarely), nothing of the batch is written and the caller writes it the long way, where

@@ -1,6 +1,7 @@
 """The write-behind's batch on SQLite when this process numbers the events: numbered here, then written
-and committed in one trip to the driver's thread (storage.one_trip), the path of every response's first
-token (streaming.writer)."""
+and committed in one trip to the driver's thread (storage.one_trip), or, for an urgent batch that is
+small, on the event loop's own thread when the write lock is free (storage.loop_writes): the path of
+every response's first token (streaming.writer)."""
 
 from __future__ import annotations
 
