@@ -172,6 +172,10 @@ async def test_racers_share_the_first_answer_even_a_refusal(settings: Settings) 
                     await asyncio.sleep(delay)
                     await client.post(f"/v1/sessions/{sid}/cancel")
 
+                # Three connections open before the race, so that the racers' requests reach the server
+                # together (two of them opening connections first came a millisecond or more after the
+                # first attempt had ended: a retry after its refusal, not a racer).
+                await asyncio.gather(*(client.get("/healthz") for _ in range(3)))
                 racers = [asyncio.create_task(client.post(url, json=body, headers=headers)) for _ in range(3)]
                 await stop()
                 answers = await asyncio.gather(*racers)
