@@ -9,6 +9,7 @@ ending them). So the drain starts at the signal: a handler is chained in front o
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import signal
 import threading
@@ -69,9 +70,12 @@ def drain_on_signals(drain: Drain) -> Iterator[None]:
         return
     loop = asyncio.get_running_loop()
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    # A signal handler runs in whatever context the main thread is in when the signal comes, a request's
+    # maybe: the drain starts in the lifespan's (its log lines must not carry that request's id).
+    lifespan = contextvars.copy_context()
 
     def handler(sig: int, frame: FrameType | None) -> None:
-        loop.call_soon_threadsafe(drain.request)
+        loop.call_soon_threadsafe(drain.request, context=lifespan.copy())
         chained = previous[signal.Signals(sig)]
         if callable(chained):
             chained(sig, frame)

@@ -16,6 +16,7 @@ from types import FrameType
 
 import pytest
 
+from app.observability.context import request_id_var
 from app.protocol.events import AgentStatus
 from app.settings import Settings
 from app.storage import event_log
@@ -162,5 +163,35 @@ async def test_sigterm_starts_the_drain_and_reaches_the_servers_handler(parts: R
         await drain.run()  # the drain the signal started
         assert received == [signal.SIGTERM]
         assert signal.getsignal(signal.SIGTERM) is servers_handler  # restored on the way out
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+async def test_the_drain_a_signal_starts_runs_outside_the_request_the_signal_interrupted(
+    parts: Runtime,
+) -> None:
+    """A signal handler runs in the context the main thread is in when the signal comes: SIGTERM during a
+    request's step started the drain in that request's context, and its log line ("drained in …") carried
+    that request's id (seen in tests/test_launcher_checks.py's JSON log)."""
+    seen: list[str] = []
+    drain = drain_of(parts)
+    original = drain.request
+
+    def request() -> None:
+        seen.append(request_id_var.get())
+        original()
+
+    drain.request = request  # type: ignore[method-assign]
+    previous = signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
+    try:
+        with drain_on_signals(drain):
+            token = request_id_var.set("req_in_flight")
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)  # handled before the next line, in this context
+            finally:
+                request_id_var.reset(token)
+            await eventually(lambda: parts.broker.closed)
+            assert seen == ["-"]  # the signal's request of the drain
+        await drain.run()  # (the lifespan's own request of it comes next)
     finally:
         signal.signal(signal.SIGTERM, previous)
