@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from sqlalchemy.util import greenlet_spawn
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage.loop_writes import LoopConnection
+from app.storage.loop_writes import LoopConnection, committed
 from app.storage.sql import load_json
 
 if TYPE_CHECKING:
@@ -163,18 +163,6 @@ def _check_alive(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
         raise DisconnectionError("the server closed the connection, or sent on it while idle")
 
 
-def _committed(connection: Any, work: Callable[[sqlite3.Connection], T]) -> T:
-    """In aiosqlite's thread: `work` with the sqlite3 connection, committed, or rolled back if it raises."""
-    sqlite = connection._conn
-    try:
-        result = work(sqlite)
-        sqlite.commit()
-    except BaseException:
-        sqlite.rollback()
-        raise
-    return result
-
-
 async def _until_done(connection: Any, outcome: list[tuple[bool, Any]]) -> None:
     """Until the trip a cancellation interrupted has ended: a trip of nothing behind it through the same
     thread, which runs its calls in order (further cancellations meanwhile wait too)."""
@@ -195,7 +183,7 @@ async def _trip(connection: Any, work: Callable[[sqlite3.Connection], T]) -> T:
 
     def trip() -> T:
         try:
-            result = _committed(connection, work)
+            result = committed(connection._conn, work)
         except BaseException:
             outcome.append((False, None))
             raise
@@ -206,8 +194,8 @@ async def _trip(connection: Any, work: Callable[[sqlite3.Connection], T]) -> T:
         return await connection._execute(trip)  # type: ignore[no-any-return]
     except asyncio.CancelledError:
         await _until_done(connection, outcome)
-        committed, done = outcome[0]
-        if not committed:
+        ok, done = outcome[0]
+        if not ok:
             raise
         caller = asyncio.current_task()
         if caller is not None:  # the cancellation again, at the caller's next await

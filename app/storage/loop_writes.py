@@ -32,6 +32,18 @@ AUTOCHECKPOINT = 1000
 _SQLITE_BUSY = 5
 
 
+def committed(sqlite: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
+    """`work` with the sqlite3 connection, committed, or rolled back if it raises (on the loop's thread
+    here, in aiosqlite's for engine.Database.in_driver_thread's trip)."""
+    try:
+        result = work(sqlite)
+        sqlite.commit()
+    except BaseException:
+        sqlite.rollback()
+        raise
+    return result
+
+
 class LoopConnection:
     """The pooled connection the loop's commits are made on, checked out at the first of them."""
 
@@ -51,7 +63,7 @@ class LoopConnection:
     async def commit(self, work: Callable[[sqlite3.Connection], T]) -> tuple[T] | None:
         """`work` and its commit, (its result,), if SQLite's write lock is free at once; else None with
         nothing written. Any other failure is raised, rolled back. Awaits only for the connection's
-        checkout, the first time."""
+        checkout, the first time, and for the pool's checkout listeners where there are any (tests)."""
         pooled = self._pooled or await self._checkout()
         checkout = self._engine.sync_engine.pool.dispatch.checkout
         if checkout:  # listeners (none in production): in a greenlet, they may use the connection
@@ -65,15 +77,10 @@ class LoopConnection:
         if sqlite.in_transaction:  # nobody leaves one open; if one is, the trip
             return None
         try:
-            result = work(sqlite)
-            sqlite.commit()
+            result = committed(sqlite, work)
         except sqlite3.OperationalError as exc:
-            sqlite.rollback()
             if getattr(exc, "sqlite_errorcode", -1) & 0xFF == _SQLITE_BUSY:
                 return None
-            raise
-        except BaseException:
-            sqlite.rollback()
             raise
         self.commits_since_trip += 1
         return (result,)
