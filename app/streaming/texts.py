@@ -10,7 +10,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app.protocol.ids import new_message_id
 from app.storage import repository
 from app.storage.tables import ChatMessageRow
-from app.streaming.frames import Draft, json_string
+from app.streaming.frames import json_string
+from app.streaming.pending_events import PendingEvents
 
 
 class TextBuffer:
@@ -56,7 +57,7 @@ def due_texts(
     ]
 
 
-def rename(texts: dict[str, TextBuffer], events: list[Draft], renamed: dict[str, str]) -> None:
+def rename(texts: dict[str, TextBuffer], events: PendingEvents, renamed: dict[str, str]) -> None:
     """Streamed messages whose id another message held got fresh ids on insert: their buffers (in the
     writer's `texts`) and their events not committed yet (all of them: the first delta's event commits
     with the row) take the new id, so clients only ever see it."""
@@ -67,9 +68,10 @@ def rename(texts: dict[str, TextBuffer], events: list[Draft], renamed: dict[str,
         buffer.message_id = new
         texts[new] = buffer
         mark, fresh = f',"id":{json_string(old)},', f',"id":{json_string(new)},'
-        for i, draft in enumerate(events):
-            if draft.session_id == buffer.session_id and draft.type == "text_delta":
-                events[i] = draft._replace(rest=draft.rest.replace(mark, fresh, 1))
+        drafts = events.session(buffer.session_id)
+        for i, draft in enumerate(drafts):
+            if draft.type == "text_delta":
+                drafts[i] = draft._replace(rest=draft.rest.replace(mark, fresh, 1))
 
 
 def texts_to_write(
@@ -92,7 +94,7 @@ def texts_to_write(
 
 
 async def write_texts(
-    db: AsyncSession, buffers: list[TextBuffer], texts: dict[str, TextBuffer], events: list[Draft]
+    db: AsyncSession, buffers: list[TextBuffer], texts: dict[str, TextBuffer], events: PendingEvents
 ) -> list[tuple[TextBuffer, int]]:
     """Inserts the rows of buffers that have none yet and updates the others' text in `db`'s transaction
     (a renamed row renames its buffer in `texts` and its drafts in `events`); returns what was written,

@@ -36,6 +36,7 @@ from app.streaming.fencing import Fence
 from app.streaming.frames import Draft, Frame, Publisher
 from app.streaming.group_commit import GroupCommit
 from app.streaming.lanes import Lanes
+from app.streaming.pending_events import PendingEvents
 from app.streaming.retention import Retention
 from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
 from app.streaming.sqlite_batch import write_in_one_trip
@@ -66,8 +67,8 @@ class WriteBehind(GroupCommit):
         local = self._sequencer if isinstance(self._sequencer, LocalSequencer) else None
         self._local = local if database.dialect == "sqlite" and fence is None else None
         self._deliver = deliver
-        # Published events not committed yet, in publication order.
-        self._events: list[Draft] = []
+        # Published events not committed yet, by session, each session's in publication order.
+        self._events = PendingEvents()
         self._texts: dict[str, TextBuffer] = {}
         # Buffers each open transaction finished (untrack), by session: they leave _texts once it commits.
         self._finished: dict[str, list[TextBuffer]] = {}
@@ -81,7 +82,7 @@ class WriteBehind(GroupCommit):
 
     def add(self, draft: Draft) -> None:
         """A published event: numbered and logged by the next commit, delivered after it."""
-        self._events.append(draft)
+        self._events.add(draft)
         if not self._pending.is_set():
             self._pending.set()
         if draft.type != "text_delta" and draft.session_id not in self._writing:
@@ -142,9 +143,9 @@ class WriteBehind(GroupCommit):
             ]
             events = self._events
             sessions = {b.session_id for b in texts} | {
-                d.session_id
-                for d in events
-                if (scope is None or d.session_id in scope) and not busy(d.session_id)
+                sid
+                for sid in (events.sessions() if scope is None else scope)
+                if events.has(sid) and not busy(sid)
             }
             if not sessions:
                 return
@@ -155,7 +156,7 @@ class WriteBehind(GroupCommit):
         """One batch's transaction: the pending work of `sessions`, which it holds."""
         kind = "urgent" if urgent else "batch"
         if self._local is not None:
-            mine = [d for d in self._events if d.session_id in sessions]
+            mine = self._events.of(sessions)
             drafts = [d for d in mine if d.session_id not in self._forgotten]
             retention, local = self._retention, self._local.begin()
             done = await write_in_one_trip(self._database, local, drafts, texts, retention, kind)
@@ -175,7 +176,7 @@ class WriteBehind(GroupCommit):
             written = await write_texts(db, texts, self._texts, self._events)
             # Taken after the texts: a message renamed on insert renames its drafts (texts.rename). Events
             # published from here on stay for the next commit.
-            mine = [d for d in self._events if d.session_id in sessions]
+            mine = self._events.of(sessions)
             drafts = [d for d in mine if d.session_id not in forgotten]
             frames = await self._log(db, numbers, drafts, exact=False)
             await _commit(db, kind)
@@ -195,9 +196,7 @@ class WriteBehind(GroupCommit):
         """After a batch's commit (no await, see _batch): its events leave, its texts are marked written,
         and its frames go to the broker."""
         self._batch_done(urgent=urgent)
-        # Other sessions' writes removed their own events meanwhile: by identity, not by position.
-        gone = {id(d) for d in mine}
-        self._events[:] = [d for d in self._events if id(d) not in gone]
+        self._events.remove(mine)
         mark_written(written, now)
         if frames and self._deliver is not None:
             self._deliver(frames)
@@ -233,9 +232,9 @@ class WriteBehind(GroupCommit):
                     written = await write_texts(db, pending, self._texts, self._events)
                     # The session's events so far: any other of it was published inside the block (no
                     # other write of the session runs meanwhile, nor renames its drafts).
-                    before = {id(d) for d in self._events if d.session_id == session_id}
+                    before = {id(d) for d in self._events.session(session_id)}
                     yield db
-                    mine = [d for d in self._events if d.session_id == session_id]
+                    mine = self._events.of((session_id,))
                     if session_id not in self._forgotten:
                         frames = await self._log(db, numbers, mine, exact=True)
                     await _commit(db, "turn")
@@ -262,25 +261,23 @@ class WriteBehind(GroupCommit):
             self._texts.pop(buffer.message_id, None)
         if mine:
             self.turn_commits += 1
-            taken = {id(d) for d in mine}
-            self._events[:] = [d for d in self._events if id(d) not in taken]
+            self._events.remove(mine)
         if frames and self._deliver is not None:
             self._deliver(frames)
 
     def _abandoned(self, session_id: str, before: set[int] | None) -> None:
         """A turn's write failed: the events its block published (those not `before` it) go; the
         session's earlier ones stay pending, and must not wait for the interval to be logged."""
-        events = self._events
         if before is not None:
-            events[:] = [d for d in events if d.session_id != session_id or id(d) in before]
-        if any(d.session_id == session_id for d in events):
+            self._events.drop_session(session_id, keep=before)
+        if self._events.has(session_id):
             self._mark_urgent(session_id)
 
     async def _fenced(self, db: AsyncSession, session_id: str, turn_id: str | None, final: bool) -> None:
         """The fence's check of a transaction (LeaseLost for a turn's write); a write of the waiting line
         on a session whose turn lost its lease here drops that turn's pending text and events."""
         if self.fence is not None and not await self.fence.guard(db, session_id, turn_id, final=final):
-            self._events[:] = [d for d in self._events if d.session_id != session_id]
+            self._events.drop_session(session_id)
             self._drop_texts({session_id})
 
     async def _log(

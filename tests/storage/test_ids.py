@@ -17,7 +17,7 @@ from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, QueuedMessageRow
 from app.streaming import texts
-from app.streaming.frames import Draft
+from app.streaming.pending_events import PendingEvents
 from app.streaming.texts import TextBuffer
 from tests.support.rows import T0, add_sessions
 from tests.support.server import LiveServer
@@ -130,7 +130,7 @@ async def test_a_turn_whose_new_ids_are_all_taken_runs_as_any_other(
     streamed_renames: list[dict[str, str]] = []
     rename = texts.rename
 
-    def spy(buffers: dict[str, TextBuffer], events: list[Draft], renamed: dict[str, str]) -> None:
+    def spy(buffers: dict[str, TextBuffer], events: PendingEvents, renamed: dict[str, str]) -> None:
         streamed_renames.append(dict(renamed))
         rename(buffers, events, renamed)
 
