@@ -578,6 +578,10 @@ async def test_a_row_from_new_message_is_the_row_its_constructor_makes(database:
     made = ChatMessageRow(id="m_0000000a01", **fields)
     assert built.model_dump() == made.model_dump()
     assert built.__pydantic_fields_set__ == made.__pydantic_fields_set__
+    assert built.__pydantic_extra__ is None and built.__pydantic_private__ is None
+    assert new_message(id="m_0000000a03", **fields).__dict__ is not built.__dict__  # no dict shared
+    with pytest.raises(TypeError, match="not columns of chat_messages: \\['colour'\\]"):
+        new_message(id="m_0000000a04", colour="red", **fields)
     built.content = "set later"  # through SQLAlchemy's instrumentation, as on any row
     by_orm = new_message(id="m_0000000a02", **fields)
     async with database.session() as db:
