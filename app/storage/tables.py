@@ -101,7 +101,7 @@ def new_message(**fields: Any) -> ChatMessageRow:
     defaults, columns, manager = _message_defaults()
     if not fields.keys() <= columns:
         raise TypeError(f"not columns of chat_messages: {sorted(fields.keys() - columns)}")
-    row = ChatMessageRow.__new__(ChatMessageRow)
+    row: ChatMessageRow = ChatMessageRow.__new__(ChatMessageRow)
     values = defaults.copy()
     values.update(fields)
     object.__setattr__(row, "__dict__", values)
