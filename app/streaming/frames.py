@@ -75,13 +75,22 @@ class Publisher:
     def emit(self, cls: type[_Event], **fields: Any) -> None:
         self._add(draft(self.session_id, cls, **fields))
 
-    def text_delta(self, message_id: str, text: str) -> None:
-        """`emit(TextDelta, id=message_id, text=text)` for every delta but a message's first, without
-        building a model: the hot path. tests/streaming/test_frames.py holds it byte-equal to the model's
-        JSON; `text` must be valid Unicode (protocol.events.clean_text)."""
+    def text_delta(
+        self, message_id: str, text: str, *, timestamp: str | None = None, model: str | None = None
+    ) -> None:
+        """`emit(TextDelta, id=message_id, text=text, ...)` without building a model: the hot path (every
+        delta, a message's first with its `timestamp` and `model`). tests/streaming/test_frames.py holds
+        it byte-equal to the model's JSON; `text` must be valid Unicode (protocol.events.clean_text)."""
         if self._delta_message != message_id:
             self._delta_middle = (
                 f',"session_id":{json_string(self.session_id)},"id":{json_string(message_id)},"text":'
             )
             self._delta_message = message_id
-        self._add(Draft(self.session_id, "text_delta", f"{self._delta_middle}{json_string(text)}}}"))
+        rest = f"{self._delta_middle}{json_string(text)}"
+        if timestamp is not None:  # TextDelta leaves both out without a timestamp
+            rest = f'{rest},"timestamp":{json_string(timestamp)},"model":{_json_or_null(model)}'
+        self._add(Draft(self.session_id, "text_delta", f"{rest}}}"))
+
+
+def _json_or_null(value: str | None) -> str:
+    return "null" if value is None else json_string(value)

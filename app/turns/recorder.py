@@ -30,7 +30,6 @@ from app.protocol.events import (
     QueueUpdated,
     ResponseDone,
     ResponseInfo,
-    TextDelta,
     TokenUsage,
     ToolCall,
     ToolExecEnd,
@@ -268,9 +267,7 @@ class TurnRecorder(WaitLog):
             response_id=self._response_id,
         )
         buffer = self._text = TextBuffer(row)
-        self._emit(
-            TextDelta, id=buffer.message_id, text=text, timestamp=self._text_timestamp, model=self.model
-        )
+        self.events.text_delta(buffer.message_id, text, timestamp=self._text_timestamp, model=self.model)
         self.writer.track(buffer)
 
     async def _on_response_done(self, event: ResponseFinished) -> None:

@@ -48,6 +48,28 @@ def test_the_text_delta_fast_path_is_byte_equal_to_the_event_model(text: str) ->
     }
 
 
+@pytest.mark.parametrize("model", ["demo", 'm"odel é', None])
+@pytest.mark.parametrize("text", [" hello", "", 'a "b" \\ \n 😀'])
+def test_a_messages_first_delta_with_timestamp_and_model_is_byte_equal_too(
+    text: str, model: str | None
+) -> None:
+    events, pending = publisher()
+    at = "2026-11-24T13:40:00.123Z"
+    events.text_delta("msg_1", text, timestamp=at, model=model)
+    events.emit(TextDelta, id="msg_1", text=text, timestamp=at, model=model)
+    fast, slow = (draft.number(n) for n, draft in enumerate(pending, start=1))
+    assert fast.data == slow.data.replace('"seq":2', '"seq":1')
+    assert json.loads(fast.data) == {
+        "type": "text_delta",
+        "seq": 1,
+        "session_id": SID,
+        "id": "msg_1",
+        "text": text,
+        "timestamp": at,
+        "model": model,
+    }
+
+
 def test_the_fast_path_keeps_each_messages_own_id_when_messages_alternate() -> None:
     events, pending = publisher()
     for i, mid in enumerate(["m_a", "m_a", "m_b", "m_a"]):
