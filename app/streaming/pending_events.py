@@ -46,10 +46,13 @@ class PendingEvents:
     def has(self, session_id: str) -> bool:
         return session_id in self._by_session
 
-    def of(self, sessions: Iterable[str]) -> list[Draft]:
-        """These sessions' events, each session's in publication order (a copy)."""
+    def of(self, sessions: Collection[str]) -> list[Draft]:
+        """These sessions' events (a copy), each session's in publication order, sessions in the order
+        their first pending event came."""
         found = self._by_session
-        return [d for sid in sessions if (events := found.get(sid)) for d in events]
+        if len(sessions) == 1:  # an urgent batch, a turn's write: no scan
+            return list(found.get(next(iter(sessions)), ()))
+        return [d for sid, events in found.items() if sid in sessions for d in events]
 
     def session(self, session_id: str) -> list[Draft]:
         """The session's events, the list itself (empty and detached when it has none): texts.rename
