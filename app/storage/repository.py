@@ -111,7 +111,8 @@ def message_params(row: ChatMessageRow) -> tuple[Any, ...]:
     values = row.__dict__
     params = [values[name] if name in values else getattr(row, name) for name in _MESSAGE_COLUMNS]
     for index in _JSON_INDEXES:
-        params[index] = json.dumps(params[index])
+        value = params[index]
+        params[index] = "null" if value is None else json.dumps(value)
     return tuple(params)
 
 

@@ -7,7 +7,14 @@ from collections.abc import Callable
 
 import pytest
 
-from app.protocol.ids import new_message_id, new_session_id, new_turn_id
+from app.protocol.ids import (
+    MESSAGE_ID_PATTERN,
+    SESSION_ID_PATTERN,
+    TURN_ID_PATTERN,
+    new_message_id,
+    new_session_id,
+    new_turn_id,
+)
 
 DRAWS = 10_000
 
@@ -15,9 +22,9 @@ DRAWS = 10_000
 @pytest.mark.parametrize(
     ("make", "pattern"),
     [
-        (new_message_id, r"m_[0-9a-f]{12}"),
-        (new_turn_id, r"t_[0-9a-f]+"),
-        (new_session_id, r"s_[0-9a-f]+"),
+        (new_message_id, MESSAGE_ID_PATTERN),
+        (new_turn_id, TURN_ID_PATTERN),
+        (new_session_id, SESSION_ID_PATTERN),
     ],
     ids=["message", "turn", "session"],
 )
@@ -26,6 +33,8 @@ def test_id_shape_and_uniqueness(make: Callable[[], str], pattern: str) -> None:
     bad = [value for value in ids if re.fullmatch(pattern, value) is None]
     assert bad == []
     assert len(set(ids)) == DRAWS
+    # Every digit is random: each position takes all 16 values over the draws (none is fixed).
+    assert all(len({value[i] for value in ids}) == 16 for i in range(2, len(ids[0])))
 
 
 def test_message_ids_fit_their_column() -> None:
