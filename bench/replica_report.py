@@ -62,12 +62,23 @@ def turn_errors(results: dict[str, Any]) -> int:
     return sum(int(get(run, part, "errors", "count") or 0) for part in ("delivery", "cancel"))
 
 
+# Where a turn's time beyond the upstream's goes: what the ratio's excess is made of.
+_PHASES = ("post_to_accepted_ms", "post_to_request_ms", "first_text_added_ms", "end_to_done_ms")
+
+
+def _phases(level: dict[str, Any]) -> str:
+    """The p50 of each phase (– where a run's results predate the figure)."""
+    values = [(level.get(key) or {}).get("p50") for key in _PHASES]
+    return " / ".join("–" if value is None else f"{value:.0f}" for value in values)
+
+
 def markdown(run: dict[str, Any]) -> str:
     """Every level of both capacity searches, with where the machine's time went."""
     rows = [
         "| replicas | sessions | turns | ratio p50 | ratio p99 | errors | CPU/chunk µs | replicas' CPU "
-        "| loop lag p99 ms | cores busy | upstream / client / Redis / PostgreSQL CPU | within |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| loop lag p99 ms | cores busy | upstream / client / Redis / PostgreSQL CPU "
+        "| post → 202 / → upstream / first token added / end → turn_done, p50 ms | within |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for which in ("one", "two"):
         for level in get(run, which, "levels") or []:
@@ -84,6 +95,6 @@ def markdown(run: dict[str, Any]) -> str:
                 f"{level['duration_ratio']['p50']} | {level['duration_ratio']['p99']} | "
                 f"{level['errors']['count']} | {level['cpu_per_chunk_us']} | {utils} | {lags} | {cores} | "
                 f"{window['upstream_util']:.0%} / {window['client_util']:.0%} / "
-                f"{engines} | {'✅' if level['passed'] else '❌'} |"
+                f"{engines} | {_phases(level)} | {'✅' if level['passed'] else '❌'} |"
             )
     return "\n".join([f"{run.get('note', '')}.", "", *rows])

@@ -100,6 +100,8 @@ def streaming(
         "upstream_first_text_ms": dist((_delta(_at(u, "first"), _at(u, "start")) for _, u in joined), MS),
         # What the server adds to the first token: upstream wrote it -> the client read its text_delta.
         "first_text_added_ms": dist((_delta(t.first_text, _at(u, "first")) for t, u in joined), MS),
+        # Post written -> its 202 read (the POST's handling: the message stored, the turn opened).
+        "post_to_accepted_ms": dist((_delta(t.accepted, t.posted) for t, _ in joined), MS),
         # Post written -> the upstream received the model request (POST handling, turn start, the call).
         "post_to_request_ms": dist((_delta(_at(u, "start"), t.posted) for t, u in joined), MS),
         # Upstream's last byte -> turn_done read (response end, persistence, delivery).

@@ -14,6 +14,7 @@ import pytest
 from bench.context import Context
 from bench.figures import FIGURE_KEYS, build
 from bench.plot import plot
+from bench.replica_report import markdown
 from bench.report import write
 from bench.run import _peak, _turn_errors
 
@@ -57,3 +58,19 @@ def test_report_and_plot_render(results: dict[str, Any], tmp_path: Path) -> None
     assert all(figure.name in summary for figure in figures)
     assert "## Concurrency sweep" in summary
     assert (tmp_path / "latest.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_replica_table_shows_where_a_turns_extra_time_goes(results: dict[str, Any]) -> None:
+    """Each capacity level's row ends with the p50 of POST → 202, POST → upstream request, the first
+    token added and upstream end → turn_done; a figure a run predates shows as –."""
+    run = results["replicas"]
+    level = run["one"]["levels"][0]
+    phases = ("post_to_request_ms", "first_text_added_ms", "end_to_done_ms")
+    rest = " / ".join(f"{level[key]['p50']:.0f}" for key in phases)
+    measured = {**level, "post_to_accepted_ms": {"p50": 26.7}}
+    predating = {key: value for key, value in level.items() if key != "post_to_accepted_ms"}
+    table = markdown({**run, "one": {"levels": [measured]}, "two": {"levels": [predating]}})
+    rows = [line for line in table.splitlines() if line.startswith("| 1 |")]
+    assert len(rows) == 2
+    assert f"| 27 / {rest} |" in rows[0]
+    assert f"| – / {rest} |" in rows[1]
