@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -176,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         render(out)
         return 0
     work.mkdir(parents=True, exist_ok=True)
+    # SIGTERM stops the run as Ctrl-C does: through every `finally`, so the servers, replicas and the fake
+    # upstream it started stop with it (killed outright, they were left running, loading the next run).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         import uvloop
     except ImportError:
