@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import suppress
+from typing import Any
 
 import httpx
 import pytest
 
-from app.chat.idempotency import fingerprint
+from app.chat.idempotency import Idempotency, fingerprint
 from app.settings import Settings
 from app.storage.engine import Database
 from app.storage.tables import IdempotencyKeyRow
@@ -151,12 +153,37 @@ async def test_a_replay_after_the_session_was_deleted_is_410_and_creates_nothing
         assert gone.status_code == 404
 
 
-async def test_racers_share_the_first_answer_even_a_refusal(settings: Settings) -> None:
+async def test_racers_share_the_first_answer_even_a_refusal(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Three posts with one key and delivery=reject race a stop of the running turn, 20 groups over a real
     socket. Before, racers queued behind a lock and each redid the work after the first's 409, so one that
     ran after the stop got a 202: {409, 409, 202}. Now every racer of a group gets the first answer (three
     409s naming the turn, or three 202s with one message id), and the history holds the message once if
-    the answer was a 202, never if it was a 409. A refusal frees the key: a retry after it is stored once."""
+    the answer was a 202, never if it was a 409. A refusal frees the key: a retry after it is stored once.
+
+    Racers are requests in flight together: the first attempt waits (up to 5 s) until all three reached
+    the server. On a slow machine the third request otherwise came after the first's 409 had freed the
+    key: a retry, rightly stored once the stop had landed, not a racer (CI saw {409, 202} so)."""
+    arrived: dict[tuple[str, str], int] = {}
+    all_came: dict[tuple[str, str], asyncio.Event] = {}
+    join, reserve = Idempotency._join, Idempotency.reserve
+
+    async def counted_join(self: Idempotency, slot: tuple[str, str], request_fingerprint: str) -> Any:
+        arrived[slot] = arrived.get(slot, 0) + 1
+        if arrived[slot] >= 3:
+            all_came.setdefault(slot, asyncio.Event()).set()
+        return await join(self, slot, request_fingerprint)
+
+    async def reserve_once_all_came(self: Idempotency, principal: str, key: str, *args: Any) -> Any:
+        if key.startswith("race-reject-"):
+            with suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await all_came.setdefault((principal, key), asyncio.Event()).wait()
+        return await reserve(self, principal, key, *args)
+
+    monkeypatch.setattr(Idempotency, "_join", counted_join)
+    monkeypatch.setattr(Idempotency, "reserve", reserve_once_all_came)
     slow = settings.model_copy(update={"demo_token_delay": 0.02, "messages_per_minute": 0})
     outcomes: set[int] = set()
     with live_server(slow) as server:
