@@ -10,7 +10,7 @@ it, streaming.sequencing); sessions' events need no order between them.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 
 from app.streaming.frames import Draft
 
@@ -31,13 +31,6 @@ class PendingEvents:
 
     def __bool__(self) -> bool:
         return bool(self._by_session)
-
-    def __len__(self) -> int:
-        return sum(len(events) for events in self._by_session.values())
-
-    def __iter__(self) -> Iterator[Draft]:
-        for events in self._by_session.values():
-            yield from events
 
     def sessions(self) -> Collection[str]:
         """The sessions with pending events."""

@@ -4,6 +4,7 @@ JSON, and a frame's SSE bytes are sse-starlette's encoding, built once."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from sse_starlette import ServerSentEvent
@@ -20,6 +21,9 @@ def publisher() -> tuple[Publisher, list[Draft]]:
     return Publisher(SID, pending.append), pending
 
 
+AT = "2026-11-24T13:40:00.123Z"
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -31,11 +35,22 @@ def publisher() -> tuple[Publisher, list[Draft]]:
         "data: not a frame\n\nid: 9\n",
     ],
 )
-def test_the_text_delta_fast_path_is_byte_equal_to_the_event_model(text: str) -> None:
-    """The hot path builds text_delta JSON by hand: it must be exactly what TextDelta serializes to."""
+@pytest.mark.parametrize(
+    "first",
+    [
+        {},
+        {"timestamp": AT, "model": "demo"},
+        {"timestamp": AT, "model": 'm"odel é'},
+        {"timestamp": AT, "model": None},
+    ],
+    ids=["later-delta", "first", "first-escaped-model", "first-null-model"],
+)
+def test_the_text_delta_fast_path_is_byte_equal_to_the_event_model(text: str, first: dict[str, Any]) -> None:
+    """The hot path builds text_delta JSON by hand, a message's first delta (with its timestamp and
+    model) as every later one: it must be exactly what TextDelta serializes to."""
     events, pending = publisher()
-    events.text_delta("msg_1", text)
-    events.emit(TextDelta, id="msg_1", text=text)
+    events.text_delta("msg_1", text, **first)
+    events.emit(TextDelta, id="msg_1", text=text, **first)
     fast, slow = (draft.number(n) for n, draft in enumerate(pending, start=1))
     assert (fast.seq, slow.seq) == (1, 2)
     assert fast.data == slow.data.replace('"seq":2', '"seq":1')
@@ -45,28 +60,7 @@ def test_the_text_delta_fast_path_is_byte_equal_to_the_event_model(text: str) ->
         "session_id": SID,
         "id": "msg_1",
         "text": text,
-    }
-
-
-@pytest.mark.parametrize("model", ["demo", 'm"odel é', None])
-@pytest.mark.parametrize("text", [" hello", "", 'a "b" \\ \n 😀'])
-def test_a_messages_first_delta_with_timestamp_and_model_is_byte_equal_too(
-    text: str, model: str | None
-) -> None:
-    events, pending = publisher()
-    at = "2026-11-24T13:40:00.123Z"
-    events.text_delta("msg_1", text, timestamp=at, model=model)
-    events.emit(TextDelta, id="msg_1", text=text, timestamp=at, model=model)
-    fast, slow = (draft.number(n) for n, draft in enumerate(pending, start=1))
-    assert fast.data == slow.data.replace('"seq":2', '"seq":1')
-    assert json.loads(fast.data) == {
-        "type": "text_delta",
-        "seq": 1,
-        "session_id": SID,
-        "id": "msg_1",
-        "text": text,
-        "timestamp": at,
-        "model": model,
+        **first,
     }
 
 
