@@ -30,15 +30,32 @@ def _marks(values: Sequence[object]) -> str:
 
 
 async def claim(
-    db: AsyncSession, turn_id: str, session_id: str, owner: str, token: int, seconds: float
+    db: AsyncSession,
+    turn_id: str,
+    session_id: str,
+    owner: str,
+    token: int,
+    seconds: float,
+    *,
+    unless_waiting: bool = False,
 ) -> bool:
     """Claims the session's next turn for `owner`; False when a turn of the session runs (the unique
-    partial index refused it: ON CONFLICT covers it without naming it)."""
+    partial index refused it: ON CONFLICT covers it without naming it). `unless_waiting`: False too when
+    messages wait in the session's line (they go first): the check is part of the same statement, where
+    reading the line first took a pooled connection and a round trip of its own on every post."""
     conn = await raw(db)
+    values: tuple[object, ...] = (turn_id, session_id, owner, token, seconds, False)
+    source = f"VALUES (?, ?, ?, ?, {_now(conn)} + ?, 'running', ?)"
+    if unless_waiting:
+        source = (
+            f"SELECT ?, ?, ?, ?, {_now(conn)} + ?, 'running', ?"
+            " WHERE NOT EXISTS (SELECT 1 FROM queued_messages WHERE session_id = ?)"
+        )
+        values = (*values, session_id)
     found = await conn.fetchall(
         "INSERT INTO turn_leases (turn_id, session_id, owner, token, expires_at, state, cancel_requested)"
-        f" VALUES (?, ?, ?, ?, {_now(conn)} + ?, 'running', ?) ON CONFLICT DO NOTHING RETURNING turn_id",
-        (turn_id, session_id, owner, token, seconds, False),
+        f" {source} ON CONFLICT DO NOTHING RETURNING turn_id",
+        values,
     )
     return bool(found)
 

@@ -59,10 +59,16 @@ class LeaseKeeper:
         # (session_id, ids of its steer and interrupt messages): what a running turn's owner acts on.
         self.on_waiting: Callable[[str, set[str]], object] | None = None
 
-    async def claim(self, db: AsyncSession, session_id: str, turn_id: str) -> Lease:
-        """Inside the transaction that opens the turn; TurnBusy when a turn of the session runs."""
+    async def claim(
+        self, db: AsyncSession, session_id: str, turn_id: str, *, unless_waiting: bool = False
+    ) -> Lease:
+        """Inside the transaction that opens the turn; TurnBusy when a turn of the session runs (or, with
+        `unless_waiting`, when messages wait in its line)."""
         token = new_token()
-        if not await leases.claim(db, turn_id, session_id, self.replica_id, token, self.seconds):
+        claimed = await leases.claim(
+            db, turn_id, session_id, self.replica_id, token, self.seconds, unless_waiting=unless_waiting
+        )
+        if not claimed:
             raise TurnBusy(session_id)
         return Lease(turn_id, session_id, token)
 

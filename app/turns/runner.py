@@ -132,11 +132,11 @@ class Runner:
             client_tools=client_tools,
         )
         async with state.lock:
-            if state.task is None and await self._line_empty(session.id, state):
+            if state.task is None and await self._may_open(session.id, state):
                 try:
                     turn_id = await self._start_turn(session, state, [message], from_queue=False)
-                except TurnBusy:
-                    pass  # a turn of the session runs on another replica: the message waits in the line
+                except TurnBusy:  # a turn of the session runs on another replica, or messages wait:
+                    await self._line_empty(session.id, state)  # it waits too (the mirror read for its event)
                 else:
                     return accepted(session.id, message, turn_id)
             if delivery == "reject" and state.recorder is not None and state.task is not None:
@@ -272,6 +272,9 @@ class Runner:
         """Whether nothing waits in the session's line (its mirror here; the table with several replicas)."""
         return not state.waiting
 
+    async def _may_open(self, session_id: str, state: SessionState) -> bool:
+        return await self._line_empty(session_id, state)  # a post opens a turn if nothing waits
+
     async def _take_waiting(self, session_id: str, state: SessionState) -> None:
         async with self._database.read() as db:
             session = await repository.get_session(db, session_id)
@@ -290,8 +293,7 @@ class Runner:
             await asyncio.shield(ended)
 
     async def taker(self, session_id: str, message_id: str) -> str | None:
-        """The turn that took the message, once one has; None when none will here: the message was
-        withdrawn, its session deleted, or the server stops (it is taken after the restart)."""
+        """The turn that took the message, once one has; None if none will (withdrawn, deleted, shut down)."""
         state = self._states.get(session_id)
         if state is not None and message_id in state.waiting:
             if self._closing:
@@ -305,8 +307,7 @@ class Runner:
         return row.turn_id if row is not None and row.session_id == session_id else None
 
     async def answer(self, session_id: str, kind: Kind, items: list[dict[str, Any]]) -> list[Resolution]:
-        """Hands answers to the session's running turn; returns once they are committed. Refused (409)
-        when no turn runs here to take them."""
+        """Hands answers to the session's running turn; returns once committed (409: no turn runs here)."""
         state = self._states.get(session_id)
         if state is None or state.inbox is None or state.task is None:
             raise NoPendingCall(
@@ -367,8 +368,7 @@ class Runner:
                 await self._take_waiting(session_id, state)
 
     async def delete_session(self, session_id: str) -> None:
-        """Stops the turn, starts nothing after it, and deletes the session, its history, its log and its
-        streams. From the stop on, requests find the session gone (is_closed)."""
+        """Stops the turn and deletes the session, its history, log and streams (is_closed from the stop)."""
         self.state(session_id).closed = True
         await self.cancel(session_id)
         self._writer.forget_session(session_id)

@@ -212,6 +212,33 @@ async def test_racing_posts_on_two_replicas_start_exactly_one_turn(
     assert_strictly_valid(upstream)
 
 
+async def test_a_post_to_an_idle_session_goes_behind_messages_already_waiting(
+    replicas: Replicas, pg: ScratchDatabase, upstream: FakeUpstream
+) -> None:
+    """A message left waiting with no turn to take it (stored by a replica that died before taking it):
+    a post to the idle session must not run before it. The post's claim checks the line in the statement
+    that claims the lease (no read of the line before it): refused, the post goes behind and both are
+    taken, in order. Whichever takes the waiting message first (this post, or a sweep that found it),
+    history has it before the posted one, and each is answered exactly once."""
+    [replica] = await replicas(1)
+    upstream.enqueue(Script.text("first answer"), Script.text("second answer"))
+    async with clients(replica) as (client,):
+        sid = await new_session(client)
+        with pg.connect() as conn:
+            conn.execute(
+                "INSERT INTO queued_messages (id, session_id, content, sender, timestamp, delivery)"
+                " VALUES ('m_leftwaiting', %s, 'left waiting', 'User', '2026-01-01T00:00:00.000+00:00',"
+                " 'queue')",
+                (sid,),
+            )
+        posted = await post(client, sid, "posted")
+        await until(lambda: _answered(pg, sid, posted["id"]), seconds=30)
+    users = [m for m in history(pg, sid) if m["type"] == "text" and m["role"] == "user"]
+    assert [m["content"] for m in users] == ["left waiting", "posted"], users
+    assert rows(pg, "SELECT count(*) FROM queued_messages WHERE session_id = %s", sid) == [(0,)]
+    assert_strictly_valid(upstream)
+
+
 async def test_a_cancel_on_another_replica_reaches_the_owner_through_the_flag(
     replicas: Replicas, pg: ScratchDatabase, upstream: FakeUpstream
 ) -> None:

@@ -65,6 +65,28 @@ async def test_one_running_lease_per_session_renewal_takeover_and_the_fence(data
         assert await leases.claim(db, "t_2", "s_1", "b", 55, 30.0)
 
 
+async def test_a_posts_claim_is_refused_while_messages_wait_in_the_line(database: Database) -> None:
+    """A post's claim (`unless_waiting`) checks the line in its own statement: refused while a message of
+    the session waits (it goes first), whatever waits in other sessions' lines; granted once the line is
+    empty. A claim that takes the line itself (no flag) is granted with messages waiting."""
+    async with database.session() as db:
+        db.add(QueuedMessageRow(id="m_1", session_id="s_1", content="x", sender="U", timestamp="t"))
+        await db.commit()
+    async with database.session() as db:
+        assert not await leases.claim(db, "t_1", "s_1", "a", 11, 30.0, unless_waiting=True)
+        assert await leases.running_turn_ids(db) == set()  # nothing claimed
+        assert await leases.claim(db, "t_2", "s_2", "a", 12, 30.0, unless_waiting=True)
+        assert await leases.claim(db, "t_3", "s_1", "a", 13, 30.0)  # taking the line: no condition
+        await db.commit()
+        assert await leases.running_turn_ids(db) == {"t_2", "t_3"}
+    async with database.session() as db:
+        assert not await leases.claim(db, "t_4", "s_2", "a", 14, 30.0, unless_waiting=True)  # t_2 runs
+        await (await db.connection()).execute(text("DELETE FROM queued_messages"))
+        await (await db.connection()).execute(text("DELETE FROM turn_leases WHERE turn_id = 't_3'"))
+        assert await leases.claim(db, "t_5", "s_1", "a", 15, 30.0, unless_waiting=True)
+        await db.commit()
+
+
 async def test_a_lease_let_go_is_the_next_sweeps_and_keeps_its_cancel_flag(database: Database) -> None:
     """A replica shutting down while its turn waits for answers expires the lease at once (`expire`): the
     next sweep takes it over (take_over says whether a cancel was asked: no). A flagged one says yes."""
