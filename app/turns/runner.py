@@ -247,7 +247,7 @@ class Runner:
     async def _after_turn(self, session_id: str, state: SessionState) -> None:
         """The turn is closed: take everything waiting as the next turn, or go idle."""
         async with state.lock:
-            state.task = None
+            state.task = state.recorder = state.inbox = None  # an idle session keeps none of its last turn
             # `waiting` mirrors the waiting line's rows (kept under this lock): nothing waits, no read.
             if not self._closing and not state.closed and not await self._line_empty(session_id, state):
                 try:
