@@ -121,6 +121,13 @@ class WriteBehind(GroupCommit):
         self._sequencer.forget(session_id)
         self._drop_texts({session_id})
 
+    def let_go(self, session_id: str) -> None:
+        """The session rested (turns.idle): what is cached for it goes; its next write reads its last event
+        number from the log. Pending events of it, if any, still commit: nothing is dropped but caches."""
+        if self._retention is not None:
+            self._retention.forget(session_id)
+        self._sequencer.forget(session_id)
+
     def _drop_texts(self, session_ids: set[str]) -> None:
         for key in [k for k, b in self._texts.items() if b.session_id in session_ids]:
             del self._texts[key]

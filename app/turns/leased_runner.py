@@ -23,6 +23,7 @@ from app.storage import repository
 from app.storage.tables import ChatSessionRow
 from app.streaming.fencing import Lease
 from app.turns.control import TurnBusy, queued_message
+from app.turns.idle import SessionStates
 from app.turns.lease import LeaseKeeper
 from app.turns.line import SessionState
 from app.turns.recorder import TurnRecorder
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 class LeasedRunner(Runner):
     def __init__(self, *args: Any, keeper: LeaseKeeper, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # The line is the table (other replicas add to it): a state's stale mirror keeps nothing alive.
+        self.sessions = SessionStates(self._states, self._writer.let_go, line_here=False)
         self._keeper = self.keeper = keeper
         self._fence = keeper.fence
         self._fence.on_lost = self._stop_lost

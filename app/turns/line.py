@@ -32,6 +32,8 @@ class SessionState:
     closed: bool = False
     # Answers to the running turn's waiting calls (client results, approvals) on their way to its loop.
     inbox: Inbox | None = None
+    # Callers holding or waiting for the lock (turns.idle: a state in use is never dropped).
+    users: int = 0
 
     def resolve_takers(self, message_ids: Iterable[str], turn_id: str | None) -> None:
         for message_id in message_ids:

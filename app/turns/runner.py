@@ -43,6 +43,7 @@ from app.turns.control import (
     queued_message,
 )
 from app.turns.execution import AgentFactory, run_turn
+from app.turns.idle import SessionStates
 from app.turns.line import SessionState, enqueue, withdraw
 from app.turns.live import IDLE, LiveStatus, LiveStatusBoard
 from app.turns.recorder import TurnRecorder
@@ -72,6 +73,7 @@ class Runner:
         self._fanout = fanout
         self._agent = AgentFactory(settings, database, models, tools)
         self._states: dict[str, SessionState] = {}
+        self.sessions = SessionStates(self._states, writer.let_go)
         self._closing = False
         # Every turn of this process from before its first row is written until its task is done.
         self._turn_ends: dict[str, asyncio.Future[None]] = {}
@@ -95,7 +97,7 @@ class Runner:
         return turn_id in self._turn_ends
 
     def state(self, session_id: str) -> SessionState:
-        return self._states.setdefault(session_id, SessionState())
+        return self.sessions.state(session_id)
 
     async def statuses(self, session_ids: Sequence[str]) -> dict[str, LiveStatus]:
         return {session_id: self._live.get(session_id) for session_id in session_ids}
@@ -119,9 +121,6 @@ class Runner:
     ) -> MessageAccepted:
         if self._closing:
             raise ShuttingDown
-        state = self.state(session.id)
-        if state.closed:
-            raise SessionClosed(session.id)
         message = QueuedMessage(
             id=message_id or new_message_id(),
             content=content,
@@ -131,7 +130,9 @@ class Runner:
             delivery=delivery,
             client_tools=client_tools,
         )
-        async with state.lock:
+        async with self.sessions.held(session.id) as state:
+            if state.closed:
+                raise SessionClosed(session.id)
             if state.task is None and await self._may_open(session.id, state):
                 try:
                     turn_id = await self._start_turn(session, state, [message], from_queue=False)
@@ -246,21 +247,25 @@ class Runner:
 
     async def _after_turn(self, session_id: str, state: SessionState) -> None:
         """The turn is closed: take everything waiting as the next turn, or go idle."""
-        async with state.lock:
-            state.task = state.recorder = state.inbox = None  # an idle session keeps none of its last turn
-            # `waiting` mirrors the waiting line's rows (kept under this lock): nothing waits, no read.
-            if not self._closing and not state.closed and not await self._line_empty(session_id, state):
-                try:
-                    await self._take_waiting(session_id, state)
-                except Exception as exc:
-                    if storage_refusal(exc) is None:
-                        log.exception("taking the waiting messages of session %s failed", session_id)
-                        return
-                    # They stay waiting, first in line: the next post takes them, and so does this retry.
-                    log.error("session %s: its waiting messages wait for storage (%s)", session_id, exc)
-                    asyncio.get_running_loop().call_later(
-                        TAKE_RETRY_SECONDS, self._retry_take, session_id, state
-                    )
+        try:
+            async with state.lock:
+                state.task = state.recorder = state.inbox = None  # idle: nothing of its last turn is kept
+                # `waiting` mirrors the waiting line's rows (kept under this lock): nothing waits, no read.
+                if not self._closing and not state.closed and not await self._line_empty(session_id, state):
+                    await self._take_or_retry(session_id, state)
+        finally:
+            self.sessions.rested(session_id, state)
+
+    async def _take_or_retry(self, session_id: str, state: SessionState) -> None:
+        try:
+            await self._take_waiting(session_id, state)
+        except Exception as exc:
+            if storage_refusal(exc) is None:
+                log.exception("taking the waiting messages of session %s failed", session_id)
+                return
+            # They stay waiting, first in line: the next post takes them, and so does this retry.
+            log.error("session %s: its waiting messages wait for storage (%s)", session_id, exc)
+            asyncio.get_running_loop().call_later(TAKE_RETRY_SECONDS, self._retry_take, session_id, state)
 
     def _retry_take(self, session_id: str, state: SessionState) -> None:
         if state.task is None and state.waiting and self._states.get(session_id) is state:
@@ -295,12 +300,8 @@ class Runner:
     async def taker(self, session_id: str, message_id: str) -> str | None:
         """The turn that took the message, once one has; None if none will (withdrawn, deleted, shut down)."""
         state = self._states.get(session_id)
-        if state is not None and message_id in state.waiting:
-            if self._closing:
-                return None
-            future = state.takers.get(message_id)
-            if future is None:
-                future = state.takers[message_id] = asyncio.get_running_loop().create_future()
+        if state is not None and message_id in state.waiting and not self._closing:
+            future = state.takers.setdefault(message_id, asyncio.get_running_loop().create_future())
             return await asyncio.shield(future)
         async with self._database.read() as db:
             row = await repository.get_message(db, message_id)
@@ -324,8 +325,7 @@ class Runner:
 
     async def withdraw(self, session_id: str, message_ids: list[str] | None = None) -> list[QueuedMessage]:
         """Takes messages out of the waiting line (all of them when `message_ids` is None)."""
-        state = self.state(session_id)
-        async with state.lock:
+        async with self.sessions.held(session_id) as state:
             return await withdraw(self._writer, state, session_id, await self.queue(session_id), message_ids)
 
     # --- stopping ------------------------------------------------------------------------------------
@@ -362,8 +362,7 @@ class Runner:
         """Starts the session's waiting messages unless a turn of it runs (at startup; for a sweeper)."""
         if self._closing:
             return
-        state = self.state(session_id)
-        async with state.lock:
+        async with self.sessions.held(session_id) as state:
             if state.task is None and not state.closed:
                 await self._take_waiting(session_id, state)
 

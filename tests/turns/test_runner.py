@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from app.settings import Settings
+from app.turns.line import SessionState
 from tests.support.runtime import Runtime, runtime
 
 pytestmark = pytest.mark.anyio
@@ -54,8 +55,13 @@ async def test_an_idle_session_keeps_nothing_of_its_last_turn(rt: Runtime) -> No
     del task
     await asyncio.sleep(0)  # the cancel's watch of the turn's stall ends its task
     gc.collect()
-    assert (state.task, state.recorder, state.inbox) == (None, None, None)
+    assert _turn_of(state) == (None, None, None)
     assert recorder() is None
     # The next post starts a turn as before.
     again = await rt.runner.post(session, "again", "User", "steer")
     assert again.turn_id not in (None, turn_id) and state.recorder is not None
+
+
+def _turn_of(state: SessionState) -> tuple[object, object, object]:
+    """What a state holds of a turn (typed loosely: mypy keeps the recorder narrowed from above)."""
+    return (state.task, state.recorder, state.inbox)
