@@ -21,6 +21,7 @@ current (no replica reads its session's stream), so it is rebuilt from the log w
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from app.protocol.events import Resync
 from app.streaming.frames import Frame
 
 RING_SIZE = 1024
+# Seconds a channel nobody watches is kept (its ring serves a quick reconnect) before it is let go.
+CHANNEL_KEEP_SECONDS = 60.0
 
 
 # Frames of one session with after < seq < before, in order, as the event log holds them.
@@ -123,6 +126,9 @@ class Channel:
         # objects each full collection walked them all (tens of milliseconds with the event loop stopped).
         self._ring: deque[tuple[int, str, str]] = deque(maxlen=ring_size)
         self.subscribers: set[Subscriber] = set()
+        # Since when nobody watches it (None while somebody does); `joining`: streams on their way in.
+        self.unwatched_since: float | None = time.monotonic()
+        self.joining = 0
 
     def deliver(self, frames: Iterable[Frame]) -> None:
         """Committed frames, in order: into the ring and every subscriber's buffer. In shared mode a frame
@@ -138,7 +144,7 @@ class Channel:
             dropped = [sub for sub in self.subscribers if not sub.push(frame)]
             if dropped:  # rare (a slow client): no hook call per frame otherwise
                 for sub in dropped:
-                    self.subscribers.discard(sub)
+                    self.unsubscribe(sub)
                 streams_dropped(len(dropped))
         if self.held:
             self._release_held()
@@ -169,15 +175,23 @@ class Channel:
     def subscribe(self) -> Subscriber:
         sub = Subscriber(limit=self._limit)
         self.subscribers.add(sub)
+        self.unwatched_since = None
         return sub
 
     def unsubscribe(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
+        if not self.subscribers and self.unwatched_since is None:
+            self.unwatched_since = time.monotonic()
 
     def close_all(self) -> None:
         for sub in self.subscribers:
             sub.close()
         self.subscribers.clear()
+        self.unwatched_since = time.monotonic()
+
+    def unwatched_for(self, seconds: float, now: float) -> bool:
+        since = self.unwatched_since
+        return since is not None and not self.joining and not self.subscribers and now - since >= seconds
 
 
 @dataclass(eq=False)
@@ -240,6 +254,7 @@ class Broker:
         self._limit = subscriber_limit
         self._ring_size = ring_size
         self._channels: dict[str, Channel] = {}
+        self.keep_seconds = CHANNEL_KEEP_SECONDS
         self._locks: dict[str, asyncio.Lock] = {}
         # Frames delivered while their session's channel is being created: the log read that starts it may
         # have missed them (they committed after it), so they are applied once it exists.
@@ -291,7 +306,11 @@ class Broker:
             raise StreamsClosed("The server is shutting down; reconnect in a moment.")
         channel = await self.channel(session_id)
         if self._on_watch is not None:
-            await self._catch_up(channel, after)
+            channel.joining += 1  # not let go while it catches up
+            try:
+                await self._catch_up(channel, after)
+            finally:
+                channel.joining -= 1
         watched = bool(channel.subscribers)
         sub = channel.subscribe()
         if not watched and self._on_watch is not None:
@@ -358,10 +377,19 @@ class Broker:
     async def _beat(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
+            self.let_go_unwatched(time.monotonic())
             for channel in self._channels.values():
                 for sub in channel.subscribers:
                     sub.ping = True
                     sub.wake()
+
+    def let_go_unwatched(self, now: float) -> None:
+        """Drops the channels nobody watched for `keep_seconds` (each holds a ring of frames): a later
+        stream starts a new channel at the log's last event and replays from the log."""
+        keep, channels = self.keep_seconds, self._channels
+        for session_id in [sid for sid, ch in channels.items() if ch.unwatched_for(keep, now)]:
+            if session_id not in self._locks:  # not one being made again
+                del channels[session_id]
 
     def close_all(self) -> None:
         """Shutdown: every stream ends once its buffered frames are sent, and no new one starts."""

@@ -4,6 +4,7 @@ slow subscribers. Its `Log` stands in for the write-behind; the frames themselve
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -259,3 +260,53 @@ async def test_shared_mode_catches_up_to_a_position_seen_on_another_replica() ->
     assert [f.seq for f in await take(watching, 4)] == [1, 2, 3, 4]
     await log.publish(1)
     assert [f.seq for f in await take(resumed, 1)] == [5]
+
+
+async def test_a_channel_nobody_watches_is_let_go_and_a_later_stream_replays_from_the_log() -> None:
+    """A process kept a channel, with a ring of up to 1,024 frames, for every session ever watched (16.5 KB
+    a session of one short turn, measured on a real server; a long session's ring holds 1,024 frames).
+    Once nobody has watched it for `keep_seconds` it goes; a stream that comes later gets every frame after
+    its position from the log and then live ones, with no gap and no duplicate."""
+    log = Log()
+    broker = make(log, ring=8)
+    first = await broker.subscribe(SID, None)
+    await log.publish(3)
+    assert [f.seq for f in await take(first, 3)] == [1, 2, 3]
+    broker.let_go_unwatched(time.monotonic() + 10 * broker.keep_seconds)
+    assert broker.existing(SID) is not None  # watched
+    first.close()
+    left = time.monotonic()
+    broker.let_go_unwatched(left + broker.keep_seconds - 1)
+    assert broker.existing(SID) is not None  # a quick reconnect still finds its ring
+    broker.let_go_unwatched(left + broker.keep_seconds + 1)
+    assert broker.existing(SID) is None
+    await log.publish(4)  # committed with no channel: only the log has them
+    again = await broker.subscribe(SID, 2)
+    assert [f.seq for f in again.replay] == [3, 4, 5, 6, 7]
+    await log.publish(1)
+    assert [f.seq for f in await take(again, 6)] == [3, 4, 5, 6, 7, 8]
+
+
+async def test_shared_mode_never_lets_go_of_a_channel_a_stream_is_joining() -> None:
+    """Shared mode: a stream catches its new channel up from the log before it subscribes (an await). A
+    channel let go meanwhile would take that stream's live frames to a channel nobody delivers to."""
+    log = Log()
+    log.rows.update({seq: Frame(seq, "agent_status", "{}") for seq in (1, 2, 3, 4)})
+
+    async def stale_head(_: str) -> int:
+        return 2  # the head read when the channel is made; the client saw 4 on another replica
+
+    kept: list[bool] = []
+
+    async def load(session_id: str, after: int, before: int) -> list[Frame]:
+        # The catch-up's read: the heartbeat's sweep comes while it waits.
+        channel = broker.existing(SID)
+        broker.let_go_unwatched(time.monotonic() + 10 * broker.keep_seconds)
+        kept.append(channel is not None and broker.existing(SID) is channel)
+        return await log.load(session_id, after, before)
+
+    broker = Broker(stale_head, 1000, load_frames=load, on_gap=lambda _: None, on_watch=lambda _: None)
+    log.broker = broker
+    subscription = await broker.subscribe(SID, 4)
+    assert kept == [True]
+    assert subscription.channel is broker.existing(SID) and subscription.channel.delivered_seq == 4
