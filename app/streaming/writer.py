@@ -43,6 +43,8 @@ from app.streaming.sqlite_batch import write_in_one_trip
 from app.streaming.texts import TextBuffer, due_texts, mark_written, write_texts
 
 Deliver = Callable[[Sequence[tuple[str, Frame]]], None]
+# Seconds a deleted session's drafts are still dropped (forget_session).
+FORGOTTEN_SECONDS = 600.0
 
 
 class WriteBehind(GroupCommit):
@@ -72,7 +74,8 @@ class WriteBehind(GroupCommit):
         self._texts: dict[str, TextBuffer] = {}
         # Buffers each open transaction finished (untrack), by session: they leave _texts once it commits.
         self._finished: dict[str, list[TextBuffer]] = {}
-        self._forgotten: set[str] = set()
+        # Deleted sessions, with when (their pending drafts are dropped), for FORGOTTEN_SECONDS.
+        self._forgotten: dict[str, float] = {}
         # A session's writes one at a time, in order (on SQLite all writes).
         self._lanes = Lanes(serial=database.dialect != "postgresql")
         # Sessions whose turn write is open: their events commit with that write, so they are not urgent.
@@ -115,7 +118,13 @@ class WriteBehind(GroupCommit):
 
     def forget_session(self, session_id: str) -> None:
         """The session was deleted: its pending rows would only violate foreign keys."""
-        self._forgotten.add(session_id)
+        forgotten, now = self._forgotten, time.monotonic()
+        forgotten.pop(session_id, None)
+        forgotten[session_id] = now  # oldest first
+        # A deletion stops the session's turn first, so nothing of it is published long after; without
+        # this a process would remember every session ever deleted. (The newest entry ends the loop.)
+        while now - next(iter(forgotten.values())) > FORGOTTEN_SECONDS:
+            del forgotten[next(iter(forgotten))]
         if self._retention is not None:
             self._retention.forget(session_id)
         self._sequencer.forget(session_id)
@@ -177,7 +186,7 @@ class WriteBehind(GroupCommit):
             if self.fence is not None:
                 dropped = await self.fence.screen(db, sessions)
                 if dropped:  # their turns lost their leases: nothing of them is written
-                    forgotten = forgotten | dropped
+                    forgotten = {**forgotten, **dict.fromkeys(dropped, 0.0)}
                     texts = [b for b in texts if b.session_id not in dropped]
                     self._drop_texts(dropped)
             written = await write_texts(db, texts, self._texts, self._events)

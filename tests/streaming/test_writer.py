@@ -28,6 +28,7 @@ from app.storage import event_log, one_trip, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, EventRow
 from app.streaming import commit as commit_module
+from app.streaming import writer as writer_module
 from app.streaming.frames import Draft, Frame
 from app.streaming.group_commit import GroupCommit
 from app.streaming.sequencing import LocalSequencer
@@ -796,3 +797,30 @@ async def test_a_turn_cancelled_before_its_first_delta_commits_leaves_it_to_the_
         assert await stored(database, "s_a") == ["m_a"]
     finally:
         await writer.stop()
+
+
+async def test_a_deleted_sessions_drafts_are_dropped_and_the_deletion_is_forgotten_later(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a deleted session still had pending is dropped (its rows would only break foreign keys); the
+    writer remembers the deletion for FORGOTTEN_SECONDS only, or a process would hold every session id it
+    ever deleted. A session that rested (let_go) loses its cached number only: its next events go on from
+    the log's last one."""
+    delivered = Delivered()
+    writer = WriteBehind(database, interval=60.0, deliver=delivered)
+    sink = sink_of(writer)
+    sink("s_a", frame(1))
+    sink("s_b", frame(1))
+    await writer.flush()
+    sink("s_b", frame(0))  # pending when its session is deleted
+    writer.forget_session("s_b")
+    writer.let_go("s_a")
+    sink("s_a", frame(2))
+    await writer.flush()
+    assert delivered.seqs == [("s_a", 1), ("s_b", 1), ("s_a", 2)]
+    assert await logged(database) == [("s_a", 1), ("s_a", 2), ("s_b", 1)]
+    assert "s_b" in writer._forgotten
+    monkeypatch.setattr(writer_module, "FORGOTTEN_SECONDS", 0.0)
+    await asyncio.sleep(0.01)
+    writer.forget_session("s_gone")
+    assert list(writer._forgotten) == ["s_gone"]
