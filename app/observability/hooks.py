@@ -255,6 +255,16 @@ def stream_closed() -> None:
         _active.metrics.open_streams.dec()
 
 
+def held(*, states: int = 0, channels: int = 0) -> None:
+    """Session states (turns.idle) and stream channels (streaming.broker) made (+1) or let go (-1)."""
+    metrics = _active.metrics
+    if metrics is not None:
+        if states:
+            metrics.session_states.inc(states)
+        if channels:
+            metrics.stream_channels.inc(channels)
+
+
 def events_sent(count: int, *, resync: bool = False) -> None:
     metrics = _active.metrics
     if metrics is not None:

@@ -97,6 +97,18 @@ class Metrics:
             "parley_open_streams", "Event streams open now.", registry=r, multiprocess_mode="livesum"
         )
         self.events_sent = Counter("parley_events_sent", "Events sent on event streams.", registry=r)
+        self.session_states = Gauge(
+            "parley_session_states",
+            "Sessions whose runtime state this process holds (in use, or idle under 5 minutes).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.stream_channels = Gauge(
+            "parley_stream_channels",
+            "Sessions whose stream channel (recent events) this process holds (watched, or within a minute).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.streams_dropped = Counter(
             "parley_streams_dropped_slow", "Streams ended because the client fell too far behind.", registry=r
         )

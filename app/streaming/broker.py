@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from app.errors import Unavailable
-from app.observability.hooks import streams_dropped
+from app.observability.hooks import held, streams_dropped
 from app.protocol.events import Resync
 from app.streaming.frames import Frame
 
@@ -187,7 +187,6 @@ class Channel:
         for sub in self.subscribers:
             sub.close()
         self.subscribers.clear()
-        self.unwatched_since = time.monotonic()
 
     def unwatched_for(self, seconds: float, now: float) -> bool:
         since = self.unwatched_since
@@ -267,8 +266,7 @@ class Broker:
         if existing is not None:
             if existing.subscribers or self._on_watch is None:
                 return existing
-            # Shared mode: nobody watched it, so no replica's frames kept it current.
-            del self._channels[session_id]
+            self.drop(session_id)  # shared mode: nobody watched it, so no replica's frames kept it current
         lock = self._locks.setdefault(session_id, asyncio.Lock())
         try:
             async with lock:
@@ -278,6 +276,7 @@ class Broker:
                     existing = Channel(session_id, last, self._limit, self._ring_size, self._on_gap)
                     existing.deliver(self._early.pop(session_id, ()))
                     self._channels[session_id] = existing
+                    held(channels=1)
         finally:
             if not lock.locked() and self._locks.get(session_id) is lock:
                 del self._locks[session_id]
@@ -361,6 +360,7 @@ class Broker:
     def drop(self, session_id: str) -> None:
         channel = self._channels.pop(session_id, None)
         if channel is not None:
+            held(channels=-1)
             channel.close_all()
 
     def start_heartbeat(self, interval: float) -> None:
@@ -386,10 +386,10 @@ class Broker:
     def let_go_unwatched(self, now: float) -> None:
         """Drops the channels nobody watched for `keep_seconds` (each holds a ring of frames): a later
         stream starts a new channel at the log's last event and replays from the log."""
-        keep, channels = self.keep_seconds, self._channels
-        for session_id in [sid for sid, ch in channels.items() if ch.unwatched_for(keep, now)]:
+        keep = self.keep_seconds
+        for session_id in [sid for sid, ch in self._channels.items() if ch.unwatched_for(keep, now)]:
             if session_id not in self._locks:  # not one being made again
-                del channels[session_id]
+                self.drop(session_id)
 
     def close_all(self) -> None:
         """Shutdown: every stream ends once its buffered frames are sent, and no new one starts."""

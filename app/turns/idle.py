@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from app.observability.hooks import held
 from app.turns.line import SessionState
 
 IDLE_KEEP_SECONDS = 300.0
@@ -44,7 +45,18 @@ class SessionStates:
         self._rested: dict[str, float] = {}
 
     def state(self, session_id: str) -> SessionState:
-        return self._states.setdefault(session_id, SessionState())
+        state = self._states.get(session_id)
+        if state is None:
+            state = self._states[session_id] = SessionState()
+            held(states=1)
+        return state
+
+    def forget(self, session_id: str) -> SessionState | None:
+        """The session is gone (deleted): its state goes at once."""
+        state = self._states.pop(session_id, None)
+        if state is not None:
+            held(states=-1)
+        return state
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._states
@@ -81,6 +93,7 @@ class SessionStates:
             state = self._states.get(session_id)
             if state is not None and self._idle(state):
                 del self._states[session_id]
+                held(states=-1)
                 self._let_go(session_id)
 
     def _idle(self, state: SessionState) -> bool:

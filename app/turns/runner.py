@@ -378,7 +378,7 @@ class Runner:
 
     def forget(self, session_id: str) -> None:
         """The session is gone (deleted here or by another replica): its state here and its streams end."""
-        state = self._states.pop(session_id, None)
+        state = self.sessions.forget(session_id)
         if state is not None:
             state.closed = True
             state.resolve_takers(list(state.takers), None)

@@ -105,6 +105,9 @@ def test_open_streams_and_resumes_are_counted(metrics_server: LiveServer) -> Non
             during = scrape(client)
         assert value(during, "parley_open_streams") == 1
         assert value(during, "parley_stream_resumes_total") == 1
+        # What the process holds for sessions: the one session's state and its stream channel.
+        assert value(during, "parley_session_states") == 1
+        assert value(during, "parley_stream_channels") == 1
 
 
 def test_metrics_are_off_by_default(server: LiveServer) -> None:

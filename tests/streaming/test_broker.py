@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from app.observability import hooks
+from app.observability.metrics import Metrics
 from app.protocol.events import AgentStatus
 from app.streaming.broker import Broker, Subscription
 from app.streaming.frames import Draft, Frame, Publisher
@@ -269,17 +271,24 @@ async def test_a_channel_nobody_watches_is_let_go_and_a_later_stream_replays_fro
     its position from the log and then live ones, with no gap and no duplicate."""
     log = Log()
     broker = make(log, ring=8)
-    first = await broker.subscribe(SID, None)
-    await log.publish(3)
-    assert [f.seq for f in await take(first, 3)] == [1, 2, 3]
-    broker.let_go_unwatched(time.monotonic() + 10 * broker.keep_seconds)
-    assert broker.existing(SID) is not None  # watched
-    first.close()
-    left = time.monotonic()
-    broker.let_go_unwatched(left + broker.keep_seconds - 1)
-    assert broker.existing(SID) is not None  # a quick reconnect still finds its ring
-    broker.let_go_unwatched(left + broker.keep_seconds + 1)
-    assert broker.existing(SID) is None
+    metrics = Metrics()
+    hooks.activate(metrics)
+    try:
+        first = await broker.subscribe(SID, None)
+        await log.publish(3)
+        assert [f.seq for f in await take(first, 3)] == [1, 2, 3]
+        broker.let_go_unwatched(time.monotonic() + 10 * broker.keep_seconds)
+        assert broker.existing(SID) is not None  # watched
+        first.close()
+        left = time.monotonic()
+        broker.let_go_unwatched(left + broker.keep_seconds - 1)
+        assert broker.existing(SID) is not None  # a quick reconnect still finds its ring
+        assert metrics.registry.get_sample_value("parley_stream_channels") == 1
+        broker.let_go_unwatched(left + broker.keep_seconds + 1)
+        assert broker.existing(SID) is None
+        assert metrics.registry.get_sample_value("parley_stream_channels") == 0
+    finally:
+        hooks.activate(None)
     await log.publish(4)  # committed with no channel: only the log has them
     again = await broker.subscribe(SID, 2)
     assert [f.seq for f in again.replay] == [3, 4, 5, 6, 7]

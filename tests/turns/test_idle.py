@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from app.observability import hooks
+from app.observability.metrics import Metrics
 from app.settings import Settings
 from app.storage import event_log
 from app.turns.idle import IDLE_KEEP_SECONDS, SessionStates
@@ -121,14 +123,22 @@ async def _seqs(rt: Runtime, session_id: str) -> list[int]:
 async def test_a_session_whose_state_went_numbers_its_events_on_from_the_log(rt: Runtime) -> None:
     """The state and the writer's cached last event number go when the turn ends; the next turn makes a
     new state and reads the last number from the log: the session's events stay numbered 1..n, no gap
-    and no number twice (a stale or lost number would repeat one, and the unique key would refuse it)."""
-    session = await rt.add_session("s_a")
-    for round_ in range(3):
-        turn_id = await rt.start_turn(session, f"round {round_}")
-        assert "s_a" in rt.runner.sessions and rt.runner.runs("s_a")
-        result = await rt.runner.cancel("s_a")
-        assert (result.cancelled, result.turn_id) == (True, turn_id)
-        assert "s_a" not in rt.runner.sessions
+    and no number twice (a stale or lost number would repeat one, and the unique key would refuse it).
+    The gauge parley_session_states follows."""
+    metrics = Metrics()
+    hooks.activate(metrics)
+    try:
+        session = await rt.add_session("s_a")
+        for round_ in range(3):
+            turn_id = await rt.start_turn(session, f"round {round_}")
+            assert "s_a" in rt.runner.sessions and rt.runner.runs("s_a")
+            assert metrics.registry.get_sample_value("parley_session_states") == 1
+            result = await rt.runner.cancel("s_a")
+            assert (result.cancelled, result.turn_id) == (True, turn_id)
+            assert "s_a" not in rt.runner.sessions
+            assert metrics.registry.get_sample_value("parley_session_states") == 0
+    finally:
+        hooks.activate(None)
     seqs = await _seqs(rt, "s_a")
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 3 * 4
     history = await rt.history("s_a")
