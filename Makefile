@@ -66,9 +66,11 @@ run: $(RUN_DEPS) ## Migrate the DB and serve on HOST:PORT (runtime lock only; re
 	$(BIN)/python -m compileall -q app
 	$(BIN)/python -m app --host $(HOST) --port $(PORT)
 
-test: $(STAMP) ## ruff check + import contracts + the TypeScript client's tests + chromium + pytest (PYTEST_ARGS=...)
+test: $(STAMP) ## ruff check and format + import contracts + mypy + the TypeScript client's tests + chromium + pytest (PYTEST_ARGS=...)
 	$(BIN)/ruff check app tests migrations bench clients
+	$(BIN)/ruff format --check app tests migrations bench clients
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(MAKE) --no-print-directory client-test browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
