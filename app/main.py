@@ -264,6 +264,7 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
         writer.deliver_to(relay.deliver)
     else:
         writer.deliver_to(broker.deliver)
+    broker.keep_seconds = settings.stream_channel_seconds
     broker.start_heartbeat(settings.sse_ping_interval)
     return writer, broker, relay
 

@@ -81,6 +81,17 @@ class Settings(BaseSettings):
     event_retention: int = Field(
         10_000, ge=1, description="Events kept per session for resuming; older positions get a resync."
     )
+    stream_channel_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="Seconds a session's stream channel (its recent events, for quick resumes) is kept "
+        "after its last stream left; then resumes read the event log.",
+    )
+    idle_session_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="Seconds a session's runtime state is kept once it is idle (no turn, nothing waiting).",
+    )
     event_flush_interval: float = Field(
         0.1,
         gt=0,

@@ -36,7 +36,8 @@ class LeasedRunner(Runner):
     def __init__(self, *args: Any, keeper: LeaseKeeper, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # The line is the table (other replicas add to it): a state's stale mirror keeps nothing alive.
-        self.sessions = SessionStates(self._states, self._writer.let_go, line_here=False)
+        keep = self._settings.idle_session_seconds
+        self.sessions = SessionStates(self._states, self._writer.let_go, line_here=False, keep_seconds=keep)
         self._keeper = self.keeper = keeper
         self._fence = keeper.fence
         self._fence.on_lost = self._stop_lost

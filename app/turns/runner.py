@@ -73,7 +73,7 @@ class Runner:
         self._fanout = fanout
         self._agent = AgentFactory(settings, database, models, tools)
         self._states: dict[str, SessionState] = {}
-        self.sessions = SessionStates(self._states, writer.let_go)
+        self.sessions = SessionStates(self._states, writer.let_go, keep_seconds=settings.idle_session_seconds)
         self._closing = False
         # Every turn of this process from before its first row is written until its task is done.
         self._turn_ends: dict[str, asyncio.Future[None]] = {}

@@ -7,6 +7,7 @@ prometheus-client's own parser, from a real uvicorn server over a real socket.""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,3 +133,42 @@ def test_every_metric_is_in_the_scrape_before_anything_happened() -> None:
     text = Metrics().render()[0].decode()
     for name in ("parley_turns_started", "parley_open_streams", "parley_db_commit_seconds"):
         assert f"# TYPE {name}" in text
+
+
+def test_what_a_process_holds_for_a_session_goes_once_it_rests(database_url: str) -> None:
+    """With both keep times at 0 and a fast heartbeat: the session's state goes as its turn ends, its
+    stream channel at the first heartbeat after its stream closed, and the gauges say so. A resume after
+    that replays the whole turn from the event log, numbered 1..n."""
+    settings = Settings(
+        database_url=database_url,
+        demo_token_delay=0.001,
+        metrics=True,
+        metrics_token=TOKEN,
+        idle_session_seconds=0,
+        stream_channel_seconds=0,
+        sse_ping_interval=0.2,
+    )
+    with live_server(settings) as running, httpx.Client(base_url=running.base_url, timeout=30) as client:
+        session_id = client.post("/v1/sessions", json={}).json()["id"]
+        with client.stream("GET", f"/v1/sessions/{session_id}/events?format=ndjson") as stream:
+            done = client.post(f"/v1/sessions/{session_id}/messages?wait=true", json={"content": "hi"})
+            assert done.status_code == 200, done.text
+            lines = stream.iter_lines()
+            while not (line := next(lines)) or json.loads(line)["type"] != "turn_done":
+                pass
+            during = scrape(client)
+        assert value(during, "parley_session_states") == 0  # idle, and kept 0 s
+        assert value(during, "parley_stream_channels") == 1  # watched
+        deadline = time.monotonic() + 10
+        while value(scrape(client), "parley_stream_channels") != 0:
+            assert time.monotonic() < deadline, "the channel was never let go"
+            time.sleep(0.1)
+        with client.stream("GET", f"/v1/sessions/{session_id}/events?after=0&format=ndjson") as stream:
+            seqs = []
+            for line in stream.iter_lines():
+                if line:
+                    event = json.loads(line)
+                    seqs.append(event["seq"])
+                    if event["type"] == "turn_done":
+                        break
+        assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > 4
