@@ -1917,6 +1917,15 @@ export interface operations {
                     "application/json": components["schemas"]["Health"];
                 };
             };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
             /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
             431: {
                 headers: {
@@ -1944,6 +1953,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Readiness"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
@@ -1982,6 +2000,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ModelList"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -2046,6 +2073,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SessionPage"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -2122,6 +2158,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SessionOut"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -2222,6 +2267,15 @@ export interface operations {
                     "application/json": components["schemas"]["SessionOut"];
                 };
             };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
             /** @description Missing or unknown API key (when the server has keys) */
             401: {
                 headers: {
@@ -2299,6 +2353,15 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
             };
             /** @description Missing or unknown API key (when the server has keys) */
             401: {
@@ -2382,6 +2445,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SessionOut"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -2484,6 +2556,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ResolutionResult"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -2615,6 +2696,15 @@ export interface operations {
                     "application/json": components["schemas"]["CancelResult"];
                 };
             };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
             /** @description Missing or unknown API key (when the server has keys) */
             401: {
                 headers: {
@@ -2724,6 +2814,15 @@ export interface operations {
                     "text/event-stream": components["schemas"]["EventFrame"];
                 };
             };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
             /** @description Missing or unknown API key (when the server has keys) */
             401: {
                 headers: {
@@ -2819,6 +2918,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["MessagePage"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -2920,6 +3028,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["MessageAccepted"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -3049,6 +3166,15 @@ export interface operations {
                     "application/json": components["schemas"]["PendingList"];
                 };
             };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
             /** @description Missing or unknown API key (when the server has keys) */
             401: {
                 headers: {
@@ -3127,6 +3253,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["QueueList"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -3208,6 +3343,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["QueuedMessage"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -3301,6 +3445,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ResolutionResult"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -3423,6 +3576,15 @@ export interface operations {
                     "application/json": components["schemas"]["TurnPage"];
                 };
             };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
             /** @description Missing or unknown API key (when the server has keys) */
             401: {
                 headers: {
@@ -3507,6 +3669,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Turn"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */
@@ -3594,6 +3765,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ToolList"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
             /** @description Missing or unknown API key (when the server has keys) */

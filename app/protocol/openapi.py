@@ -149,6 +149,7 @@ def install_openapi(app: FastAPI) -> None:
             _add_events(spec)
             _document_streams(spec)
             _validation_errors(spec)
+            _malformed_requests(spec)
             _add_links(spec)
             _parameters_not_null(spec)
             app.openapi_schema = spec
@@ -200,6 +201,21 @@ def _validation_errors(spec: dict[str, Any]) -> None:
         schema = schemas.pop(name, None)
         if schema is not None and f'"{SCHEMAS}{name}"' in json.dumps(spec):
             schemas[name] = schema
+
+
+MALFORMED = (
+    "The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the "
+    "HTTP server refuses it in plain text, before the service reads it, and closes the connection"
+)
+
+
+def _malformed_requests(spec: dict[str, Any]) -> None:
+    """Any route may get the HTTP server's own 400: it comes before the app, so no route declares it."""
+    for operation in _operations(spec):
+        response = operation.setdefault("responses", {}).setdefault("400", {"description": MALFORMED})
+        if response["description"] != MALFORMED:
+            response["description"] = f"{response['description']}; or: {MALFORMED}"
+        response.setdefault("content", {})["text/plain"] = {"schema": {"type": "string"}}
 
 
 SESSIONS = "/v1/sessions"
