@@ -318,6 +318,7 @@ def _storage(results: dict[str, Any]) -> list[Figure]:
             by_origin[origin] = max(by_origin.get(origin, 0), int(count))
     storage = results.get("storage")
     streams = get(storage, "idle_streams")
+    retained = results.get("retained")
     gen2 = [get(window, "gc", "gen2", "max_ms") for window in windows]
     longest_gc = max((pause for pause in gen2 if pause is not None), default=None)
     return [
@@ -363,6 +364,16 @@ def _storage(results: dict[str, Any]) -> list[Figure]:
             100,
             note=f"{get(streams, 'streams')} streams ({get(streams, 'failed')} failed); "
             f"{get(streams, 'per_stream_kb')} KB each",
+        ),
+        Figure(
+            "retained_per_session_kb",
+            "RSS a server keeps per session served, once the session rested",
+            get(retained, "per_session_kb"),
+            "KB",
+            2,
+            note=f"the second of two waves of {get(retained, 'sessions')} sessions (stream, one demo turn, "
+            f"close; {get(retained, 'failed_turns')} turns failed), both keep windows 1 s; 15.5-16.4 KB "
+            "before channels and states were let go",
         ),
     ]
 

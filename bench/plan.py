@@ -19,6 +19,7 @@ STAGES = (
     "demo",
     "storage",
     "idle_streams",
+    "retained",
     "postgres",
     "tools",
     "replicas",
@@ -62,6 +63,8 @@ class Config:
     replays: int = 5
     # Idle open streams.
     idle_streams: int = 2_000
+    # What a server keeps per session served (bench/retained.py): sessions in each of two waves.
+    retained_sessions: int = 1_000
     # Tool calls (bench/tools.py): turns of one call each, per kind of tool.
     tool_calls: int = 200
     # Several replicas (bench/replicas.py). Capacity: the most sessions whose turns keep duration p50 within
@@ -124,6 +127,7 @@ SMOKE = Config(
     page_calls=3,
     replays=1,
     idle_streams=20,
+    retained_sessions=10,
     tool_calls=10,
     replica_start=2,
     replica_step=2,
@@ -175,6 +179,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--messages", type=int, help="messages in the seeded long session")
     p.add_argument("--events", type=int, help="events in the seeded replay session")
     p.add_argument("--idle-streams", type=int, help="idle event streams opened at once")
+    p.add_argument("--retained-sessions", type=int, help="sessions in each wave of the retained stage")
     p.add_argument("--replica-start", type=int, help="first level of the one-replica capacity search")
     p.add_argument("--replica-step", type=int, help="the capacity search's step (doubled for two replicas)")
     p.add_argument("--replica-searches", type=int, help="most levels of each capacity search")

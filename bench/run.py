@@ -32,6 +32,7 @@ from bench.procs import ROOT, Cores, UpstreamProcess, pin_self, raise_nofile
 from bench.replica_report import turn_errors as replica_turn_errors
 from bench.replicas import replicas
 from bench.report import machine, write
+from bench.retained import retained
 from bench.startup import baselines, cold_start
 from bench.storage import storage
 from bench.streaming import demo, stop, sweep, warm_up
@@ -100,6 +101,8 @@ async def _stages(ctx: Context, results: dict[str, Any]) -> None:
         results["storage"] = await guarded(
             results, "storage", lambda: storage(ctx, with_idle_streams=with_streams)
         )
+    if "retained" in stages:
+        results["retained"] = await guarded(results, "retained", lambda: retained(ctx))
     if "postgres" in stages:
         results["postgres"] = await guarded(results, "postgres", lambda: postgres(ctx))
     if "tools" in stages:
