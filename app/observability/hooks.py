@@ -255,7 +255,7 @@ def stream_closed() -> None:
         _active.metrics.open_streams.dec()
 
 
-def held(*, states: int = 0, channels: int = 0) -> None:
+def session_memory(*, states: int = 0, channels: int = 0) -> None:
     """Session states (turns.idle) and stream channels (streaming.broker) made (+1) or let go (-1)."""
     metrics = _active.metrics
     if metrics is not None:

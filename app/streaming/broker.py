@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from app.errors import Unavailable
-from app.observability.hooks import held, streams_dropped
+from app.observability.hooks import session_memory, streams_dropped
 from app.protocol.events import Resync
 from app.streaming.frames import Frame
 
@@ -276,7 +276,7 @@ class Broker:
                     existing = Channel(session_id, last, self._limit, self._ring_size, self._on_gap)
                     existing.deliver(self._early.pop(session_id, ()))
                     self._channels[session_id] = existing
-                    held(channels=1)
+                    session_memory(channels=1)
         finally:
             if not lock.locked() and self._locks.get(session_id) is lock:
                 del self._locks[session_id]
@@ -360,7 +360,7 @@ class Broker:
     def drop(self, session_id: str) -> None:
         channel = self._channels.pop(session_id, None)
         if channel is not None:
-            held(channels=-1)
+            session_memory(channels=-1)
             channel.close_all()
 
     def start_heartbeat(self, interval: float) -> None:

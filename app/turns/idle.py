@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from app.observability.hooks import held
+from app.observability.hooks import session_memory
 from app.turns.line import SessionState
 
 IDLE_KEEP_SECONDS = 300.0
@@ -48,14 +48,14 @@ class SessionStates:
         state = self._states.get(session_id)
         if state is None:
             state = self._states[session_id] = SessionState()
-            held(states=1)
+            session_memory(states=1)
         return state
 
     def forget(self, session_id: str) -> SessionState | None:
         """The session is gone (deleted): its state goes at once."""
         state = self._states.pop(session_id, None)
         if state is not None:
-            held(states=-1)
+            session_memory(states=-1)
         return state
 
     def __contains__(self, session_id: str) -> bool:
@@ -93,7 +93,7 @@ class SessionStates:
             state = self._states.get(session_id)
             if state is not None and self._idle(state):
                 del self._states[session_id]
-                held(states=-1)
+                session_memory(states=-1)
                 self._let_go(session_id)
 
     def _idle(self, state: SessionState) -> bool:
