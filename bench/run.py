@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from bench import summary
 from bench.context import Context, say
 from bench.figures import build, load_runs
-from bench.plan import Config, config_from, parser
+from bench.plan import STAGES, Config, config_from, parser
 from bench.postgres import postgres
 from bench.procs import ROOT, Cores, UpstreamProcess, pin_self, raise_nofile
 from bench.replica_report import turn_errors as replica_turn_errors
@@ -169,13 +169,21 @@ def render(out: Path) -> None:
     plot(results, out / "latest.png")
 
 
+def default_out(config: Config, work: Path, *, render_only: bool = False) -> Path:
+    """Where a run without --out writes its report. Only a full run writes the committed figures
+    (bench/results): a smoke run, or one that leaves a stage out, would replace them with a report of tiny
+    sizes or of a few stages, so it writes into its work directory. --render-only re-renders the
+    committed report."""
+    if render_only or not (config.smoke or set(config.stages) != set(STAGES)):
+        return ROOT / "bench" / "results"
+    return work / "results"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     config = config_from(args)
     work = Path(args.work) if args.work else ROOT / "bench" / "work" / ("smoke" if config.smoke else "full")
-    # A smoke run never overwrites the committed figures.
-    default_out = work / "results" if config.smoke else ROOT / "bench" / "results"
-    out = Path(args.out) if args.out else default_out
+    out = Path(args.out) if args.out else default_out(config, work, render_only=args.render_only)
     if args.render_only:
         render(out)
         return 0

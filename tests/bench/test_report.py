@@ -13,10 +13,11 @@ import pytest
 
 from bench.context import Context
 from bench.figures import FIGURE_KEYS, build
+from bench.plan import STAGES, config_from, parser
 from bench.plot import plot
 from bench.replica_report import markdown
 from bench.report import write
-from bench.run import _peak, _turn_errors
+from bench.run import _peak, _turn_errors, default_out
 
 COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "latest.json"
 
@@ -74,3 +75,23 @@ def test_the_replica_table_shows_where_a_turns_extra_time_goes(results: dict[str
     assert len(rows) == 2
     assert f"| 27 / {rest} |" in rows[0]
     assert f"| – / {rest} |" in rows[1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "committed"),
+    [
+        ([], True),
+        (["--levels", "10,50"], True),
+        (["--render-only"], True),
+        (["--smoke"], False),
+        (["--only", "sweep"], False),
+        (["--skip", "replicas"], False),
+        (["--only", ",".join(reversed(STAGES))], True),
+    ],
+)
+def test_only_a_full_run_writes_the_committed_figures(
+    argv: list[str], committed: bool, tmp_path: Path
+) -> None:
+    args = parser().parse_args(argv)
+    out = default_out(config_from(args), tmp_path, render_only=args.render_only)
+    assert out == (COMMITTED.parent if committed else tmp_path / "results")
