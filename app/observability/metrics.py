@@ -99,13 +99,15 @@ class Metrics:
         self.events_sent = Counter("parley_events_sent", "Events sent on event streams.", registry=r)
         self.session_states = Gauge(
             "parley_session_states",
-            "Sessions whose runtime state this process holds (in use, or idle under 5 minutes).",
+            "Sessions whose runtime state this process holds (in use, or idle for under "
+            "PARLEY_IDLE_SESSION_SECONDS).",
             registry=r,
             multiprocess_mode="livesum",
         )
         self.stream_channels = Gauge(
             "parley_stream_channels",
-            "Sessions whose stream channel (recent events) this process holds (watched, or within a minute).",
+            "Sessions whose stream channel (recent events) this process holds (watched, or unwatched for "
+            "under PARLEY_STREAM_CHANNEL_SECONDS).",
             registry=r,
             multiprocess_mode="livesum",
         )
