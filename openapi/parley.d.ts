@@ -1523,7 +1523,7 @@ export interface components {
             };
             /**
              * Requires Approval
-             * @description `approval: always` in the tools file.
+             * @description The tools file's `approval` marks it (`always`, or an MCP server's names and globs): every call waits for a person, however a session selects the tool (its name, its server, later).
              */
             requires_approval: boolean;
             /**

@@ -92,7 +92,7 @@ class Sessions:
         client_tools = [t.model_dump(mode="json") for t in body.client_tools or []]
         approval = approval_names(body.approval)
         check_client_tools(tools, body.client_tools or [])
-        check_approval(approval, tools)
+        check_approval(approval, tools, self._tools)
         at = now_iso()
         row = ChatSessionRow(
             id=session_id,

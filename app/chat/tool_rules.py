@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from app.chat.errors import UnknownTool
 from app.errors import ApiError
 from app.protocol.tool_requests import ClientTool
+from app.tools.registry import ToolRegistry
 
 
 class ToolNameClash(ApiError):
@@ -23,10 +24,12 @@ def check_client_tools(server_tools: Sequence[str], client_tools: Sequence[Clien
         )
 
 
-def check_approval(names: Sequence[str], server_tools: Sequence[str]) -> None:
-    """Approval names the session's server tools ("*": all of them); client tools run in the client,
-    which asks its user itself if it wants to."""
-    unknown = [n for n in names if n != "*" and n not in server_tools]
+def check_approval(names: Sequence[str], server_tools: Sequence[str], tools: ToolRegistry) -> None:
+    """Approval names the session's server tools ("*": all of them): a selected name, a selected MCP
+    server (`github`, `github/*`) or one of its tools; each call is matched by the tool it resolves to
+    (ToolRegistry.requires_approval). Client tools run in the client, which asks its user itself if it
+    wants to."""
+    unknown = [n for n in names if n != "*" and not tools.covers(server_tools, n)]
     if unknown:
         raise UnknownTool(
             f"Approval names tool(s) the session does not have: {', '.join(unknown)}.",

@@ -15,7 +15,10 @@ class ToolInfo(BaseModel):
     description: str
     parameters: dict[str, Any] = Field(description="The JSON schema of the arguments.")
     server: str | None = Field(None, description="The MCP server it belongs to.")
-    requires_approval: bool = Field(description="`approval: always` in the tools file.")
+    requires_approval: bool = Field(
+        description="The tools file's `approval` marks it (`always`, or an MCP server's names and globs): "
+        "every call waits for a person, however a session selects the tool (its name, its server, later)."
+    )
 
 
 class McpServerInfo(BaseModel):

@@ -62,19 +62,15 @@ class ToolCatalog:
         tools: list[dict[str, Any]] = []
         for name in self.registry.names():
             tool = self.registry.lookup(name)
+            # The registry's own decision, the one it enforces where the tool runs, for every session
+            # that selects the tool (by name, by its server, or later) before its own approval names.
+            approval = self.registry.requires_approval(name)
             if isinstance(tool, Tool):
                 parameters = tool.schema()["function"]["parameters"]
-                tools.append(_info(name, "builtin", tool.description, parameters, None, False))
+                tools.append(_info(name, "builtin", tool.description, parameters, None, approval))
             elif isinstance(tool, ExternalTool):
                 tools.append(
-                    _info(
-                        name,
-                        tool.source,
-                        tool.description,
-                        tool.parameters,
-                        tool.group,
-                        tool.requires_approval,
-                    )
+                    _info(name, tool.source, tool.description, tool.parameters, tool.group, approval)
                 )
         servers = [
             {

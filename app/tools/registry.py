@@ -8,6 +8,10 @@ This module owns the tool contract shared by the agent loop and the API layer:
 * executing a model-issued tool call (`ToolRegistry.execute`), where every failure the model caused or
   can react to (unknown tool, bad arguments, a raising or slow tool) becomes an error `ToolOutcome` the
   model reads, instead of an exception that would abort the turn;
+* the approval rule (`ToolRegistry.requires_approval`): decided from the tool a call resolves to (the
+  tools file's rule for it, and the session's own approval names matched against it), never from how the
+  session spelled its selection, and held where the call executes: `execute` runs no such call unless it
+  is told a person approved it;
 * the default registry (`build_default_registry`): the built-in tools of builtins.py, plain functions
   that know nothing of the registry.
 """
@@ -261,6 +265,13 @@ class ToolRegistry:
         """Any tool available now: built-in, MCP or HTTP."""
         return self._tools.get(name) or self._external().get(name)
 
+    def resolve(self, name: str, allowed: Collection[str] | None = None) -> Tool | ExternalTool | None:
+        """The tool a call of `name` runs now, within a session's selection `allowed` (tool and server
+        names, `server/*`; None: any tool): None for no tool, or one the selection does not hold."""
+        if allowed is not None and name not in self.expand(list(allowed)):
+            return None
+        return self.lookup(name)
+
     def names(self) -> list[str]:
         """Every tool available now: the built-ins, then what the providers offer."""
         return sorted(self._tools) + sorted(self._external())
@@ -285,6 +296,17 @@ class ToolRegistry:
             else:
                 out.append(name)
         return list(dict.fromkeys(out))
+
+    def covers(self, selection: Sequence[str], name: str) -> bool:
+        """Whether `name` (a tool, a server, `server/*`) stands for tools the selection holds, now or once
+        a selected server lists them: what a session's approval names may name."""
+        if name in selection:
+            return True
+        groups = self._groups() - set(self._tools)
+        selected = {s.removesuffix("/*") for s in selection} & groups
+        if name.removesuffix("/*") in selected:
+            return True
+        return name in self.expand(list(selection)) or any(name.startswith(f"{g}__") for g in selected)
 
     def unknown(self, names: Sequence[str]) -> list[str]:
         """Names that are no tool, no server and no tool of a configured server (`server__...`)."""
@@ -320,14 +342,19 @@ class ToolRegistry:
         tool = self._external().get(name) if name not in self._tools else None
         return tool.source if tool is not None else "builtin"
 
-    def requires_approval(self, tool_name: str) -> bool:
-        """Whether the tools file says a person approves each call of this tool before it runs.
+    def requires_approval(
+        self, name: str, *, allowed: Collection[str] | None = None, session_rule: Collection[str] = ()
+    ) -> bool:
+        """Whether a person approves a call of `name` before it runs, decided from the tool the call
+        resolves to within the selection `allowed` (see `resolve`), however the session named it.
 
-        `approval: always` on an HTTP tool, or on an MCP server (every tool) or its list of tool names
-        and globs; built-in and unknown tools never need one.
+        The tools file's rule for that tool (`approval: always` on an HTTP tool, or on an MCP server, or
+        its list of tool names and globs), or the session's own approval names (`session_rule`): "*", the
+        tool's name, or its server's (`server`, `server/*`). A call that resolves to no tool runs nothing
+        (its error result needs nobody's approval).
         """
-        tool = self._external().get(tool_name) if tool_name not in self._tools else None
-        return tool is not None and tool.requires_approval
+        tool = self.resolve(name, allowed)
+        return tool is not None and _needs_approval(tool, session_rule)
 
     async def execute(
         self,
@@ -337,19 +364,27 @@ class ToolRegistry:
         *,
         default_timeout: float,
         allowed: Collection[str] | None = None,
+        session_rule: Collection[str] = (),
+        approved: bool = False,
     ) -> ToolOutcome:
         """Run one tool call issued by the model.
 
         Never raises for a tool problem: those become `is_error` outcomes worded for the model.
         `allowed` restricts the call to a session's tools; others are reported as unknown.
+        A call that needs approval (`requires_approval`, with `session_rule`) runs only when `approved`
+        says a person approved it: whoever calls this, the rule holds here, where the tool runs.
         Cancellation (`asyncio.CancelledError`) propagates into the tool and back out.
         """
-        tool = self.lookup(name)
-        if allowed is not None:
-            allowed = self.expand(list(allowed))
-        if tool is None or (allowed is not None and name not in allowed):
-            visible = [n for n in self.names() if allowed is None or n in allowed]
+        tool = self.resolve(name, allowed)
+        if tool is None:
+            selected = None if allowed is None else set(self.expand(list(allowed)))
+            visible = [n for n in self.names() if selected is None or n in selected]
             return _error(f"Unknown tool '{name}'. Available tools: {', '.join(visible) or '(none)'}")
+        if not approved and _needs_approval(tool, session_rule):
+            # The round decides the same way and waits first; a call that gets here unapproved came by a
+            # path that did not ask (or its tool changed meanwhile): it is refused, never run.
+            logger.warning("Tool %r needs approval and was not approved (call %s)", name, ctx.tool_call_id)
+            return _error(f"Tool '{name}' needs a person's approval before it runs; it was not run.")
         if isinstance(tool, ExternalTool):
             return await run_external(tool, arguments, ctx)
 
@@ -390,6 +425,16 @@ class ToolRegistry:
         if str(exc):
             detail += f": {exc}"
         return _error(f"Tool '{tool.name}' failed: {_truncate(detail)}")
+
+
+def _needs_approval(tool: Tool | ExternalTool, session_rule: Collection[str]) -> bool:
+    """The tools file's rule for the tool, or the session's approval names matched against it."""
+    if isinstance(tool, ExternalTool) and tool.requires_approval:
+        return True
+    if "*" in session_rule or tool.name in session_rule:
+        return True
+    group = tool.group if isinstance(tool, ExternalTool) else None
+    return group is not None and (group in session_rule or f"{group}/*" in session_rule)
 
 
 def build_default_registry() -> ToolRegistry:

@@ -173,7 +173,9 @@ class AgentRun:
         self, calls: list[CallRequest], resumed: ResumedRound | None = None
     ) -> AsyncGenerator[AgentEvent, None]:
         """Runs (or waits for) the response's calls; results enter the history in call order."""
-        round_ = ToolRound(self.wait_rules, self.inbox, self._execute, self.tools.source_of)
+        round_ = ToolRound(
+            self.wait_rules, self.inbox, self._execute, self._needs_approval, self.tools.source_of
+        )
         running = round_.resume(resumed) if resumed is not None else round_.run(calls)
         async with aclosing(running):
             async for event in running:
@@ -187,7 +189,14 @@ class AgentRun:
                 {"role": "tool", "tool_call_id": call.id, "content": round_.outcomes[call.id].content}
             )
 
-    async def _execute(self, call: CallRequest) -> tuple[CallRequest, ToolOutcome, int]:
+    def _needs_approval(self, name: str) -> bool:
+        """Decided from the tool the call resolves to in the session's selection, by the registry that
+        also holds the rule where the tool runs (`_execute`)."""
+        return self.tools.requires_approval(
+            name, allowed=self.tool_names, session_rule=self.wait_rules.approval
+        )
+
+    async def _execute(self, call: CallRequest, approved: bool) -> tuple[CallRequest, ToolOutcome, int]:
         started = time.monotonic()
         ctx = ToolContext(session_id=self.session_id, turn_id=self.turn_id, tool_call_id=call.id)
         # A name the model made up is not a label: metrics keep a bounded set of tools.
@@ -200,6 +209,8 @@ class AgentRun:
                 ctx,
                 default_timeout=self.tool_timeout,
                 allowed=self.tool_names,
+                session_rule=self.wait_rules.approval,
+                approved=approved,
             )
             observed.outcome = "error" if outcome.is_error else "ok"
         return call, outcome, round((time.monotonic() - started) * 1000)

@@ -83,17 +83,13 @@ class AgentFactory:
         )
 
     def _wait_rules(self, session: ChatSessionRow, client_tools: list[dict[str, Any]]) -> WaitRules:
-        tools, approval = self._tools, set(session.approval)
-        server_tools = set(session.tools)
-
-        def needs_approval(name: str) -> bool:
-            if name not in server_tools:
-                return False  # an unknown tool: its error result needs nobody's approval
-            return "*" in approval or name in approval or tools.requires_approval(name)
-
+        tools = self._tools
+        # Only the session's own names: which calls they (and the tools file) guard is decided from the
+        # tool each call resolves to, by the registry (AgentRun asks it, and it holds the rule where the
+        # tool runs), not from how the session spelled its selection.
         return WaitRules(
             client_tools=frozenset(t["name"] for t in client_tools),
-            approval=needs_approval,
+            approval=frozenset(session.approval),
             client_timeout=self._settings.client_tool_timeout,
             approval_timeout=self._settings.approval_timeout,
             validate=lambda name, arguments: edit_problem(tools, name, arguments),

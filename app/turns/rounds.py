@@ -2,9 +2,11 @@
 
 Server tools run at once, concurrently. A client tool's call and a call that needs approval wait: the
 round announces them (InputRequested), and the turn is suspended until the turn's inbox brings answers or
-their time runs out. Answers are checked (turns.waiting) and recorded before the request that gave them
-gets its reply; an approved call runs as soon as it is approved. The round ends once every call has its
-outcome, in call order for the history.
+their time runs out. Which calls need approval is the registry's decision from the tool each call resolves
+to (the agent passes it in), and the round tells the executor which calls a person approved: the registry
+runs no guarded call that was not. Answers are checked (turns.waiting) and recorded before the request
+that gave them gets its reply; an approved call runs as soon as it is approved. The round ends once every
+call has its outcome, in call order for the history.
 
 A round can also be resumed after a restart from what its rows say (ResumedRound): calls with a result
 keep it, calls still waiting wait again with their original expiry, approved calls that had not started
@@ -44,6 +46,8 @@ from app.turns.waiting import (
 )
 
 Executed = tuple[CallRequest, ToolOutcome, int]
+# Runs a call; the flag says a person approved it (an unapproved call of a guarded tool is refused).
+Execute = Callable[[CallRequest, bool], Coroutine[Any, Any, Executed]]
 
 
 @dataclass
@@ -62,15 +66,11 @@ class WaitRules:
     """Which calls wait, and for how long."""
 
     client_tools: frozenset[str] = frozenset()
-    approval: Callable[[str], bool] = field(default=lambda _: False)
+    # The session's own approval names ("*", a tool, a server); the tools file's rule is the registry's.
+    approval: frozenset[str] = frozenset()
     client_timeout: float = 900.0
     approval_timeout: float = 900.0
     validate: ArgumentCheck = field(default=lambda _name, _args: None)
-
-    def kind(self, call: CallRequest) -> Kind | None:
-        if call.name in self.client_tools:
-            return "client"
-        return "approval" if self.approval(call.name) else None
 
     def timeout(self, kind: Kind) -> float:
         return self.client_timeout if kind == "client" else self.approval_timeout
@@ -81,13 +81,15 @@ class ToolRound:
         self,
         rules: WaitRules,
         inbox: Inbox | None,
-        execute: Callable[[CallRequest], Coroutine[Any, Any, Executed]],
+        execute: Execute,
+        needs_approval: Callable[[str], bool],
         source_of: Callable[[str], str] = lambda _name: "builtin",
     ) -> None:
         self._rules = rules
         self._inbox = inbox or Inbox()
         self._execute = execute
         self._source_of = source_of
+        self._needs_approval = needs_approval
         self.outcomes: dict[str, ToolOutcome] = {}
         # Calls a person edited: the arguments they ran with (the history shows those).
         self.edited: dict[str, str] = {}
@@ -112,10 +114,10 @@ class ToolRound:
     async def _run(self, calls: list[CallRequest]) -> AsyncGenerator[AgentEvent, None]:
         self._calls = {call.id: call for call in calls}
         for call in calls:
-            kind = self._rules.kind(call)
+            kind = self._kind(call)
             yield ToolStarted(call, kind, "client" if kind == "client" else self._source_of(call.name))
             if kind is None:
-                self._start(call)
+                self._start(call, approved=False)
                 continue
             requested_at, expires_at = expiry(self._rules.timeout(kind))
             waiting = Waiting(call.id, call.name, call.arguments, kind, requested_at, expires_at)
@@ -137,12 +139,17 @@ class ToolRound:
         if plan.approved:
             yield ApprovedStarting(list(plan.approved))
             for call_id, arguments in plan.approved.items():
-                self._start(CallRequest(call_id, self._calls[call_id].name, arguments))
+                self._start(CallRequest(call_id, self._calls[call_id].name, arguments), approved=True)
         async for event in self._drive():
             yield event
 
-    def _start(self, call: CallRequest) -> None:
-        self._tasks.add(asyncio.create_task(self._execute(call), name=f"tool:{call.name}"))
+    def _kind(self, call: CallRequest) -> Kind | None:
+        if call.name in self._rules.client_tools:
+            return "client"
+        return "approval" if self._needs_approval(call.name) else None
+
+    def _start(self, call: CallRequest, *, approved: bool) -> None:
+        self._tasks.add(asyncio.create_task(self._execute(call, approved), name=f"tool:{call.name}"))
 
     def _open(self) -> list[Waiting]:
         return [w for w in self._waiting.values() if w.answer is None]
@@ -211,7 +218,9 @@ class ToolRound:
                 call = self._calls[a.call_id]
                 if a.arguments_text is not None:
                     self.edited[a.call_id] = a.arguments_text
-                self._start(CallRequest(call.id, call.name, a.arguments_text or call.arguments_text))
+                self._start(
+                    CallRequest(call.id, call.name, a.arguments_text or call.arguments_text), approved=True
+                )
 
     async def _drop(self, getter: asyncio.Task[Submission] | None) -> None:
         """The round is over or abandoned: an answer taken from the inbox but not handled is refused, as

@@ -17,6 +17,7 @@ from app.chat.tool_rules import ToolNameClash, check_approval, check_client_tool
 from app.protocol.schemas import SessionCreate
 from app.protocol.tool_requests import ApprovalsIn, ClientTool, ToolResultsIn, approval_names
 from app.storage.tables import PendingToolRequestRow
+from app.tools.registry import build_default_registry
 from app.turns.waiting import AnswerConflict, AnswerExpired
 
 
@@ -65,9 +66,10 @@ def test_tool_rules() -> None:
     check_client_tools(["calculate"], [ClientTool(name="loc")])
     with pytest.raises(ToolNameClash):
         check_client_tools(["calculate"], [ClientTool(name="calculate")])
-    check_approval(["*", "calculate"], ["calculate"])
+    registry = build_default_registry()
+    check_approval(["*", "calculate"], ["calculate"], registry)
     with pytest.raises(UnknownTool):
-        check_approval(["slow"], ["calculate"])
+        check_approval(["slow"], ["calculate"], registry)
 
 
 def _row(state: str, answer: Any, decision: str | None = None) -> PendingToolRequestRow:

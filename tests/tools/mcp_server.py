@@ -2,8 +2,8 @@
 
 `python tests/tools/mcp_server.py stdio` serves over stdio; `... http PORT` over streamable HTTP on
 127.0.0.1:PORT at /mcp. With MCP_TEST_LOG set, the server appends one line per notable thing it saw
-(`start <pid>`, `started slow`, `cancelled <tool>`, `child <pid>`) to that file, so a test can check what
-the server saw.
+(`start <pid>`, `started slow`, `cancelled <tool>`, `child <pid>`, `ran <a grown tool>`) to that file,
+so a test can check what the server saw.
 """
 
 from __future__ import annotations
@@ -79,9 +79,10 @@ async def spawn() -> int:
 
 @server.tool()
 async def grow(name: str, ctx: Context) -> str:
-    """Adds a tool of that name and announces the tool list changed."""
+    """Adds a tool of that name (it notes `ran <name>` when called) and announces the tool list changed."""
 
     async def added() -> str:
+        note(f"ran {name}")
         return "added"
 
     server.add_tool(added, name=name, description="Added at run time.")

@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from app.tools import ToolContext, ToolOutcome, ToolRegistry, UnknownToolError, build_default_registry
+from tests.support.guarded_tools import guarded_registry
 
 T = TypeVar("T")
 CTX = ToolContext(session_id="s1", turn_id="t1", tool_call_id="call-1")
@@ -451,3 +452,59 @@ def test_cancellation_propagates_into_the_tool_and_out_of_execute() -> None:
 
     run(scenario())
     assert tool_saw_cancel == [True]
+
+
+# --- approval: decided from the tool a call resolves to, held where it runs ---------------------
+
+SELECTIONS = [["shop__slow"], ["shop"], ["shop/*"], ["calculate", "shop"]]
+
+
+@pytest.mark.parametrize("selection", SELECTIONS)
+def test_a_guarded_call_is_refused_unless_approved_whichever_way_it_was_selected(
+    selection: list[str],
+) -> None:
+    registry, provider = guarded_registry()
+    assert registry.requires_approval("shop__slow", allowed=selection)
+    refused = execute(registry, "shop__slow", "{}", allowed=selection)
+    assert refused.is_error and "needs a person's approval" in refused.content
+    assert provider.ran == []
+    approved = run(
+        registry.execute("shop__slow", "{}", CTX, default_timeout=5, allowed=selection, approved=True)
+    )
+    assert approved == ToolOutcome("shop__slow ran", is_error=False)
+    assert provider.ran == ["shop__slow"]
+
+
+def test_a_tool_the_server_lists_later_and_an_http_tool_are_guarded_too() -> None:
+    registry, provider = guarded_registry()
+    assert not registry.requires_approval("shop__late", allowed=["shop"])  # no such tool yet: runs nothing
+    provider.grow("late")
+    assert registry.requires_approval("shop__late", allowed=["shop"])
+    assert registry.requires_approval("order", allowed=["order"])
+    for name, selection in [("shop__late", ["shop"]), ("order", ["order"])]:
+        outcome = execute(registry, name, "{}", allowed=selection)
+        assert outcome.is_error and "needs a person's approval" in outcome.content
+    assert provider.ran == []
+
+
+@pytest.mark.parametrize("rule", [["*"], ["shop"], ["shop/*"], ["shop__add"]])
+def test_the_sessions_own_approval_names_match_the_resolved_tool(rule: list[str]) -> None:
+    registry, provider = guarded_registry()
+    assert not registry.requires_approval("shop__add", allowed=["shop"])
+    assert registry.requires_approval("shop__add", allowed=["shop"], session_rule=rule)
+    outcome = run(
+        registry.execute("shop__add", "{}", CTX, default_timeout=5, allowed=["shop"], session_rule=rule)
+    )
+    assert outcome.is_error and provider.ran == []
+    # A built-in only when the rule names it (or "*"); a tool outside the selection runs nothing.
+    assert registry.requires_approval("calculate", session_rule=rule) == (rule == ["*"])
+    assert not registry.requires_approval("shop__add", allowed=["calculate"], session_rule=rule)
+
+
+def test_covers_what_a_sessions_approval_may_name() -> None:
+    registry, _ = guarded_registry()
+    for name in ("shop", "shop/*", "shop__add", "shop__not_listed_yet"):
+        assert registry.covers(["shop"], name) and registry.covers(["shop/*"], name)
+    assert registry.covers(["shop__add"], "shop__add")
+    assert not registry.covers(["shop__add"], "shop") and not registry.covers(["shop__add"], "shop__slow")
+    assert not registry.covers(["calculate"], "order") and registry.covers(["order"], "order")

@@ -159,10 +159,16 @@ async def test_listing_names_every_tool_and_each_servers_state(server: LiveServe
         assert len((await client.get("/v1/sessions")).json()["sessions"]) == 1
 
 
-async def run_turn(client: httpx.AsyncClient, sid: str, content: str) -> EventReader:
+async def run_turn(client: httpx.AsyncClient, sid: str, content: str, approve: int = 0) -> EventReader:
+    """The turn to its end; `approve`: how many calls the tools file guards, approved once all are asked."""
     async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
         posted = await client.post(f"/v1/sessions/{sid}/messages", json={"content": content})
         assert posted.status_code == 202
+        if approve:
+            asked = await reader.wait_type("approval_requested", count=approve, timeout=40)
+            decisions = [{"tool_call_id": e.data["tool_call_id"], "decision": "approve"} for e in asked]
+            approved = await client.post(f"/v1/sessions/{sid}/approvals", json={"decisions": decisions})
+            assert approved.status_code == 200, approved.text
         await reader.wait_type("turn_done", timeout=40)
     return reader
 
@@ -184,11 +190,13 @@ async def test_the_model_calls_mcp_tools_over_http_and_stdio(
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         await connected_listing(client)
         sid = (await client.post("/v1/sessions", json={"tools": ["demo", "local/*"]})).json()["id"]
-        reader = await run_turn(client, sid, "add, big and fail")
+        # approval: ["fail", "b*"] on `demo` holds for a session that selects the whole server.
+        reader = await run_turn(client, sid, "add, big and fail", approve=2)
         history = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
     offered = {t["function"]["name"] for t in upstream.requests[0].body["tools"]}
     assert {"demo__add", "demo__big", "local__echo"} <= offered and "calculate" not in offered
     assert [s["source"] for s in reader.of_type("tool_exec_start")] == ["mcp"] * 4
+    assert [a["name"] for a in reader.of_type("approval_requested")] == ["demo__big", "demo__fail"]
     ends = {e["tool_result"]["tool_call_id"]: e for e in reader.of_type("tool_exec_end")}
     assert ends["call_a"]["tool_result"]["content"] == "42" and ends["call_a"]["source"] == "mcp"
     assert ends["call_b"]["truncated"] is True and ends["call_a"]["truncated"] is False

@@ -26,6 +26,9 @@ from app.turns.agent import (
     ToolFinished,
     ToolStarted,
 )
+from app.turns.calls import InputAnswered, InputRequested
+from app.turns.waiting import Inbox
+from tests.support.guarded_tools import guarded_registry
 from tests.support.scripted import Response, ScriptedModel, ScriptItem, Sleep, text, tool_call
 
 pytestmark = pytest.mark.anyio
@@ -652,3 +655,31 @@ def test_call_request_arguments_deeply_nested_json_falls_back_to_raw_text() -> N
 def test_arguments_round_trip_as_written_for_objects() -> None:
     raw = '{"text": "héllo"}'
     assert json.dumps(CallRequest("c", "echo", raw).arguments, ensure_ascii=False) == raw
+
+
+@pytest.mark.parametrize("selection", [["shop__slow"], ["shop"], ["shop/*"]])
+async def test_a_run_built_without_wait_rules_still_waits_for_a_tool_the_tools_file_guards(
+    selection: list[str],
+) -> None:
+    """However a run is built (a protocol adapter, a regenerated branch: no WaitRules given), the tools
+    file's rule is the registry's, decided from the tool the call resolves to: the call waits for a
+    person and runs only once approved."""
+    registry, provider = guarded_registry()
+    adapter = ScriptedModel([[tool_call(0, "shop__slow", "{}", id="call_g")], text("done")])
+    inbox = Inbox()
+    run = make_run(adapter, tools=registry, tool_names=selection, inbox=inbox)
+    events: list[AgentEvent] = []
+    answered: asyncio.Future[Any] | None = None
+    async for event in run.run():
+        events.append(event)
+        if isinstance(event, InputRequested):
+            assert provider.ran == []  # nothing ran before the approval
+            answered = inbox.submit("approval", [{"tool_call_id": "call_g", "decision": "approve"}])
+        if isinstance(event, InputAnswered) and event.submission is not None:
+            event.submission.future.set_result(event.replies)  # the recorder's part
+    assert answered is not None and [r.resolution for r in await answered] == ["approve"]
+    [started] = [e for e in events if isinstance(e, ToolStarted)]
+    assert started.waits_for == "approval"
+    assert provider.ran == ["shop__slow"]
+    [finished] = [e for e in events if isinstance(e, ToolFinished)]
+    assert finished.outcome == ToolOutcome("shop__slow ran", is_error=False)

@@ -36,19 +36,24 @@ pytestmark = pytest.mark.anyio
 
 RULES = WaitRules(
     client_tools=frozenset({"where"}),
-    approval=lambda name: name == "guarded",
     client_timeout=30,
     approval_timeout=30,
     validate=lambda _name, args: None if isinstance(args.get("x"), int) else "x: must be an integer",
 )
 
 
+def guarded(name: str) -> bool:
+    return name == "guarded"
+
+
 class Executor:
     def __init__(self) -> None:
         self.ran: list[CallRequest] = []
+        self.approved: list[bool] = []
 
-    async def __call__(self, call: CallRequest) -> tuple[CallRequest, ToolOutcome, int]:
+    async def __call__(self, call: CallRequest, approved: bool) -> tuple[CallRequest, ToolOutcome, int]:
         self.ran.append(call)
+        self.approved.append(approved)
         return call, ToolOutcome(f"ran {call.name} {call.arguments_text}", is_error=False), 1
 
 
@@ -71,7 +76,7 @@ async def drive(
 
 async def test_only_client_tools_and_guarded_tools_wait_and_answers_resume_in_order() -> None:
     inbox, execute = Inbox(), Executor()
-    round_ = ToolRound(RULES, inbox, execute)
+    round_ = ToolRound(RULES, inbox, execute, guarded)
     calls = [
         CallRequest("a", "free", "{}"),
         CallRequest("b", "where", "{}"),
@@ -87,6 +92,7 @@ async def test_only_client_tools_and_guarded_tools_wait_and_answers_resume_in_or
     assert [w.call_id for w in requested.waiting] == ["b", "c"]
     assert [e.call_ids for e in seen if isinstance(e, ApprovedStarting)] == [["c"]]
     assert [c.arguments_text for c in execute.ran] == ["{}", '{"x": 1}']  # the edited arguments ran
+    assert execute.approved == [False, True]  # the executor knows which call a person approved
     assert round_.outcomes["b"] == ToolOutcome("Paris", is_error=False)
     assert round_.edited == {"c": '{"x": 1}'}
     assert [[r.resolution for r in reply] for reply in replies] == [["edit"], ["answered"]]
@@ -94,7 +100,7 @@ async def test_only_client_tools_and_guarded_tools_wait_and_answers_resume_in_or
 
 async def test_an_expired_call_gives_its_timeout_to_the_model() -> None:
     rules = WaitRules(client_tools=frozenset({"where"}), client_timeout=0.05)
-    round_ = ToolRound(rules, Inbox(), Executor())
+    round_ = ToolRound(rules, Inbox(), Executor(), guarded)
     seen, _ = await drive(round_.run([CallRequest("b", "where", "{}")]), Inbox(), [])
     [answered] = [e for e in seen if isinstance(e, InputAnswered)]
     assert answered.answers[0].resolution == "expired"
@@ -115,13 +121,14 @@ async def test_a_resumed_round_waits_runs_the_approved_and_never_reruns_the_inte
         approved={"c": '{"x": 2}'},
     )
     seen, _ = await drive(
-        ToolRound(RULES, inbox, execute).resume(plan),
+        ToolRound(RULES, inbox, execute, guarded).resume(plan),
         inbox,
         [("client", [{"tool_call_id": "b", "error": "denied"}])],
     )
     finished = [e for e in seen if isinstance(e, ToolFinished)]
     assert [(e.call.id, e.interrupted) for e in finished] == [("a", True), ("c", False)]
     assert [c.id for c in execute.ran] == ["c"]  # a is not run again
+    assert execute.approved == [True]  # c was approved before the restart
     assert any(isinstance(e, InputRequested) and e.resumed for e in seen)
 
 
