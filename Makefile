@@ -74,6 +74,10 @@ test: $(STAMP) ## ruff check and format + import contracts + mypy + the TypeScri
 	$(MAKE) --no-print-directory client-test browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+.PHONY: sizes
+sizes: ## List app/ modules past ~400 lines and functions past ~60 (a signal to look at, not a limit)
+	@$(PYTHON) scripts/sizes.py
+
 # The benchmark harness (bench/README.md): 8-9 minutes on a 2-core machine; its figures go to
 # bench/results/. BENCH_ARGS passes options, e.g. BENCH_ARGS="--levels 1,10,50,100" or "--smoke".
 BENCH_ARGS ?=

@@ -1,7 +1,8 @@
-"""The code's shape, held by a machine: every module of app/ stays under about 400 lines and every
-function under about 60 (STYLE.md: past that a module or a function is usually two things), and every
-module of app/ has a test module that imports it (tests mirror app/: a module reached only through
-others is tested only as far as they happen to use it)."""
+"""The code's shape, held by a machine: every module of app/ has a test module that imports it (tests
+mirror app/: a module reached only through others is tested only as far as they happen to use it).
+
+Size is a signal, not a wall (STYLE.md): `make sizes` lists the modules past ~400 lines and the functions
+past ~60, to look at; a split made to pass a count is worse than the long file, so no test fails on it."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "app"
 TESTS = APP.parent / "tests"
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 60
 
 _OVER_HTTP = "exercised over HTTP by tests/api"
 _REPLICAS = "runs inside real replica processes: tests/replicas drives them over HTTP and reads the database"
@@ -38,26 +37,6 @@ NOT_IMPORTED = {
 
 def _modules() -> list[Path]:
     return sorted(APP.rglob("*.py"))
-
-
-def test_no_module_is_over_400_lines() -> None:
-    long = {
-        str(path.relative_to(APP.parent)): n
-        for path in _modules()
-        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
-    }
-    assert long == {}
-
-
-def test_no_function_is_over_60_lines() -> None:
-    long = {}
-    for path in _modules():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    long[f"{path.relative_to(APP.parent)}:{node.lineno} {node.name}"] = lines
-    assert long == {}
 
 
 def _module_name(path: Path) -> str:
