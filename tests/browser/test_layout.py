@@ -100,7 +100,7 @@ def test_on_a_phone_the_sidebar_is_a_drawer_and_the_conversation_has_the_width(
 
     sid = new_session(page)  # opens the drawer, clicks New session: the drawer closes on the new session
     until(page, drawer_closed, "the drawer closed on the new session")
-    first = "[long] [slow] a story about a lighthouse keeper who collects sea glass along the shore"
+    first = "[long] [slow] a story about a lighthouse keeper who collects sea glass"
     send(page, first)
     until(page, lambda p: p.is_visible("#stop"), "Stop shows while the answer streams")
     until(

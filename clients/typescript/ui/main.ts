@@ -384,9 +384,8 @@ const firstMessages = new Map<string, string>();
 function when(iso: string): string {
   const date = new Date(iso);
   const today = date.toDateString() === new Date().toDateString();
-  return today
-    ? date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
-    : date.toLocaleString([], { dateStyle: "medium", timeStyle: "short" });
+  const clock = { hour: "2-digit", minute: "2-digit", hourCycle: "h23" } as const;
+  return today ? date.toLocaleTimeString([], clock) : date.toLocaleString([], { month: "short", day: "numeric", ...clock });
 }
 
 async function firstMessage(sessionId: string): Promise<string | null> {
