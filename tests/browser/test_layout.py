@@ -49,22 +49,26 @@ NEWEST_JS = """() => {
 }"""
 
 
+def newest(page: Any) -> Any:
+    return page.evaluate(NEWEST_JS)
+
+
 def box(page: Any, selector: str) -> dict[str, float]:
     found = page.evaluate(BOX_JS, selector)
     assert found is not None, selector
     return dict(found)
 
 
-def until(page: Any, check: Any, what: str, timeout: float = 30.0) -> Any:
+def until(page: Any, check: Any, what: str, timeout: float = 30.0, shown: Any = None) -> Any:
     """Polls `check(page)` from Python until it is truthy (the page's strict CSP refuses the function
-    Playwright's wait_for_function would evaluate in it)."""
+    Playwright's wait_for_function would evaluate in it); a failure shows `shown(page)`, or the last value."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check(page)
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"never happened: {what} (last: {check(page)!r})")
+    raise AssertionError(f"never happened: {what} (last: {(shown or check)(page)!r})")
 
 
 def assert_fits(page: Any) -> None:
@@ -191,13 +195,13 @@ def test_an_approval_card_leaves_the_newest_message_in_view(
     page.locator(".approval-card").wait_for()
 
     def newest_in_view(p: Any) -> Any:
-        seen = p.evaluate(NEWEST_JS)
+        seen = newest(p)
         if seen is None or seen["kind"] != "tool_group":  # the call the card asks about is the newest row
             return None
         visible = seen["top"] >= seen["boxTop"] - 1 and seen["bottom"] <= seen["boxBottom"] + 1
         return seen if visible and seen["cardTop"] >= seen["bottom"] else None
 
-    until(page, newest_in_view, "the newest message is in view above the card", timeout=10)
+    until(page, newest_in_view, "the newest message is in view above the card", timeout=10, shown=newest)
     assert page.inner_text(".message-row[data-kind=tool_group] summary").startswith("⚙ calculate")
     card = box(page, ".approval-card")
     assert card["bottom"] <= viewport[1] and card["right"] <= viewport[0]
