@@ -44,8 +44,9 @@ NEWEST_JS = """() => {
   const r = rows[rows.length - 1].getBoundingClientRect();
   const box = document.querySelector('#messages').getBoundingClientRect();
   const c = card.getBoundingClientRect();
-  return {kind: rows[rows.length - 1].dataset.kind, text: rows[rows.length - 1].textContent,
-    top: r.top, bottom: r.bottom, boxTop: box.top, boxBottom: box.bottom, cardTop: c.top, cardBottom: c.bottom};
+  const last = rows[rows.length - 1];
+  return {kind: last.dataset.kind, text: last.textContent, top: r.top, bottom: r.bottom,
+    boxTop: box.top, boxBottom: box.bottom, cardTop: c.top, cardBottom: c.bottom};
 }"""
 
 
@@ -115,8 +116,8 @@ def test_on_a_phone_the_sidebar_is_a_drawer_and_the_conversation_has_the_width(
     message_box, stop, send_button = box(page, "#input"), box(page, "#stop"), box(page, "#send")
     assert message_box["width"] >= 290, message_box
     for button in (stop, send_button):
-        assert 0 <= button["left"] and button["right"] <= PHONE[0], button
-        assert 0 <= button["top"] and button["bottom"] <= PHONE[1], button
+        assert button["left"] >= 0 and button["right"] <= PHONE[0], button
+        assert button["top"] >= 0 and button["bottom"] <= PHONE[1], button
     # the user's message wraps at words, not one letter per line
     assert box(page, ".message-row[data-kind=user] .message-bubble")["width"] >= 250
     assert_fits(page)
