@@ -208,8 +208,14 @@ def test_an_approval_card_leaves_the_newest_message_in_view(
     assert card["bottom"] <= viewport[1] and card["right"] <= viewport[0]
     assert_fits(page)
     page.screenshot(path=str(tmp_path / f"approval-{viewport[0]}.png"))
-    page.locator(".approval-card button.approve").click()
+    # a long reason, one unbroken word, makes the tool group's line long: it wraps inside the screen
+    page.locator(".approval-card .approval-reason").fill("not-with-these-numbers-" * 12)
+    page.locator(".approval-card button.reject").click()
     settled(page, parley.base_url, sid)
+    summary = page.inner_text(".message-row[data-kind=tool_group] summary")
+    assert "rejected: not-with-these-numbers-" in summary
+    assert_fits(page)
+    page.screenshot(path=str(tmp_path / f"rejected-{viewport[0]}.png"))
 
 
 @pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["phone", "desktop"])
