@@ -49,16 +49,21 @@ function makeClient(): ParleyClient {
   return new ParleyClient({ baseUrl: "", apiKey: sessionStorage.getItem(KEY_STORAGE) || null });
 }
 
-// Where the key field is, in words that hold on a phone (a drawer behind ☰) and on a wide screen.
-const KEY_FIELD = "the API key field of the sidebar (☰ at the top left on a narrow screen)";
+// The width under which the sidebar is a drawer behind ☰ (the same as style.css's @media rule).
+const NARROW = "(max-width: 720px)";
+
+/** Where the key field is, in words that hold on the screen the person has. */
+function keyField(): string {
+  return matchMedia(NARROW).matches ? "the API key field of the menu (☰ at the top left)" : "the API key field on the left";
+}
 
 function describeError(error: unknown): string {
   if (error instanceof ParleyHttpError) {
     if (error.status === 401 && !client.apiKey) {
-      return `This server needs an API key. Enter yours in ${KEY_FIELD}, then create or pick a session.`;
+      return `This server needs an API key. Enter yours in ${keyField()}, then create or pick a session.`;
     }
     if (error.status === 401) {
-      return `The API key was refused (401 ${error.code}): ${error.body?.message ?? ""} Enter a valid key in ${KEY_FIELD}.`;
+      return `The API key was refused (401 ${error.code}): ${error.body?.message ?? ""} Enter a valid key in ${keyField()}.`;
     }
     return `${error.status} ${error.code}: ${error.body?.message ?? error.message}`;
   }
