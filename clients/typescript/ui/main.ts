@@ -312,7 +312,8 @@ function render(): void {
   scheduled = false;
   if (!chat) return;
   const state = chat.state;
-  $("session-title").textContent = sessionName(chat.session?.title, state) ?? "New session";
+  // Until the session could be read (e.g. a refused key) its id is all the page knows of it.
+  $("session-title").textContent = chat.session ? (sessionName(chat.session.title, state) ?? "New session") : chat.sessionId;
   renderMessages(state);
   renderPending(chat);
   renderConnection(chat.connection);
