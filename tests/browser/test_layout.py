@@ -231,6 +231,9 @@ def test_with_keys_the_first_screen_says_to_enter_one(
     assert box(page, "#error")["right"] <= viewport[0]
     assert_fits(page)
     page.screenshot(path=str(tmp_path / f"keys-{viewport[0]}.png"))
+    # the tab's icon needs no key either
+    icon = httpx.get(f"{parley.base_url}/favicon.ico", timeout=30)
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/")
     # the field it names is where it says: in the sidebar, behind ☰ on a phone
     open_menu(page)
     page.fill("#key", KEY)
