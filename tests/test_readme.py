@@ -1,8 +1,13 @@
-"""The README's reference tables follow the code: every route with its query parameters, every event with
-every field, every setting with its environment variable and default. A route, a field or a setting added
-without its row fails here. And the README's scripted snippets (the `sh` blocks marked
-`<!-- readme-test: run -->`) run, in order, as one bash script with `set -euo pipefail` against a live
-server: a snippet that fails, or prints `null` where it promised a value, fails here."""
+"""The docs (README.md and docs/*.md) follow the code and run.
+
+Their reference tables follow the code: every route with its query parameters (docs/api.md), every event
+with every field (docs/events.md), every setting with its environment variable and default
+(docs/configuration.md). A route, a field or a setting added without its row fails here. Every `sh` block
+is marked: `<!-- docs-test: run -->` blocks run, in order, one bash script per page with
+`set -euo pipefail`, twice in a row against one live server (so a snippet that only works once fails);
+`<!-- docs-test: skip: why -->` blocks (a server start, an endless stream) say why they cannot. A snippet
+that fails, or prints `null` where it promised a value, fails here. And every relative link resolves, to a
+file and, where it names one, to a heading of it."""
 
 from __future__ import annotations
 
@@ -24,12 +29,17 @@ from app.protocol.events import Event
 from app.settings import Settings
 from tests.support.server import live_server
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+API_PAGE = ROOT / "docs" / "api.md"
+EVENTS_PAGE = ROOT / "docs" / "events.md"
+CONFIGURATION_PAGE = ROOT / "docs" / "configuration.md"
 COMMON = ("type", "seq", "session_id")  # every event has them: the section says so once
 
 
-def _section(heading: str) -> str:
-    text = README.read_text()
+def _section(page: Path, heading: str) -> str:
+    text = page.read_text()
     start = text.index(f"\n## {heading}\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else None]
@@ -77,13 +87,13 @@ def _fields(model: type[BaseModel], skip: tuple[str, ...] = ()) -> set[str]:
 
 
 def test_the_event_table_lists_every_event_with_every_field() -> None:
-    section = _section("Events")
+    section = _section(EVENTS_PAGE, "The events")
     rows = _rows(section, "| type | fields |")
     models = {model.model_fields["type"].default: model for model in _event_models()}
     assert sorted(rows) == sorted(models), "one row per event type, and no other"
     for type_, model in models.items():
         missing = _fields(model, skip=COMMON) - _names(rows[type_][0])
-        assert not missing, f"README events table, {type_}: {sorted(missing)} missing"
+        assert not missing, f"docs/events.md table, {type_}: {sorted(missing)} missing"
     assert all(f"`{name}`" in section for name in COMMON)
 
 
@@ -106,15 +116,15 @@ def _same(cell: str, expected: str) -> bool:
 
 @pytest.mark.parametrize("name", list(Settings.model_fields))
 def test_the_configuration_table_lists_every_setting_with_its_default(name: str) -> None:
-    rows = _rows(_section("Configuration"), "| variable | default | meaning |")
+    rows = _rows(_section(CONFIGURATION_PAGE, "Settings"), "| variable | default | meaning |")
     variable = f"PARLEY_{name.upper()}"
-    assert variable in rows, f"README configuration table: no row for {variable}"
+    assert variable in rows, f"docs/configuration.md table: no row for {variable}"
     field = Settings.model_fields[name]
     default = field.get_default(call_default_factory=True)
     assert default is not PydanticUndefined
     cell, meaning = rows[variable]
-    assert _same(cell, _documented_default(default)), f"{variable}: README says {cell}, the code {default!r}"
-    assert meaning, f"{variable} has no meaning in the README"
+    assert _same(cell, _documented_default(default)), f"{variable}: docs/configuration.md says {cell}, the code {default!r}"
+    assert meaning, f"{variable} has no meaning in docs/configuration.md"
 
 
 # Not settings of the app: `make run`'s (and its recipe's `python -m app --host/--port`) address.
@@ -122,14 +132,14 @@ MAKE_VARIABLES = {"HOST": "`127.0.0.1`", "PORT": "`8000`"}
 
 
 def test_the_configuration_table_has_no_setting_the_code_does_not_know() -> None:
-    rows = _rows(_section("Configuration"), "| variable | default | meaning |")
+    rows = _rows(_section(CONFIGURATION_PAGE, "Settings"), "| variable | default | meaning |")
     known = {f"PARLEY_{name.upper()}" for name in Settings.model_fields} | set(MAKE_VARIABLES)
     assert set(rows) <= known, sorted(set(rows) - known)
 
 
 def test_host_and_port_are_in_the_table_with_the_makefiles_defaults() -> None:
-    rows = _rows(_section("Configuration"), "| variable | default | meaning |")
-    makefile = (README.parent / "Makefile").read_text()
+    rows = _rows(_section(CONFIGURATION_PAGE, "Settings"), "| variable | default | meaning |")
+    makefile = (ROOT / "Makefile").read_text()
     for name, default in MAKE_VARIABLES.items():
         assert rows[name][0] == default
         assert f"{name} ?= {default.strip('`')}" in makefile
@@ -138,7 +148,7 @@ def test_host_and_port_are_in_the_table_with_the_makefiles_defaults() -> None:
 def _documented_routes() -> dict[tuple[str, str], set[str]]:
     """The API table's routes: (method, path) to the query parameters its `?a=&b=` names. A path given as
     `.../rest` goes on from the previous path of its row, at rest's first segment."""
-    section = _section("API")
+    section = _section(API_PAGE, "Routes")
     lines = section[section.index("| method and path |") :].splitlines()[2:]
     routes: dict[tuple[str, str], set[str]] = {}
     for line in lines:
@@ -166,21 +176,41 @@ def test_the_api_table_lists_every_route_with_its_query_parameters() -> None:
         for method, operation in operations.items()
     }
     documented = _documented_routes()
-    assert sorted(documented) == sorted(routes), "README API table: one route per operation, and no other"
+    assert sorted(documented) == sorted(routes), "docs/api.md routes table: one route per operation, and no other"
     for route, query in routes.items():
         assert documented[route] == query, (
-            f"README API table, {' '.join(route)}: the code takes {sorted(query)}"
+            f"docs/api.md routes table, {' '.join(route)}: the code takes {sorted(query)}"
         )
 
 
-SCRIPTED = re.compile(r"<!-- readme-test: run -->\n```sh\n(.*?)```", re.S)
-README_URL = "http://127.0.0.1:8000"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
+MARK = re.compile(r"<!-- docs-test: (run|skip: \S[^>]*) -->")
+DOCS_URL = "http://127.0.0.1:8000"
 
 
-def _scripted_snippets() -> str:
-    blocks = SCRIPTED.findall(README.read_text())
-    assert len(blocks) >= 4, "the README's scripted snippets are marked <!-- readme-test: run -->"
-    return "\n".join(blocks)
+def _shell_blocks(page: Path) -> list[tuple[str, str]]:
+    """Every `sh` block of the page with its mark: ("run", code) or ("skip: why", code)."""
+    text = page.read_text()
+    blocks = []
+    for fence in FENCE.finditer(text):
+        if fence.group(1) not in ("sh", "bash", "shell", "console"):
+            continue
+        mark = MARK.fullmatch(text[: fence.start()].rstrip("\n").rsplit("\n", 1)[-1])
+        where = f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, fence.start()) + 1}"
+        assert fence.group(1) == "sh", f"{where}: shell blocks are `sh`"
+        assert mark is not None, f"{where}: an sh block without <!-- docs-test: run --> or <!-- docs-test: skip: why -->"
+        blocks.append((mark.group(1), fence.group(2)))
+    return blocks
+
+
+def test_every_shell_block_is_run_or_says_why_not() -> None:
+    blocks = {page.name: _shell_blocks(page) for page in DOCS}
+    assert sum(mark == "run" for page in blocks.values() for mark, _ in page) >= 12
+    assert len(_shell_blocks(README)) >= 5
+
+
+def _script(page: Path) -> str:
+    return "\n".join(code for mark, code in _shell_blocks(page) if mark == "run")
 
 
 # The snippets run with the project's virtualenv first on PATH: httpie (`http`) is in the dev lock.
@@ -193,33 +223,70 @@ def _without_httpie(script: str) -> str:
     if shutil.which("http", path=SNIPPET_PATH) is not None:
         return script
     if os.environ.get("CI") == "true":
-        pytest.fail("httpie (`http`) is not installed: the README's httpie lines cannot be run")
+        pytest.fail("httpie (`http`) is not installed: the docs' httpie lines cannot be run")
     return "\n".join(
         ": httpie not installed" if line.startswith("http ") else line for line in script.splitlines()
     )
 
 
+RUN_PAGES = [page for page in DOCS if _script(page)]
+
+
 @pytest.mark.slow
-def test_the_scripted_snippets_run_as_a_script_against_a_live_server(database_url: str) -> None:
+@pytest.mark.parametrize("page", RUN_PAGES, ids=[page.name for page in RUN_PAGES])
+def test_the_scripted_snippets_run_twice_as_a_script_against_a_live_server(page: Path, database_url: str) -> None:
     """How it proves it: `set -euo pipefail` stops at the first command that fails (curl -f on an HTTP
-    error, jq -e on a null), and the outputs the snippets print are checked: the stopped turn is
-    `cancelled` with its text marked interrupted, and a message was queued."""
+    error, jq -e on a null), and the outputs the snippets print are checked; the second run, on the same
+    database, proves that pasting them again works (fresh idempotency keys, nothing left waiting)."""
     missing = [tool for tool in ("bash", "curl", "jq") if shutil.which(tool) is None]
     if missing:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"the README snippets need {missing}")
-        pytest.skip(f"the README snippets need {missing}")
-    script = _without_httpie(_scripted_snippets())
-    settings = Settings(database_url=database_url)  # the demo model at its README pace
+            pytest.fail(f"the docs snippets need {missing}")
+        pytest.skip(f"the docs snippets need {missing}")
+    script = _without_httpie(_script(page))
+    settings = Settings(database_url=database_url)  # the demo model at its documented pace
+    outputs = []
     with live_server(settings) as server:
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", script.replace(README_URL, server.base_url)],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            env={**os.environ, "PATH": SNIPPET_PATH},
-        )
-    assert done.returncode == 0, f"{done.stderr}\n--- stdout:\n{done.stdout}"
-    assert "null" not in done.stdout.split(), done.stdout
-    assert '"status": "cancelled"' in done.stdout and '"interrupted": true' in done.stdout, done.stdout
-    assert '"queued":true' in done.stdout, done.stdout
+        for _ in range(2):
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", script.replace(DOCS_URL, server.base_url)],
+                capture_output=True,
+                text=True,
+                timeout=180,
+                env={**os.environ, "PATH": SNIPPET_PATH},
+            )
+            assert done.returncode == 0, f"{done.stderr}\n--- stdout:\n{done.stdout}"
+            assert "null" not in done.stdout.split(), done.stdout
+            outputs.append(done.stdout)
+    if page == README:
+        for stdout in outputs:
+            assert '"status": "cancelled"' in stdout and '"interrupted": true' in stdout, stdout
+            assert '"queued":true' in stdout, stdout
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but `-` and `_` dropped, spaces to `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    return {_anchor(line.lstrip("#")) for line in text.splitlines() if re.match(r"#{1,6} ", line)}
+
+
+@pytest.mark.parametrize("page", DOCS, ids=[page.name for page in DOCS])
+def test_every_relative_link_resolves(page: Path) -> None:
+    broken = []
+    for target in LINK.findall(FENCE.sub("", page.read_text())):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto: not checked here
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(target)
+    assert not broken, f"{page.relative_to(ROOT)}: links that resolve to nothing: {broken}"
