@@ -123,7 +123,9 @@ def test_the_configuration_table_lists_every_setting_with_its_default(name: str)
     default = field.get_default(call_default_factory=True)
     assert default is not PydanticUndefined
     cell, meaning = rows[variable]
-    assert _same(cell, _documented_default(default)), f"{variable}: docs/configuration.md says {cell}, the code {default!r}"
+    assert _same(cell, _documented_default(default)), (
+        f"{variable}: docs/configuration.md says {cell}, the code {default!r}"
+    )
     assert meaning, f"{variable} has no meaning in docs/configuration.md"
 
 
@@ -176,7 +178,7 @@ def test_the_api_table_lists_every_route_with_its_query_parameters() -> None:
         for method, operation in operations.items()
     }
     documented = _documented_routes()
-    assert sorted(documented) == sorted(routes), "docs/api.md routes table: one route per operation, and no other"
+    assert sorted(documented) == sorted(routes), "docs/api.md: one route per operation"
     for route, query in routes.items():
         assert documented[route] == query, (
             f"docs/api.md routes table, {' '.join(route)}: the code takes {sorted(query)}"
@@ -205,7 +207,7 @@ def _shell_blocks(page: Path) -> list[tuple[str, str, str]]:
 def test_every_shell_block_is_run_or_says_why_not() -> None:
     blocks = [block for page in DOCS for block in _shell_blocks(page)]
     unmarked = [where for where, mark, _ in blocks if not mark or not where.endswith("(sh)")]
-    assert not unmarked, f"sh blocks need <!-- docs-test: run --> or <!-- docs-test: skip: why -->: {unmarked}"
+    assert not unmarked, f"sh blocks need a docs-test mark (run, or skip: why): {unmarked}"
     assert sum(mark == "run" for _, mark, _ in blocks) >= 10
     assert sum(mark == "run" for _, mark, _ in _shell_blocks(README)) >= 4
 
@@ -235,7 +237,7 @@ RUN_PAGES = [page for page in DOCS if _script(page)]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN_PAGES, ids=[page.name for page in RUN_PAGES])
-def test_the_scripted_snippets_run_twice_as_a_script_against_a_live_server(page: Path, database_url: str) -> None:
+def test_the_scripted_snippets_run_twice_against_a_live_server(page: Path, database_url: str) -> None:
     """How it proves it: `set -euo pipefail` stops at the first command that fails (curl -f on an HTTP
     error, jq -e on a null), and the outputs the snippets print are checked; the second run, on the same
     database, proves that pasting them again works (fresh idempotency keys, nothing left waiting)."""
@@ -286,8 +288,7 @@ def test_every_relative_link_resolves(page: Path) -> None:
             continue  # http(s), mailto: not checked here
         path, _, anchor = target.partition("#")
         linked = (page.parent / path).resolve() if path else page
-        if not linked.exists():
-            broken.append(target)
-        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+        missing_anchor = bool(anchor) and linked.suffix == ".md" and anchor not in _anchors(linked)
+        if not linked.exists() or missing_anchor:
             broken.append(target)
     assert not broken, f"{page.relative_to(ROOT)}: links that resolve to nothing: {broken}"
