@@ -11,14 +11,16 @@ file and, where it names one, to a heading of it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import types
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Any, NamedTuple, Union, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel
@@ -186,34 +188,75 @@ def test_the_api_table_lists_every_route_with_its_query_parameters() -> None:
 
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
-MARK = re.compile(r"<!-- docs-test: (run|skip: \S[^>]*) -->")
+MARK = re.compile(r"<!-- docs-test: (run(?: with (?:\w+=\S+ ?)+)?|skip: \S[^>]*|file \S+|background) -->")
 DOCS_URL = "http://127.0.0.1:8000"
 
 
-def _shell_blocks(page: Path) -> list[tuple[str, str, str]]:
-    """Every shell block of the page: (where, its mark, its code). The mark is `run`, `skip: why`, or empty
-    when the line before the block is no mark."""
+def _marked_blocks(page: Path) -> list[tuple[str, str, str, str]]:
+    """Every fenced block of the page: (where, its language, its mark, its code). The mark is the text of the
+    `<!-- docs-test: ... -->` on the line before the block (`run`, `run with K=V ...`, `skip: why`,
+    `file NAME`, `background`), or empty."""
     text = page.read_text()
     blocks = []
     for fence in FENCE.finditer(text):
-        if fence.group(1) not in ("sh", "bash", "shell", "console"):
-            continue
         mark = MARK.fullmatch(text[: fence.start()].rstrip("\n").rsplit("\n", 1)[-1])
-        where = f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, fence.start()) + 1} ({fence.group(1)})"
-        blocks.append((where, mark.group(1) if mark else "", fence.group(2)))
+        where = f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, fence.start()) + 1}"
+        blocks.append((where, fence.group(1), mark.group(1) if mark else "", fence.group(2)))
     return blocks
+
+
+def _shell_blocks(page: Path) -> list[tuple[str, str, str]]:
+    return [
+        (f"{where} ({language})", mark, code)
+        for where, language, mark, code in _marked_blocks(page)
+        if language in ("sh", "bash", "shell", "console")
+    ]
 
 
 def test_every_shell_block_is_run_or_says_why_not() -> None:
     blocks = [block for page in DOCS for block in _shell_blocks(page)]
     unmarked = [where for where, mark, _ in blocks if not mark or not where.endswith("(sh)")]
     assert not unmarked, f"sh blocks need a docs-test mark (run, or skip: why): {unmarked}"
-    assert sum(mark == "run" for _, mark, _ in blocks) >= 10
+    assert sum(mark.startswith("run") for _, mark, _ in blocks) >= 12
     assert sum(mark == "run" for _, mark, _ in _shell_blocks(README)) >= 4
 
 
-def _script(page: Path) -> str:
-    return "\n".join(code for _, mark, code in _shell_blocks(page) if mark == "run")
+class Script(NamedTuple):
+    """The `run` blocks of one page that share a server: the page's plain `run` blocks, or those marked
+    `run with` the same variables (PARLEY_ ones configure the server, all are in the script's environment).
+    The page's `file` blocks are written to the script's directory first, and for a `run with` script its
+    `background` blocks (a server the reader leaves running in a terminal of its own) are started there."""
+
+    page: Path
+    env: tuple[tuple[str, str], ...]
+    code: str
+
+    @property
+    def id(self) -> str:
+        return self.page.name + "".join(f"[{name}]" for name, _ in self.env if name.startswith("PARLEY_"))
+
+
+def _scripts() -> list[Script]:
+    scripts: dict[tuple[Path, tuple[tuple[str, str], ...]], list[str]] = {}
+    for page in DOCS:
+        for _, mark, code in _shell_blocks(page):
+            if mark.startswith("run"):
+                pairs = mark.removeprefix("run").removeprefix(" with").split()
+                env = tuple((name, value) for name, _, value in (pair.partition("=") for pair in pairs))
+                scripts.setdefault((page, env), []).append(code)
+    return [Script(page, env, "\n".join(codes)) for (page, env), codes in scripts.items()]
+
+
+def _background(page: Path) -> list[str]:
+    return [code for _, mark, code in _shell_blocks(page) if mark == "background"]
+
+
+def _files(page: Path) -> dict[str, str]:
+    return {
+        mark.removeprefix("file "): code
+        for _, _, mark, code in _marked_blocks(page)
+        if mark.startswith("file ")
+    }
 
 
 # The snippets run with the project's virtualenv first on PATH: httpie (`http`) is in the dev lock.
@@ -232,12 +275,14 @@ def _without_httpie(script: str) -> str:
     )
 
 
-RUN_PAGES = [page for page in DOCS if _script(page)]
+SCRIPTS = _scripts()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", RUN_PAGES, ids=[page.name for page in RUN_PAGES])
-def test_the_scripted_snippets_run_twice_against_a_live_server(page: Path, database_url: str) -> None:
+@pytest.mark.parametrize("script", SCRIPTS, ids=[script.id for script in SCRIPTS])
+def test_the_scripted_snippets_run_twice_against_a_live_server(
+    script: Script, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """How it proves it: `set -euo pipefail` stops at the first command that fails (curl -f on an HTTP
     error, jq -e on a null), and the outputs the snippets print are checked; the second run, on the same
     database, proves that pasting them again works (fresh idempotency keys, nothing left waiting)."""
@@ -246,25 +291,51 @@ def test_the_scripted_snippets_run_twice_against_a_live_server(page: Path, datab
         if os.environ.get("CI") == "true":
             pytest.fail(f"the docs snippets need {missing}")
         pytest.skip(f"the docs snippets need {missing}")
-    script = _without_httpie(_script(page))
-    settings = Settings(database_url=database_url)  # the demo model at its documented pace
+    for name, content in _files(script.page).items():
+        (tmp_path / name).write_text(content)
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")  # what a file names as .venv/bin/python
+    monkeypatch.chdir(tmp_path)  # the server reads the files (and starts stdio MCP servers) from there
+    env = dict(script.env)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)  # ${VAR} in a tools file comes from the server's environment
+    overrides: dict[str, Any] = {
+        name.removeprefix("PARLEY_").lower(): value
+        for name, value in env.items()
+        if name.startswith("PARLEY_")
+    }
+    settings = Settings(database_url=database_url, **overrides)  # the demo model at its documented pace
+    code = _without_httpie(script.code)
     outputs = []
-    with live_server(settings) as server:
+    with contextlib.ExitStack() as stack:
+        for code_in_background in _background(script.page) if script.env else []:
+            started = subprocess.Popen(
+                ["bash", "-c", code_in_background], cwd=tmp_path, start_new_session=True, env=dict(os.environ)
+            )
+            stack.callback(_end, started)
+        server = stack.enter_context(live_server(settings))
         for _ in range(2):
             done = subprocess.run(
-                ["bash", "-euo", "pipefail", "-c", script.replace(DOCS_URL, server.base_url)],
+                ["bash", "-euo", "pipefail", "-c", code.replace(DOCS_URL, server.base_url)],
                 capture_output=True,
                 text=True,
                 timeout=180,
-                env={**os.environ, "PATH": SNIPPET_PATH},
+                cwd=tmp_path,
+                env={**os.environ, **env, "PATH": SNIPPET_PATH},
             )
             assert done.returncode == 0, f"{done.stderr}\n--- stdout:\n{done.stdout}"
             assert "null" not in done.stdout.split(), done.stdout
             outputs.append(done.stdout)
-    if page == README:
+    if script.page == README:
         for stdout in outputs:
             assert '"status": "cancelled"' in stdout and '"interrupted": true' in stdout, stdout
             assert '"queued":true' in stdout, stdout
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """Ends a background block and everything it started (its process group)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=10)
 
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
