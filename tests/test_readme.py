@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any, NamedTuple, Union, get_args, get_origin
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
+from app.llm.catalog import ModelsFile
 from app.main import create_app
 from app.protocol.events import Event
 from app.settings import Settings
+from app.tools.config import ToolsConfigError, parse_tools_config
 from tests.support.server import live_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -336,6 +338,39 @@ def _end(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     process.wait(timeout=10)
+
+
+def _blocks_of(language: str) -> list[tuple[str, str]]:
+    return [
+        (where, code)
+        for page in DOCS
+        for where, block_language, _, code in _marked_blocks(page)
+        if block_language == language
+    ]
+
+
+def test_every_tools_file_and_models_file_in_the_docs_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The yaml and json blocks a reader copies into PARLEY_TOOLS_FILE or PARLEY_MODELS_FILE load as the
+    server loads them (a ${VAR} gets a stand-in value)."""
+    tools_files = [
+        (where, code)
+        for where, code in _blocks_of("yaml")
+        if re.search(r"^(mcp_servers|http_tools):", code, re.M)
+    ]
+    models_files = [(where, code) for where, code in _blocks_of("json") if '"providers"' in code]
+    assert len(tools_files) >= 2 and len(models_files) >= 2
+    for where, code in tools_files:
+        for name in re.findall(r"\$\{(\w+)\}", code):
+            monkeypatch.setenv(name, "a-stand-in-value-of-the-docs-test")
+        try:
+            parse_tools_config(code, where)
+        except ToolsConfigError as exc:
+            pytest.fail(str(exc))
+    for where, code in models_files:
+        try:
+            ModelsFile.model_validate_json(code)
+        except ValidationError as exc:
+            pytest.fail(f"{where}: {exc}")
 
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
