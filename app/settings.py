@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     default_model: str = DEMO_MODEL
     models_file: Path | None = None
     tools_file: Path | None = Field(
-        None, description="YAML or JSON file of MCP servers and HTTP tools (README: Tools)."
+        None, description="YAML or JSON file of MCP servers and HTTP tools (docs/tools.md)."
     )
     mcp_retry_max: float = Field(
         30.0, gt=0, description="Longest wait in seconds between reconnects to an MCP server that is down."
