@@ -204,7 +204,7 @@ async def test_a_turn_that_ends_while_its_renewal_is_under_way_has_not_lost_its_
 NO_WAIT_SECONDS = 5.0
 
 
-async def _until_expired(database: Database, count: int) -> list[leases.LeaseRecord]:
+async def until_expired(database: Database, count: int) -> list[leases.LeaseRecord]:
     """Waits (polling the leases, a read that takes no lock) until `count` of them have expired."""
     while True:
         async with database.session() as db:
@@ -231,7 +231,7 @@ async def test_a_lease_row_its_owner_holds_locked_is_skipped_not_waited_for(
             await db.commit()
         async with database.session() as owner:
             assert await leases.alive(owner, [11]) == {11}  # the write-behind's check: t_1's row locked
-            expired = {record.turn_id: record for record in await _until_expired(database, 2)}
+            expired = {record.turn_id: record for record in await until_expired(database, 2)}
             async with asyncio.timeout(NO_WAIT_SECONDS), database.session() as db:
                 assert await leases.take_over(db, expired["t_1"], "survivor", 33, 30.0) is None
                 assert await leases.take_over(db, expired["t_2"], "survivor", 44, 30.0) is False
