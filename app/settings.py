@@ -264,8 +264,9 @@ class Settings(BaseSettings):
             return "PARLEY_HEARTBEAT_INTERVAL must be shorter than PARLEY_LEASE_SECONDS"
         if not 0 < self.idle_in_transaction_timeout_ms < self.lease_seconds * 1000:
             return (
-                "PARLEY_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS must be above 0 and below PARLEY_LEASE_SECONDS "
-                "(in ms): a paused replica's open transaction must end before its leases do"
+                "PARLEY_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS must be above 0 and below "
+                "PARLEY_LEASE_SECONDS (in ms): a paused replica's open transaction must end before its "
+                "leases do"
             )
         return None
 

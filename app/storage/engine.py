@@ -1,6 +1,7 @@
 """The async engine, chosen by URL: SQLite (the embedded default) in WAL mode with a busy timeout and
 foreign keys on every connection, or PostgreSQL through psycopg 3 with a bounded pool, a statement
-timeout and an idle-in-transaction timeout, and optionally no server-side prepared statements (for PgBouncer in transaction mode)."""
+timeout and an idle-in-transaction timeout, and optionally no server-side prepared statements (for
+PgBouncer in transaction mode)."""
 
 from __future__ import annotations
 

@@ -129,7 +129,8 @@ async def request_cancel(db: AsyncSession, session_id: str) -> LeaseRecord | Non
         )
     try:
         found = await conn.fetchall(
-            f"UPDATE turn_leases SET cancel_requested = ? WHERE {target} RETURNING turn_id, session_id, token",
+            f"UPDATE turn_leases SET cancel_requested = ? WHERE {target}"
+            " RETURNING turn_id, session_id, token",
             (True, session_id),
         )
     except Exception as exc:

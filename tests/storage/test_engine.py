@@ -83,25 +83,30 @@ async def test_postgres_ends_a_transaction_its_client_left_idle(postgres_databas
     paused = Database(postgres_database.url, pool=PoolOptions(idle_in_transaction_timeout_ms=300))
     other = Database(postgres_database.url)
     await add_sessions(other, "s_1")
-    lock = "SELECT id FROM chat_sessions WHERE id = ? FOR UPDATE"
-    failed: list[str] = []
+    seen: dict[str, str] = {}
     try:
         with pytest.raises(sqlalchemy.exc.DBAPIError, match="connection is lost"):
-            async with paused.session() as held:
-                shown = (await held.exec(text("SHOW idle_in_transaction_session_timeout"))).scalar()  # type: ignore[call-overload]
-                assert await (await raw(held)).fetchall(lock, ("s_1",)) == [("s_1",)]
-                async with asyncio.timeout(10), other.session() as db:
-                    assert await (await raw(db)).fetchall(lock, ("s_1",)) == [("s_1",)]  # after its end
-                    await db.rollback()
-                try:
-                    await (await raw(held)).fetchall("SELECT 1")
-                except psycopg.Error as exc:
-                    failed.append(str(exc))
+            await _lock_and_leave_idle(paused, other, seen)
     finally:
         await paused.dispose()
         await other.dispose()
-    assert shown == "300ms"
-    assert len(failed) == 1 and "idle-in-transaction" in failed[0]
+    assert seen["timeout"] == "300ms"
+    assert "idle-in-transaction" in seen["failed"]
+
+
+async def _lock_and_leave_idle(paused: Database, other: Database, seen: dict[str, str]) -> None:
+    """Locks a row in `paused`, leaves the transaction idle until `other` got the lock, then uses it."""
+    lock = "SELECT id FROM chat_sessions WHERE id = ? FOR UPDATE"
+    async with paused.session() as held:
+        seen["timeout"] = (await held.exec(text("SHOW idle_in_transaction_session_timeout"))).scalar()  # type: ignore[call-overload]
+        assert await (await raw(held)).fetchall(lock, ("s_1",)) == [("s_1",)]
+        async with asyncio.timeout(10), other.session() as db:
+            assert await (await raw(db)).fetchall(lock, ("s_1",)) == [("s_1",)]  # once `held` was ended
+            await db.rollback()
+        try:
+            await (await raw(held)).fetchall("SELECT 1")
+        except psycopg.Error as exc:
+            seen["failed"] = str(exc)
 
 
 async def test_behind_pgbouncer_no_statement_is_prepared_on_the_server(
