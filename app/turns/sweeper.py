@@ -117,7 +117,7 @@ class Sweeper:
 
     async def _take_over(self, record: leases.LeaseRecord) -> bool:
         """Takes the expired lease; then resumes its turn here if it waits for answers, else closes it.
-        False when another replica took it first."""
+        False when another replica took it first, or its owner holds its row locked (a later pass)."""
         token = new_token()
         async with self._database.session() as db:
             flagged = await leases.take_over(db, record, self._keeper.replica_id, token, self._keeper.seconds)
