@@ -14,6 +14,7 @@ Before the fix the survivor's takeover waited 30 s on the lock and the cancel an
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ async def test_a_replica_paused_holding_its_lease_locks_loses_every_turn_within_
             sid = await new_session(a)
             streaming[sid] = (await post(a, sid, "tell me a long story"))["turn_id"]
         for turn_id in streaming.values():
-            await until(lambda turn_id=turn_id: streaming_started(pg, turn_id))
+            await until(partial(streaming_started, pg, turn_id))
 
         trigger.write_text("\n".join(streaming))
         await until(lambda: _stopped(owner), seconds=30)
@@ -100,7 +101,7 @@ async def test_a_replica_paused_holding_its_lease_locks_loses_every_turn_within_
         owner.resume()
         for sid, turn_id in streaming.items():
             lost = f"turn {turn_id} of session {sid} lost its lease"
-            await until(lambda lost=lost: _logged(owner, lost), seconds=30)
+            await until(partial(_logged, owner, lost), seconds=30)
         # A window for the zombie's writes (its heartbeat and batches run every second at most): none lands.
         await asyncio.sleep(2 * HEARTBEAT)
         assert _state(pg, [*streaming, waiting_sid]) == left
