@@ -17,7 +17,7 @@ from app.storage import event_log, leases
 from app.storage.engine import Database
 from app.storage.tables import QueuedMessageRow
 from app.streaming.fencing import Fence, Lease, LeaseLost
-from app.turns.lease import LeaseKeeper
+from app.turns.lease import CANCEL_POLL_SECONDS, LeaseKeeper
 from tests.support.postgres import ScratchDatabase
 from tests.support.rows import add_sessions
 
@@ -249,3 +249,41 @@ async def test_a_lease_row_its_owner_holds_locked_is_skipped_not_waited_for(
                     await leases.request_cancel(db, "s_1")
     finally:
         await database.dispose()
+
+
+async def test_a_cancels_flag_retries_a_locked_lease_instead_of_waiting_for_it(
+    postgres_database: ScratchDatabase,
+) -> None:
+    """Issue 31 §3: the owner is inside its renewal (the row locked FOR UPDATE) when a cancel comes to
+    another replica. The flag does not queue behind the lock (no connection of the database waits for
+    one, round after round of its retries); it is set once the owner's transaction ends."""
+    database = Database(postgres_database.url)
+    await add_sessions(database, "s_1")
+    keeper = LeaseKeeper(Settings(database_url=postgres_database.url), database, Fence())
+    try:
+        async with database.session() as db:
+            assert await leases.claim(db, "t_1", "s_1", "owner", 11, 30.0)
+            await db.commit()
+        async with database.session() as owner:
+            assert await leases.renew(owner, [11], 30.0) == {11: False}
+            flagging = asyncio.create_task(keeper.flag_cancel("s_1"))
+            for _ in range(5):
+                await asyncio.sleep(CANCEL_POLL_SECONDS)
+                assert _lock_waits(postgres_database) == 0
+                assert not flagging.done()
+            await owner.commit()
+        async with asyncio.timeout(NO_WAIT_SECONDS):
+            assert await flagging == leases.LeaseRecord("t_1", "s_1", 11)
+    finally:
+        await database.dispose()
+
+
+def _lock_waits(pg: ScratchDatabase) -> int:
+    """Connections of this database waiting for a lock."""
+    with pg.connect() as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock'"
+        ).fetchone()
+    assert found is not None
+    return int(found[0])
