@@ -11,7 +11,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEMO_MODEL = "parley/demo"
-# PostgreSQL ends a transaction left idle this long (ms), unless the lease asks for less.
+# With several replicas, PostgreSQL ends a transaction left idle this long (ms), unless the lease asks
+# for less.
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 5_000
 
 
@@ -45,9 +46,9 @@ class Settings(BaseSettings):
         None,
         ge=0,
         description="PostgreSQL's idle_in_transaction_session_timeout for every connection: a transaction "
-        "left idle this long (its process paused, frozen or cut off) is ended by the server, with its locks. "
-        "Unset: 5000, and with several replicas at most PARLEY_LEASE_SECONDS minus the heartbeat, so a "
-        "paused replica's locks are gone before its leases expire (0: none, refused with several replicas).",
+        "left idle this long (its process paused, frozen or cut off) is ended by the server, with its locks "
+        "(0: never). Unset: with several replicas 5000, or less so that it ends before PARLEY_LEASE_SECONDS "
+        "minus the heartbeat (a paused replica's locks are gone before its leases expire); else 0.",
     )
     database_pgbouncer: bool = Field(
         False,
@@ -243,11 +244,12 @@ class Settings(BaseSettings):
     @property
     def idle_in_transaction_timeout_ms(self) -> int:
         """PostgreSQL ends a transaction idle this long. With several replicas, before the leases of a
-        replica paused in it expire: a survivor then finds none of the rows it must take over locked."""
+        replica paused in it expire: a survivor then finds none of the rows it must take over locked. One
+        process has nobody to hold up (and a pause mid-batch would only cost it that batch's retry)."""
         if self.database_idle_in_transaction_timeout_ms is not None:
             return self.database_idle_in_transaction_timeout_ms
         if not self.multi_replica:
-            return IDLE_IN_TRANSACTION_TIMEOUT_MS
+            return 0
         before_expiry = int((self.lease_seconds - self.heartbeat_seconds) * 1000)
         return max(1, min(IDLE_IN_TRANSACTION_TIMEOUT_MS, before_expiry))
 

@@ -50,7 +50,7 @@ class PoolOptions:
     statement_timeout_ms: int = 30_000
     # A transaction left idle this long is ended by the server, its locks released: a process paused in
     # one (a GC stall, a frozen VM, SIGSTOP) holds up no other process for longer (0: never).
-    idle_in_transaction_timeout_ms: int = 5_000
+    idle_in_transaction_timeout_ms: int = 0
     connect_timeout: int = 5
     # PgBouncer in transaction mode hands each transaction another server connection: no statement may
     # be prepared on the server (psycopg prepares one after five runs unless prepare_threshold is None).

@@ -65,11 +65,11 @@ def test_the_mode_and_its_timings_come_from_the_settings() -> None:
 
 def test_a_paused_replicas_transaction_ends_before_its_leases_do() -> None:
     """Issue 31 §3: PostgreSQL ends a transaction left idle (a process paused in it) after
-    idle_in_transaction_session_timeout: 5 s, and with replicas before a lease minus a heartbeat has
+    idle_in_transaction_session_timeout: with replicas 5 s, or before a lease minus a heartbeat has
     passed, so a paused owner's row locks are gone when its leases expire. A value that does not end
-    before the lease (or 0, never) is refused at start."""
+    before the lease (or 0, never) is refused at start. One process holds up nobody: none."""
     single = Settings(_env_file=None)
-    assert single.idle_in_transaction_timeout_ms == 5000
+    assert (single.idle_in_transaction_timeout_ms, single.replica_problem()) == (0, None)
     multi = Settings(
         _env_file=None,
         redis_url=REDIS,
