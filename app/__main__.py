@@ -138,11 +138,8 @@ def migrate_data(argv: Sequence[str]) -> int:
             return EXIT_CONFIG
         config.attributes["url"] = sync_url(args.target)
         command.upgrade(config, "head")
-        for done in copy.copy_all(source, target):
-            print(
-                f"{done.table:<18} {done.source_rows:>9} in source {done.copied:>9} copied"
-                f" {done.target_rows:>9} in target"
-            )
+        for line in copy.copy_report(copy.copy_all(source, target)):
+            print(line)
         different = copy.differences(source, target)
     finally:
         source.dispose()
