@@ -8,6 +8,8 @@ It also creates the listening socket itself, with TCP keepalive: connections acc
 options (Linux), so an idle connection (a `?wait=true` request, an event stream between heartbeats) is
 probed, and a client whose machine or network vanished is noticed and its wait or stream ended.
 
+Before it binds it brings the database to the latest migration (PARLEY_MIGRATE, app.storage.schema).
+
 Before it serves it reads `.env`, checks the models file (startup.py: one line for what is wrong, not a
 traceback) and logs one line that says what runs; LiteLLM's check of every model runs beside the start
 and stops the server if a model cannot be routed. Logs go out in the human or the JSON format
@@ -34,6 +36,8 @@ from app.observability.logs import log_config
 from app.observability.setup import tracing_configured
 from app.settings import Settings
 from app.startup import ModelCheck, check_models_file, container_advice, load_env_file, log_startup_line
+from app.storage.schema import SchemaError
+from app.storage.schema import prepare as prepare_schema
 from app.tools.config import ToolsConfigError, load_tools_config
 
 EXIT_CONFIG = 2
@@ -85,6 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # No route is a websocket: "auto" would import the websockets library at every start for nothing.
         ws="none",
     )
+    try:  # after uvicorn.Config, which configures the logging its line goes through
+        prepare_schema(settings.database_url, migrate=settings.migrate)
+    except SchemaError as exc:
+        print(f"parley: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     server = uvicorn.Server(config)
     log_startup_line(settings, catalog, args.host, args.port)
     sock = listening_socket(config)

@@ -1,0 +1,103 @@
+"""The database's schema at the launcher's start: brought to the migrations' head (alembic, migrations/),
+or, with PARLEY_MIGRATE=false, checked to be there already.
+
+On PostgreSQL every migration run holds an advisory lock to its commit (migrations/env.py,
+engine.MIGRATION_LOCK): replicas that start at once take turns, and the later ones find the database at
+head and do nothing. Alembic is imported here only: serving never needs it after the start.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy import create_engine, pool
+from sqlalchemy.engine import make_url
+
+from app.storage.engine import ensure_sqlite_dir, sync_url
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+log = logging.getLogger("parley")
+
+ALEMBIC_INI = Path(__file__).resolve().parents[2] / "alembic.ini"
+HOW_TO_MIGRATE = "`make migrate`, or `alembic upgrade head` with the same PARLEY_DATABASE_URL"
+
+
+class SchemaError(Exception):
+    """The schema is not at head and may not be brought there: the message is one line that says how."""
+
+
+@dataclass(frozen=True)
+class Revisions:
+    current: str | None
+    head: str | None
+
+    @property
+    def at_head(self) -> bool:
+        return self.current == self.head
+
+
+def alembic_config(url: str) -> Config:
+    from alembic.config import Config
+
+    config = Config(str(ALEMBIC_INI))
+    config.attributes["url"] = sync_url(url)
+    config.attributes["configure_logger"] = False  # the service's logging stays as configured
+    return config
+
+
+def revisions(url: str) -> Revisions:
+    """The database's revision (None: never migrated) and the migrations' head."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    engine = create_engine(sync_url(url), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            current = MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+    return Revisions(current, head)
+
+
+def upgrade(url: str) -> list[str]:
+    """Migrates the database to head; the revisions this call applied (none when another process, a
+    replica starting at the same time, got there first)."""
+    from alembic import command
+
+    ensure_sqlite_dir(sync_url(url))
+    if revisions(url).at_head:  # the usual start: no migration environment to run
+        return []
+    applied: list[str] = []
+    config = alembic_config(url)
+    config.attributes["on_version_apply"] = [lambda step, **_: applied.extend(step.up_revision_ids)]
+    command.upgrade(config, "head")  # under the advisory lock on PostgreSQL
+    return applied
+
+
+def prepare(url: str, *, migrate: bool) -> None:
+    """The schema at head before the server binds: migrated (`migrate`), else checked. Raises SchemaError
+    with one line for the operator."""
+    where = make_url(url).render_as_string(hide_password=True)
+    try:
+        if migrate:
+            applied = upgrade(url)
+            if applied:
+                log.info("migrated the database %s to %s (%d migrations)", where, applied[-1], len(applied))
+            return
+        found = revisions(url)
+    except Exception as exc:
+        detail = " ".join(str(exc).split())[:300]
+        doing = "migrate" if migrate else "read the schema version of"
+        raise SchemaError(f"cannot {doing} the database {where}: {type(exc).__name__}: {detail}") from exc
+    if not found.at_head:
+        state = f"is at migration {found.current}" if found.current else "was never migrated"
+        raise SchemaError(
+            f"the database {where} {state} (this version needs {found.head}) and PARLEY_MIGRATE=false: "
+            f"migrate it with {HOW_TO_MIGRATE}, or start without PARLEY_MIGRATE=false"
+        )
