@@ -8,12 +8,11 @@ It also creates the listening socket itself, with TCP keepalive: connections acc
 options (Linux), so an idle connection (a `?wait=true` request, an event stream between heartbeats) is
 probed, and a client whose machine or network vanished is noticed and its wait or stream ended.
 
-Before it binds it brings the database to the latest migration (PARLEY_MIGRATE, app.storage.schema).
-
-Before it serves it reads `.env`, checks the models file (startup.py: one line for what is wrong, not a
-traceback) and logs one line that says what runs; LiteLLM's check of every model runs beside the start
-and stops the server if a model cannot be routed. Logs go out in the human or the JSON format
-(observability/logs.py), the service's own loggers included.
+Before it binds it reads `.env`, checks the tools file and the models file (startup.py: one line for what
+is wrong, not a traceback; every model routable by LiteLLM, without importing it where its files tell),
+brings the database to the latest migration (PARLEY_MIGRATE, app.storage.schema) and logs one line that
+says what runs: a configuration that cannot serve never listens. Logs go out in the human or the JSON
+format (observability/logs.py), the service's own loggers included.
 `python -m app migrate-data --from URL --to URL` copies a database into another instead (app.storage.copy).
 
 And it loads the app before uvicorn runs, with the garbage collector paused (`load_app`): part of a cold
@@ -35,7 +34,7 @@ from app.chat.auth import ConfigError, load_key_ring, open_mode_refusal
 from app.observability.logs import log_config
 from app.observability.setup import tracing_configured
 from app.settings import Settings
-from app.startup import ModelCheck, check_models_file, container_advice, load_env_file, log_startup_line
+from app.startup import check_models_file, container_advice, load_env_file, load_settings, log_startup_line
 from app.storage.schema import SchemaError
 from app.storage.schema import prepare as prepare_schema
 from app.tools.config import ToolsConfigError, load_tools_config
@@ -63,7 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return migrate_data(given[1:])
     args = parse_args(given)
     load_env_file()
-    settings = Settings()
+    settings = load_settings()
+    if settings is None:
+        return EXIT_CONFIG
     problem = settings.replica_problem()
     if problem is not None:
         print(f"parley: {problem}", file=sys.stderr)
@@ -97,17 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = uvicorn.Server(config)
     log_startup_line(settings, catalog, args.host, args.port)
     sock = listening_socket(config)
-    checker = ModelCheck(catalog, server)
     try:
         load_app(config)
-        checker.start()
         server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
         sock.close()
-    if checker.failed:
-        return EXIT_CONFIG
     return 0 if server.started else EXIT_STARTUP
 
 
