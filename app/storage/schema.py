@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import create_engine, pool
 from sqlalchemy.engine import make_url
 
+from app.errors import storage_refusal
 from app.storage.engine import ensure_sqlite_dir, sync_url
 
 if TYPE_CHECKING:
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("parley")
 
 ALEMBIC_INI = Path(__file__).resolve().parents[2] / "alembic.ini"
+# What SQLite says on a full disk: it has no room for the page (storage_full), or for the WAL's index file
+# it needs even to read (storage_error, "disk I/O error").
+STORAGE_FULL = ("storage_full", "storage_error")
 HOW_TO_MIGRATE = "`make migrate`, or `alembic upgrade head` with the same PARLEY_DATABASE_URL"
 
 
@@ -92,6 +96,17 @@ def prepare(url: str, *, migrate: bool) -> None:
             return
         found = revisions(url)
     except Exception as exc:
+        refusal = storage_refusal(exc)
+        if refusal is not None and refusal.code in STORAGE_FULL:
+            # SQLite on a full disk (it cannot even create the file it reads a WAL database through): the
+            # server serves what it can, 503s for the rest, and recovers once space is freed.
+            log.warning(
+                "cannot check the database %s's migration now (%s: %s): serving anyway",
+                where,
+                refusal.code,
+                " ".join(str(exc).split())[:200],
+            )
+            return
         detail = " ".join(str(exc).split())[:300]
         doing = "migrate" if migrate else "read the schema version of"
         raise SchemaError(f"cannot {doing} the database {where}: {type(exc).__name__}: {detail}") from exc
