@@ -78,8 +78,8 @@ class StartupRepair:
             if refusal is None:
                 raise
             log.error(
-                "the repair of what the last run left waits for storage (%s): serving meanwhile (what storage "
-                "refuses gets its 503), and no turn starts until it is done; retrying every %.0f s",
+                "the repair of what the last run left waits for storage (%s): serving meanwhile (what "
+                "storage refuses gets its 503), and no turn starts until it is done; retrying every %.0f s",
                 refusal.code,
                 self._retry_seconds,
             )
