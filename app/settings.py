@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     migrate: bool = Field(
         True,
         description="`python -m app` migrates the database to the latest schema before it serves (replicas "
-        "on PostgreSQL take turns). false: it only checks, and stops with one line when a migration is due.",
+        "on PostgreSQL take turns). `0`: it only checks, and stops with one line when a migration is due.",
     )
     default_model: str = DEMO_MODEL
     models_file: Path | None = None

@@ -1,5 +1,5 @@
 """The database's schema at the launcher's start: brought to the migrations' head (alembic, migrations/),
-or, with PARLEY_MIGRATE=false, checked to be there already.
+or, with PARLEY_MIGRATE=0, checked to be there already.
 
 On PostgreSQL every migration run holds an advisory lock to its commit (migrations/env.py,
 engine.MIGRATION_LOCK): replicas that start at once take turns, and the later ones find the database at
@@ -113,6 +113,6 @@ def prepare(url: str, *, migrate: bool) -> None:
     if not found.at_head:
         state = f"is at migration {found.current}" if found.current else "was never migrated"
         raise SchemaError(
-            f"the database {where} {state} (this version needs {found.head}) and PARLEY_MIGRATE=false: "
-            f"migrate it with {HOW_TO_MIGRATE}, or start without PARLEY_MIGRATE=false"
+            f"the database {where} {state} (this version needs {found.head}) and PARLEY_MIGRATE=0: "
+            f"migrate it with {HOW_TO_MIGRATE}, or start without PARLEY_MIGRATE=0"
         )
