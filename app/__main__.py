@@ -26,7 +26,6 @@ import gc
 import socket
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import uvicorn
 
@@ -120,30 +119,20 @@ def migrate_data(argv: Sequence[str]) -> int:
         "--to", dest="target", required=True, help="e.g. postgresql://postgres@127.0.0.1/parley"
     )
     args = parser.parse_args(argv)
-    # Imported here: serving never needs alembic or the copy.
-    from alembic import command
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
+    # Imported here: serving never needs the copy.
+    from app.storage import copy, schema
 
-    from app.storage import copy
-    from app.storage.engine import sync_url
-
-    config = Config(str(Path(__file__).resolve().parents[1] / "alembic.ini"))
-    config.attributes["configure_logger"] = False
-    head = ScriptDirectory.from_config(config).get_current_head()
+    found = schema.revisions(args.source)
+    if not found.at_head:
+        print(
+            f"parley: the source is at migration {found.current}, not {found.head}: migrate it first "
+            f"(PARLEY_DATABASE_URL=<it> alembic upgrade head)",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    schema.upgrade(args.target)
     source, target = copy.open_engine(args.source), copy.open_engine(args.target)
     try:
-        with source.connect() as connection:
-            found = copy.revision(connection)
-        if found != head:
-            print(
-                f"parley: the source is at migration {found}, not {head}: migrate it first "
-                f"(PARLEY_DATABASE_URL=<it> alembic upgrade head)",
-                file=sys.stderr,
-            )
-            return EXIT_CONFIG
-        config.attributes["url"] = sync_url(args.target)
-        command.upgrade(config, "head")
         for line in copy.copy_report(copy.copy_all(source, target)):
             print(line)
         different = copy.differences(source, target)

@@ -66,14 +66,6 @@ def open_engine(url: str) -> Engine:
     return create_engine(sync_url(url))
 
 
-def revision(connection: Connection) -> str | None:
-    try:
-        return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except Exception:
-        connection.rollback()
-        return None
-
-
 def copy_all(source: Engine, target: Engine) -> list[TableCopy]:
     """Copies every table in one transaction on the target; returns what each table got."""
     done = []
