@@ -3,17 +3,20 @@ or, with PARLEY_MIGRATE=0, checked to be there already.
 
 On PostgreSQL every migration run holds an advisory lock to its commit (migrations/env.py,
 engine.MIGRATION_LOCK): replicas that start at once take turns, and the later ones find the database at
-head and do nothing. Alembic is imported here only: serving never needs it after the start.
+head and do nothing. Alembic is imported here only, and only when a migration is due: a start at head
+reads the database's revision with one query and the head from the migration files' own lines (its
+import cost ~0.1-0.3 s of a cold start).
 """
 
 from __future__ import annotations
 
+import ast
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import create_engine, pool
+from sqlalchemy import create_engine, inspect, pool, text
 from sqlalchemy.engine import make_url
 
 from app.errors import storage_refusal
@@ -24,7 +27,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("parley")
 
-ALEMBIC_INI = Path(__file__).resolve().parents[2] / "alembic.ini"
+ROOT = Path(__file__).resolve().parents[2]
+ALEMBIC_INI = ROOT / "alembic.ini"
+VERSIONS = ROOT / "migrations" / "versions"
 # What SQLite says on a full disk: it has no room for the page (storage_full), or for the WAL's index file
 # it needs even to read (storage_error, "disk I/O error").
 STORAGE_FULL = ("storage_full", "storage_error")
@@ -56,27 +61,72 @@ def alembic_config(url: str) -> Config:
 
 def revisions(url: str) -> Revisions:
     """The database's revision (None: never migrated) and the migrations' head."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
+    return Revisions(current_revision(url), head_of_files() or alembic_head(url))
 
-    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+
+def current_revision(url: str) -> str | None:
     engine = create_engine(sync_url(url), poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:
-            current = MigrationContext.configure(connection).get_current_revision()
+            if not inspect(connection).has_table("alembic_version"):
+                return None
+            found = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
     finally:
         engine.dispose()
-    return Revisions(current, head)
+    return str(found[0]) if len(found) == 1 else None
+
+
+def head_of_files(versions: Path = VERSIONS) -> str | None:
+    """The one revision no migration file names as its down_revision, read from the files' module-level
+    `revision` and `down_revision` lines; None when they do not say it plainly (alembic then decides)."""
+    revisions: set[str] = set()
+    downs: set[str] = set()
+    for path in versions.glob("*.py"):
+        try:
+            values = _assignments(ast.parse(path.read_text(encoding="utf-8")))
+        except (OSError, SyntaxError, ValueError):
+            return None
+        revision, down = values.get("revision"), values.get("down_revision")
+        if not isinstance(revision, str) or not (down is None or isinstance(down, str)):
+            return None
+        revisions.add(revision)
+        if down is not None:
+            downs.add(down)
+    heads = revisions - downs
+    return heads.pop() if len(heads) == 1 else None
+
+
+def _assignments(module: ast.Module) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for node in module.body:
+        target, value = (
+            (node.target, node.value)
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0], node.value)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1
+            else (None, None)
+        )
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+            found[target.id] = value.value
+        elif isinstance(target, ast.Name) and value is not None:
+            found[target.id] = ...  # not a plain constant: the caller lets alembic decide
+    return found
+
+
+def alembic_head(url: str) -> str | None:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
 
 
 def upgrade(url: str) -> list[str]:
     """Migrates the database to head; the revisions this call applied (none when another process, a
     replica starting at the same time, got there first)."""
+    ensure_sqlite_dir(sync_url(url))
+    if revisions(url).at_head:  # the usual start: no alembic import, no migration environment to run
+        return []
     from alembic import command
 
-    ensure_sqlite_dir(sync_url(url))
-    if revisions(url).at_head:  # the usual start: no migration environment to run
-        return []
     applied: list[str] = []
     config = alembic_config(url)
     config.attributes["on_version_apply"] = [lambda step, **_: applied.extend(step.up_revision_ids)]
