@@ -54,6 +54,11 @@ class Settings(BaseSettings):
         False,
         description="PostgreSQL behind PgBouncer in transaction mode: no server-side prepared statements.",
     )
+    migrate: bool = Field(
+        True,
+        description="`python -m app` migrates the database to the latest schema before it serves (replicas "
+        "on PostgreSQL take turns). `0`: it only checks, and stops with one line when a migration is due.",
+    )
     default_model: str = DEMO_MODEL
     models_file: Path | None = None
     tools_file: Path | None = Field(
