@@ -2,7 +2,8 @@
 
 A session is idle or runs exactly one turn. A message posted to an idle session starts a turn at once.
 One posted to a busy session is stored durably in the waiting line and announced; what happens next
-depends on its delivery (seed 004 §2.5): `steer` ends the running turn at its next breakpoint (after a
+depends on its delivery (docs/api.md, Messages while a turn runs): `steer` ends the running turn at its
+next breakpoint (after a
 tool round's results, before the next model call), `queue` waits for the turn to end by itself,
 `interrupt` stops the turn as Stop does, `reject` refuses with 409. When a turn ends, everything waiting
 is taken together, in order, as the next turn.
