@@ -68,7 +68,10 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     keys = load_key_ring(settings)
     # So is a tools file with a bad entry (ToolsConfigError).
     catalog = ToolCatalog.load(
-        tools or build_default_registry(), settings.tools_file, retry_max=settings.mcp_retry_max
+        tools or build_default_registry(),
+        settings.tools_file,
+        retry_max=settings.mcp_retry_max,
+        connect_timeout=settings.mcp_connect_timeout,
     )
 
     app = FastAPI(
