@@ -70,7 +70,7 @@ def test_a_server_that_never_finishes_the_handshake_is_an_error_and_leaves_no_pr
     parley = ServerProcess(env, tmp_path / "server.log")
     parley.start(timeout=120)
     try:
-        states: dict[str, object] = {}
+        states: dict[str, tuple[str, str | None]] = {}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             listing = httpx.get(f"{parley.base_url}/v1/tools", timeout=5).json()
