@@ -26,6 +26,7 @@ from app.llm.gateway import ModelGateway
 from app.observability.access_log import install_access_log_redaction
 from app.observability.context import SessionIdMiddleware, install_request_id_logging
 from app.observability.monitor import DebugStats
+from app.observability.redaction import redact_provider_logs
 from app.observability.setup import install_tracing, start_observability, stop_observability
 from app.protocol.openapi import install_openapi
 from app.settings import Settings
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("parley")
 install_request_id_logging()
 install_access_log_redaction()
+redact_provider_logs()
 
 # What a browser on an allowed origin may send and read (CORS is off unless PARLEY_CORS_ORIGINS is set).
 CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "X-Request-ID"]
@@ -68,7 +70,10 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     keys = load_key_ring(settings)
     # So is a tools file with a bad entry (ToolsConfigError).
     catalog = ToolCatalog.load(
-        tools or build_default_registry(), settings.tools_file, retry_max=settings.mcp_retry_max
+        tools or build_default_registry(),
+        settings.tools_file,
+        retry_max=settings.mcp_retry_max,
+        connect_timeout=settings.mcp_connect_timeout,
     )
 
     app = FastAPI(

@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     mcp_retry_max: float = Field(
         30.0, gt=0, description="Longest wait in seconds between reconnects to an MCP server that is down."
     )
+    mcp_connect_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds an MCP server has to finish the handshake and list its tools; then it is "
+        "`error` in GET /v1/tools (a stdio server's process group is ended) and retried later.",
+    )
 
     demo_token_delay: float = Field(0.02, ge=0, description="Seconds the demo model waits before each token.")
     max_tool_rounds: int = Field(25, ge=1, description="Model calls allowed in one turn before it fails.")
