@@ -82,6 +82,8 @@ class TurnLog:
     _response_id: str | None = None
     _text: TextBuffer | None = None
     _text_timestamp: str = ""
+    # The last agent_status this turn announced (settle_status announces only a change).
+    _status: tuple[AgentState, str | None] | None = None
     _open_tools: dict[str, OpenTool] = field(default_factory=dict)
     # The calls of the current tool round, so a stop can give the ones not started yet their result.
     _round_calls: list[CallRequest] = field(default_factory=list)
@@ -139,6 +141,7 @@ class TurnLog:
         self.events.emit(cls, **fields)
 
     def set_status(self, status: AgentState, tool_name: str | None = None) -> None:
+        self._status = (status, tool_name)
         self.live.set(self.session_id, LiveStatus(status, None if status == "idle" else self.turn_id))
         self._emit(AgentStatus, status=status, tool_name=tool_name, turn_id=self.turn_id)
 
