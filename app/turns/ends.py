@@ -258,13 +258,14 @@ class TurnLog:
                 if completing and self._stop_requested:
                     status, partial = self.stop_status, self.stop_tool_result
                     announce = self._announce_cancelled
-                duration = round(time.monotonic() - self.started, 3)
-                done = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
                 if self.deferred is not None:
                     await self.deferred(db)
                 if partial is not None:
                     await self._write_partial(db, partial, announce)
                 failure = [self._error_row(*error)] if error is not None else []
+                # Stamped last, as it comes last: a turn's entries are stamped in their order.
+                duration = round(time.monotonic() - self.started, 3)
+                done = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
                 # Inserted first: a row whose id was taken gets a fresh one, which its event must carry.
                 await repository.insert_messages(db, [*failure, done], new_message_id)
                 for row in failure:
