@@ -79,5 +79,5 @@ async def test_identical_answers_racing_on_two_replicas_get_one_fresh_answer_and
         _one_fresh_rest_replayed(answers, "approve")
         await until(lambda: _completed(pg, turn_id), seconds=30)
     assert_strictly_valid(upstream)
-    for sid, result in ((located, "Paris"), (guarded, "42")):
-        assert [m["result"] for m in history(pg, sid) if m["type"] == "tool_group"] == [result]
+    for sid, stored in ((located, "Paris"), (guarded, "42")):
+        assert [m["result"] for m in history(pg, sid) if m["type"] == "tool_group"] == [stored]
