@@ -1,4 +1,4 @@
-"""What a response's times measure (issue 31, design-notes audit): `duration_ms` runs from the model
+"""What a response's times measure (issue 31): `duration_ms` runs from the model
 request to the response's end, the wait for the first token included; `first_token_ms` from the same
 request to the first token (text or tool call). The upstream waits before its headers and paces its
 chunks, so both parts are known from below; the event and the history entry carry the same values, on

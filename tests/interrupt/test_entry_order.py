@@ -1,4 +1,4 @@
-"""A turn's history entries are stamped in their order (issue 31, design-notes audit): in history order
+"""A turn's history entries are stamped in their order (issue 31): in history order
 the timestamps of the entries a turn writes never go back, however the turn ends (completed, failed,
 cancelled), its last entries included: a failure's `error` entry, the results a stop gives the round's
 calls, and `turn_done` last. A user message keeps the time it was accepted. On SQLite and PostgreSQL."""
