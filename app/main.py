@@ -39,7 +39,7 @@ from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.control import TurnControl
 from app.turns.live import LocalLiveStatus
-from app.turns.recovery import close_open_turns, resume_suspended, resume_waiting
+from app.turns.recovery import StartupRepair
 from app.turns.replica_mode import Replicas
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
@@ -150,10 +150,14 @@ def _lifespan(
             await bus.start()
         if replicas is not None and relay is not None:
             _feed_locally(replicas, relay)
+        repair = None
         if replicas is not None:
             await replicas.start()
         else:
-            await _repair(database, writer, live, runner)
+            # One process owns every session: what a crash left is repaired before any client can ask
+            # (a replica repairs only what no live lease holds: turns.replica_mode).
+            repair = StartupRepair(database, writer, live, runner)
+            await repair.start()
         # Last: litellm's import holds the GIL for seconds in its thread, and every step above would share
         # the core with it; now the server starts serving at once, while it loads (/readyz says when).
         models.start()
@@ -164,6 +168,8 @@ def _lifespan(
         finally:
             if replicas is not None:
                 await replicas.stop_sweeping()
+            if repair is not None:
+                await repair.stop()
             await drain.run()
             if replicas is not None:
                 await replicas.stop()
@@ -184,16 +190,6 @@ def _feed_locally(replicas: Replicas, relay: RedisRelay) -> None:
     takes them in again once the turn is over (streaming.redis_fanout)."""
     relay.runs_here = replicas.runner.runs
     replicas.runner.on_turn_over = relay.turn_over
-
-
-async def _repair(database: Database, writer: WriteBehind, live: LocalLiveStatus, runner: Runner) -> None:
-    """One process owns every session: what a crash left is repaired before any client can ask (a
-    replica repairs only what no live lease holds: turns.replica_mode)."""
-    await close_open_turns(database, writer, live)
-    # The repair is in the log (and the turns it closed are announced) before any client can ask.
-    await writer.flush()
-    await resume_suspended(database, runner)
-    await resume_waiting(database, runner)
 
 
 async def _stop_shared(relay: RedisRelay | None, bus: ControlBus | None, services: Services) -> None:

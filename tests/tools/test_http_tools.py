@@ -1,5 +1,5 @@
 """HTTP tools (app/tools/http_tools.py) against a real local receiver on a free port that checks the
-signature the way the README tells receivers to; and the SSRF refusals, proven by the receiver never
+signature the way docs/tools.md tells receivers to; and the SSRF refusals, proven by the receiver never
 being reached (its request count) and the refusal's reason in the result the model reads.
 """
 
