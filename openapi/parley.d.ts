@@ -242,7 +242,7 @@ export interface paths {
         };
         /**
          * List Messages
-         * @description The session's chat_messages in order (seed 000 §2.2.1), a page at a time.
+         * @description The session's chat_messages in order (docs/protocol.md), a page at a time.
          */
         get: operations["list_messages_v1_sessions__session_id__messages_get"];
         put?: never;
