@@ -242,7 +242,7 @@ export interface paths {
         };
         /**
          * List Messages
-         * @description The session's chat_messages in order (seed 000 §2.2.1), a page at a time.
+         * @description The session's chat_messages in order (docs/protocol.md), a page at a time.
          */
         get: operations["list_messages_v1_sessions__session_id__messages_get"];
         put?: never;
@@ -556,8 +556,16 @@ export interface components {
         AssistantTextMessage: {
             /** Content */
             content: string;
-            /** Duration Ms */
+            /**
+             * Duration Ms
+             * @description From the model request to the response's end, the wait for the first token included; null while it streams or when a stop cut it short.
+             */
             duration_ms: number | null;
+            /**
+             * First Token Ms
+             * @description From the model request to the response's first token: the wait part of duration_ms. Null while it streams, when a stop cut it short, and for texts stored before it was recorded.
+             */
+            first_token_ms?: number | null;
             /** Id */
             id: string;
             /**
@@ -574,7 +582,10 @@ export interface components {
              * @constant
              */
             role: "assistant";
-            /** Timestamp */
+            /**
+             * Timestamp
+             * @description When the response's first text arrived.
+             */
             timestamp: string;
             /**
              * Type
@@ -858,9 +869,14 @@ export interface components {
             content: string;
             /**
              * Duration Ms
-             * @description From the first text to the response's end; null while it streams.
+             * @description From the model request to the response's end, the wait for the first token included; null while it streams or when a stop cut it short.
              */
             duration_ms: number | null;
+            /**
+             * First Token Ms
+             * @description From the model request to the response's first token: the wait part of duration_ms.
+             */
+            first_token_ms?: number | null;
             /**
              * Id
              * @description The assistant text chat message.
@@ -1138,10 +1154,25 @@ export interface components {
             /** Turn Id */
             turn_id: string;
         };
-        /** ResponseDone */
+        /**
+         * ResponseDone
+         * @description A model response ended. Its times run from the model request (the last attempt's): `duration_ms` to
+         *     the response's end, `first_token_ms` to its first token, so the wait before the answer began is
+         *     `first_token_ms` and the streaming `duration_ms - first_token_ms`. The assistant text's history
+         *     entry keeps both.
+         */
         ResponseDone: {
-            /** Duration Ms */
+            /**
+             * Duration Ms
+             * @description From the model request to the response's end, the wait for the first token included (the last attempt's, when a provider error before any output was retried).
+             */
             duration_ms: number;
+            /**
+             * First Token Ms
+             * @description From the model request to the response's first token (text or tool call): the wait part of duration_ms. Null when the response streamed neither.
+             * @default null
+             */
+            first_token_ms: number | null;
             /**
              * Id
              * @description The assistant text message of this response; null if it had no text.

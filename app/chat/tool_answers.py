@@ -4,7 +4,8 @@ person's decisions (POST .../approvals), and what waits (GET .../pending).
 An answer to a call that still waits goes to the running turn, which checks it against what waits and
 commits it before the reply. An answer to a call already resolved is answered from its row: the same
 answer again is a replay (200), another one a 409, one after expiry a 410; a call the session never
-waited for is a 409.
+waited for is a 409. Answers racing for one call get the same: the turn takes the first, and the others
+are answered from what it committed (the turn refuses them once it no longer waits, and the rows say).
 """
 
 from __future__ import annotations
@@ -60,27 +61,46 @@ class ToolAnswers:
     ) -> ResolutionResult:
         await self._sessions.owned(principal, session_id)
         ids = [item["tool_call_id"] for item in items]
-        async with self._database.read() as db:
-            rows = await pending.latest_for_calls(db, session_id, ids)
         try:
-            for call_id in ids:
-                row = rows.get(call_id)
-                if row is None or row.kind != kind:
-                    raise NoPendingCall(
-                        f"No {'client tool call' if kind == 'client' else 'approval request'} waits for "
-                        f"tool call {call_id!r} in this session.",
-                        details={"tool_call_id": call_id},
-                    )
-            turn_id = rows[ids[0]].turn_id
+            rows = await self._requests(session_id, kind, ids)
             if any(row.state == pending.WAITING for row in rows.values()):
-                resolved = await self._turns.answer(session_id, kind, items)
+                resolved = await self._to_turn(session_id, kind, items)
             else:
                 resolved = [_replay(rows[item["tool_call_id"]], item) for item in items]
         except AnswerRefused as refused:
             error = ApiError(refused.message, details=refused.details, code=refused.code)
             error.status = refused.status
             raise error from None
-        return ResolutionResult(turn_id=turn_id, resolved=resolved)
+        return ResolutionResult(turn_id=rows[ids[0]].turn_id, resolved=resolved)
+
+    async def _requests(
+        self, session_id: str, kind: Kind, ids: list[str]
+    ) -> dict[str, PendingToolRequestRow]:
+        async with self._database.read() as db:
+            rows = await pending.latest_for_calls(db, session_id, ids)
+        for call_id in ids:
+            row = rows.get(call_id)
+            if row is None or row.kind != kind:
+                raise NoPendingCall(
+                    f"No {'client tool call' if kind == 'client' else 'approval request'} waits for "
+                    f"tool call {call_id!r} in this session.",
+                    details={"tool_call_id": call_id},
+                )
+        return rows
+
+    async def _to_turn(self, session_id: str, kind: Kind, items: list[dict[str, Any]]) -> list[Resolution]:
+        """The answer, to the turn that waits for it. The turn may have taken another answer (the same
+        one racing this, or a different one) or its expiry since the rows were read, or ended: it then
+        no longer waits, and what it committed decides, as for an answer that comes later."""
+        try:
+            return await self._turns.answer(session_id, kind, items)
+        except AnswerRefused as refused:
+            if refused.code != NoPendingCall.code:
+                raise
+            rows = await self._requests(session_id, kind, [item["tool_call_id"] for item in items])
+            if any(row.state == pending.WAITING for row in rows.values()):
+                raise  # it still waits, but no turn takes its answer here
+            return [_replay(rows[item["tool_call_id"]], item) for item in items]
 
 
 def _replay(row: PendingToolRequestRow, item: dict[str, Any]) -> Resolution:

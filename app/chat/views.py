@@ -73,6 +73,7 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
         content=row.content or "",
         timestamp=row.timestamp,
         duration_ms=row.duration_ms,
+        first_token_ms=row.first_token_ms,
         model=row.model or "",
         interrupted=bool(row.interrupted),
     )
@@ -138,6 +139,7 @@ def _llm(message: AssistantTextMessage) -> LlmNode:
         model=message.model,
         timestamp=message.timestamp,
         duration_ms=message.duration_ms,
+        first_token_ms=message.first_token_ms,
         interrupted=message.interrupted,
     )
 

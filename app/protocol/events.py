@@ -108,9 +108,22 @@ class ResponseInfo(BaseModel):
 
 
 class ResponseDone(_Event):
+    """A model response ended. Its times run from the model request (the last attempt's): `duration_ms` to
+    the response's end, `first_token_ms` to its first token, so the wait before the answer began is
+    `first_token_ms` and the streaming `duration_ms - first_token_ms`. The assistant text's history
+    entry keeps both."""
+
     type: Literal["response_done"] = "response_done"
     id: str | None = Field(description="The assistant text message of this response; null if it had no text.")
-    duration_ms: int
+    duration_ms: int = Field(
+        description="From the model request to the response's end, the wait for the first token included "
+        "(the last attempt's, when a provider error before any output was retried)."
+    )
+    first_token_ms: int | None = Field(
+        None,
+        description="From the model request to the response's first token (text or tool call): the wait "
+        "part of duration_ms. Null when the response streamed neither.",
+    )
     response: ResponseInfo
 
 

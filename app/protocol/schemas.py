@@ -213,8 +213,16 @@ class AssistantTextMessage(BaseModel):
     type: Literal["text"] = "text"
     role: Literal["assistant"] = "assistant"
     content: str
-    timestamp: str
-    duration_ms: int | None
+    timestamp: str = Field(description="When the response's first text arrived.")
+    duration_ms: int | None = Field(
+        description="From the model request to the response's end, the wait for the first token included; "
+        "null while it streams or when a stop cut it short."
+    )
+    first_token_ms: int | None = Field(
+        None,
+        description="From the model request to the response's first token: the wait part of duration_ms. "
+        "Null while it streams, when a stop cut it short, and for texts stored before it was recorded.",
+    )
     model: str
     interrupted: bool = Field(False, description="True when a stop cut this text short.")
 

@@ -29,7 +29,12 @@ class LlmNode(BaseModel):
     model: str
     timestamp: str = Field(description="When the first text of the response arrived.")
     duration_ms: int | None = Field(
-        description="From the first text to the response's end; null while it streams."
+        description="From the model request to the response's end, the wait for the first token included; "
+        "null while it streams or when a stop cut it short."
+    )
+    first_token_ms: int | None = Field(
+        None,
+        description="From the model request to the response's first token: the wait part of duration_ms.",
     )
     interrupted: bool
 

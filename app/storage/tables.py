@@ -66,6 +66,8 @@ class ChatMessageRow(SQLModel, table=True):
     model: str | None = None
     timestamp: str
     duration_ms: int | None = None
+    # An assistant text's wait for its response's first token (duration_ms includes it).
+    first_token_ms: int | None = None
     # The model response a text or tool_group belongs to: rebuilding the LLM history joins them by it.
     response_id: str | None = None
     tool_call_id: str | None = None

@@ -126,6 +126,7 @@ class AgentRun:
         attempt = 0
         while True:
             started = time.monotonic()
+            first: float | None = None
             text: list[str] = []
             calls: dict[int, list[str | None]] = {}
             finish: str | None = None
@@ -133,6 +134,8 @@ class AgentRun:
             try:
                 async with aclosing(self.adapter.stream(request)) as stream:
                     async for part in stream:
+                        if first is None and isinstance(part, TextPart | ToolCallPart):
+                            first = time.monotonic()
                         if isinstance(part, TextPart):
                             text.append(part.text)
                             yield TextChunk(part.text)
@@ -167,6 +170,7 @@ class AgentRun:
             finish_reason=finish,
             usage=usage,
             duration_ms=round((time.monotonic() - started) * 1000),
+            first_token_ms=None if first is None else round((first - started) * 1000),
         )
 
     async def _run_tools(

@@ -53,7 +53,10 @@ class ResponseFinished:
     calls: list[CallRequest]
     finish_reason: str | None
     usage: UsagePart | None
+    # From the model request (the last attempt's) to the response's end, and to its first text or tool
+    # call fragment (None when it streamed neither).
     duration_ms: int
+    first_token_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,8 @@ class TurnLog:
     _response_id: str | None = None
     _text: TextBuffer | None = None
     _text_timestamp: str = ""
+    # The last agent_status this turn announced (settle_status announces only a change).
+    _status: tuple[AgentState, str | None] | None = None
     _open_tools: dict[str, OpenTool] = field(default_factory=dict)
     # The calls of the current tool round, so a stop can give the ones not started yet their result.
     _round_calls: list[CallRequest] = field(default_factory=list)
@@ -140,6 +142,7 @@ class TurnLog:
         self.events.emit(cls, **fields)
 
     def set_status(self, status: AgentState, tool_name: str | None = None) -> None:
+        self._status = (status, tool_name)
         self.live.set(self.session_id, LiveStatus(status, None if status == "idle" else self.turn_id))
         self._emit(AgentStatus, status=status, tool_name=tool_name, turn_id=self.turn_id)
 
@@ -257,13 +260,14 @@ class TurnLog:
                 if completing and self._stop_requested:
                     status, partial = self.stop_status, self.stop_tool_result
                     announce = self._announce_cancelled
-                duration = round(time.monotonic() - self.started, 3)
-                done = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
                 if self.deferred is not None:
                     await self.deferred(db)
                 if partial is not None:
                     await self._write_partial(db, partial, announce)
                 failure = [self._error_row(*error)] if error is not None else []
+                # Stamped last, as it comes last: a turn's entries are stamped in their order.
+                duration = round(time.monotonic() - self.started, 3)
+                done = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
                 # Inserted first: a row whose id was taken gets a fresh one, which its event must carry.
                 await repository.insert_messages(db, [*failure, done], new_message_id)
                 for row in failure:

@@ -279,7 +279,13 @@ class TurnRecorder(WaitLog):
             if buffer is not None:
                 self.writer.untrack(buffer)
                 await repository.update_message(
-                    db, buffer.message_id, {"content": buffer.text(), "duration_ms": event.duration_ms}
+                    db,
+                    buffer.message_id,
+                    {
+                        "content": buffer.text(),
+                        "duration_ms": event.duration_ms,
+                        "first_token_ms": event.first_token_ms,
+                    },
                 )
             totals = None
             if usage is not None:
@@ -309,6 +315,7 @@ class TurnRecorder(WaitLog):
             ResponseDone,
             id=buffer.message_id if buffer is not None else None,
             duration_ms=event.duration_ms,
+            first_token_ms=event.first_token_ms,
             response=ResponseInfo(
                 model=self.model,
                 finish_reason=event.finish_reason,

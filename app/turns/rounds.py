@@ -123,6 +123,7 @@ class ToolRound:
             waiting = Waiting(call.id, call.name, call.arguments, kind, requested_at, expires_at)
             self._waiting[call.id] = waiting
         if self._waiting:
+            self._inbox.open()
             yield InputRequested(list(self._waiting.values()))
         async for event in self._drive():
             yield event
@@ -135,6 +136,7 @@ class ToolRound:
             yield ToolFinished(self._calls[call_id], outcome, 0, interrupted=True)
         self._waiting = {w.call_id: w for w in plan.waiting}
         if self._waiting:
+            self._inbox.open()
             yield InputRequested(plan.waiting, resumed=True)
         if plan.approved:
             yield ApprovedStarting(list(plan.approved))
@@ -211,6 +213,10 @@ class ToolRound:
             if answer.outcome is not None:
                 self.outcomes[answer.call_id] = answer.outcome
         yield InputAnswered(answers, [self._waiting[a.call_id] for a in answers], submission, replies)
+        if not self._open():
+            # Committed: an answer racing this one (the same again, or another) is answered from the rows
+            # at once, not left in the inbox while the approved calls run or the next response streams.
+            self._inbox.shut()
         approved = [a for a in answers if a.resolution in ("approve", "edit")]
         if approved:
             yield ApprovedStarting([a.call_id for a in approved])

@@ -16,6 +16,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.protocol.clock import now_iso
 from app.protocol.events import (
+    AgentState,
     ApprovalRequested,
     ApprovalResolved,
     ClientToolRequested,
@@ -51,14 +52,19 @@ class WaitLog(TurnLog):
         return bool(self._waiting)
 
     def settle_status(self) -> None:
-        """tool_calling while a server tool of the round runs, else awaiting_input while calls wait."""
+        """tool_calling while a server tool of the round runs, else awaiting_input while calls wait, else
+        thinking; announced only when it changed (an approval's answer and the approved call's start both
+        settle it, and a round's tools end one by one)."""
         running = [t for call_id, t in self._open_tools.items() if call_id not in self._waiting]
+        status: tuple[AgentState, str | None]
         if running:
-            self.set_status("tool_calling", running[0].name)
+            status = ("tool_calling", running[0].name)
         elif self._waiting:
-            self.set_status("awaiting_input")
+            status = ("awaiting_input", None)
         else:
-            self.set_status("thinking")
+            status = ("thinking", None)
+        if status != self._status:
+            self.set_status(*status)
 
     async def on_input_requested(self, event: InputRequested) -> None:
         self._waiting.update({w.call_id: w for w in event.waiting})

@@ -100,17 +100,24 @@ class Submission:
 
 
 class Inbox:
-    """A turn's answers on their way to its agent loop. Closed when the turn ends: an answer still in
-    it is refused (409), since nothing waits for it any more."""
+    """A turn's answers on their way to its agent loop. It takes them while a round may read them: from
+    the turn's start, and from the announcement of a round's waiting calls until their last answer is
+    committed (`shut`, and `open` again at the next round's announcement). An answer it does not take is
+    refused at once (409 no_pending_call), whatever waits in it then too: nothing would read it, and the
+    request answers from the committed rows instead (tool_answers: a replay, or the conflict). Closed
+    when the turn ends."""
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue[Submission] = asyncio.Queue()
+        self._taking = True
         self.closed = False
 
     def submit(self, kind: Kind, items: list[dict[str, Any]]) -> asyncio.Future[list[Resolution]]:
         submission = Submission(kind, items)
         if self.closed:
             submission.future.set_exception(_turn_ended())
+        elif not self._taking:
+            submission.future.set_exception(_answered())
         else:
             self._queue.put_nowait(submission)
         return submission.future
@@ -118,16 +125,34 @@ class Inbox:
     async def get(self) -> Submission:
         return await self._queue.get()
 
+    def open(self) -> None:
+        """A round announces calls that wait: answers are taken again."""
+        self._taking = not self.closed
+
+    def shut(self) -> None:
+        """Every call of the round has its answer committed: what comes now, or still waits here, is
+        answered from the rows."""
+        self._taking = False
+        self._refuse(_answered)
+
     def close(self) -> None:
         self.closed = True
+        self._taking = False
+        self._refuse(_turn_ended)
+
+    def _refuse(self, refusal: Callable[[], AnswerRefused]) -> None:
         while not self._queue.empty():
             future = self._queue.get_nowait().future
             if not future.done():
-                future.set_exception(_turn_ended())
+                future.set_exception(refusal())
 
 
 def _turn_ended() -> AnswerRefused:
     return NoPendingCall("The turn no longer waits for this answer (it ended).")
+
+
+def _answered() -> AnswerRefused:
+    return NoPendingCall("No call of the turn waits for an answer now.")
 
 
 def expiry(seconds: float) -> tuple[str, str]:

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.fakes.upstream import FakeUpstream, Script
-from tests.interrupt.session import chat_requests, open_session
+from tests.interrupt.session import Session, chat_requests, open_session
 from tests.support.server import LiveServer
 from tests.tool_requests.helpers import (
     answer,
@@ -174,3 +174,31 @@ async def test_approval_of_an_unknown_tool_is_refused_at_creation(server: LiveSe
         assert (created.status_code, created.json()["error"]["code"]) == (422, "unknown_tool")
         every = await session.client.post("/v1/sessions", json={"approval": {"calculate": "always"}})
         assert (every.status_code, every.json()["approval"]) == (201, ["calculate"])
+
+
+def statuses(session: Session, turn_id: str) -> list[tuple[str, str | None]]:
+    return [
+        (e.data["status"], e.data["tool_name"])
+        for e in session.turn_events(turn_id)
+        if e.event == "agent_status"
+    ]
+
+
+async def test_an_approved_call_announces_tool_calling_once(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    """Each agent_status says something new: after a decision, `tool_calling` once, then `thinking`."""
+    upstream.enqueue(calls(("call_c", "calculate", '{"expression": "6*7"}')), Script.text("It is 42."))
+    async with open_session(server, **GUARDED) as session:
+        posted = await session.accepted("what is 6*7?")
+        await awaiting(session, "approval_requested")
+        decision = {"tool_call_id": "call_c", "decision": "approve"}
+        assert (await answer(session, "approvals", decisions=[decision]))[0] == 200
+        await session.turn_done(posted["turn_id"])
+        assert statuses(session, posted["turn_id"]) == [
+            ("thinking", None),
+            ("awaiting_input", None),
+            ("tool_calling", "calculate"),
+            ("thinking", None),
+            ("idle", None),
+        ]
