@@ -20,6 +20,35 @@ if TYPE_CHECKING:
 # Fixtures more than one folder uses, each in the support module that holds what it builds.
 pytest_plugins = ("tests.support.slow_tool", "tests.support.postgres")
 
+TESTS = Path(__file__).resolve().parent
+# What every test of a folder needs (the markers are described in pyproject.toml); a module elsewhere that
+# needs one says so with its own `pytestmark`.
+FOLDER_MARKS = {
+    "browser": ("browser", "slow"),
+    "container": ("container", "serial", "slow"),
+    "replicas": ("processes", "slow"),
+    "fanout": ("processes", "slow"),
+}
+# Longer than pyproject's default (180 s) for what starts processes or builds an image: a replica's model
+# layer loads for a minute and more on a busy 2-core machine, and the timeout counts the fixtures' setup.
+# The first of these markers a test has sets its timeout; a test's own @pytest.mark.timeout wins.
+MARKED_TIMEOUTS = {"container": 1800, "serial": 900, "processes": 600, "browser": 300}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects, so that it sees the folders' markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            folder = item.path.relative_to(TESTS).parts[0]
+        except ValueError:
+            continue
+        for name in FOLDER_MARKS.get(folder, ()):
+            item.add_marker(name)
+        if item.get_closest_marker("timeout") is None:
+            seconds = next((s for name, s in MARKED_TIMEOUTS.items() if item.get_closest_marker(name)), None)
+            if seconds is not None:
+                item.add_marker(pytest.mark.timeout(seconds))
+
 
 @pytest.fixture
 def anyio_backend() -> str:
