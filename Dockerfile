@@ -1,7 +1,7 @@
 # Parley: `docker run --rm -p 8000:8000 -e PARLEY_API_KEYS=alice:<key> -v parley-data:/data parley` serves
 # the offline demo model to bearer keys. The image binds 0.0.0.0, so it refuses to start without keys unless
 # PARLEY_ALLOW_OPEN=1 says to serve openly (a local try-out). Configuration is PARLEY_* environment
-# variables (README); real providers take their keys the same way.
+# variables (docs/configuration.md); real providers take their keys the same way.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

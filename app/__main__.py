@@ -8,10 +8,11 @@ It also creates the listening socket itself, with TCP keepalive: connections acc
 options (Linux), so an idle connection (a `?wait=true` request, an event stream between heartbeats) is
 probed, and a client whose machine or network vanished is noticed and its wait or stream ended.
 
-Before it serves it reads `.env`, checks the models file (startup.py: one line for what is wrong, not a
-traceback) and logs one line that says what runs; LiteLLM's check of every model runs beside the start
-and stops the server if a model cannot be routed. Logs go out in the human or the JSON format
-(observability/logs.py), the service's own loggers included.
+Before it binds it reads `.env`, checks the tools file and the models file (startup.py: one line for what
+is wrong, not a traceback; every model routable by LiteLLM, without importing it where its files tell),
+brings the database to the latest migration (PARLEY_MIGRATE, app.storage.schema) and logs one line that
+says what runs: a configuration that cannot serve never listens. Logs go out in the human or the JSON
+format (observability/logs.py), the service's own loggers included.
 `python -m app migrate-data --from URL --to URL` copies a database into another instead (app.storage.copy).
 
 And it loads the app before uvicorn runs, with the garbage collector paused (`load_app`): part of a cold
@@ -25,7 +26,6 @@ import gc
 import socket
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import uvicorn
 
@@ -33,7 +33,9 @@ from app.chat.auth import ConfigError, load_key_ring, open_mode_refusal
 from app.observability.logs import log_config
 from app.observability.setup import tracing_configured
 from app.settings import Settings
-from app.startup import ModelCheck, check_models_file, container_advice, load_env_file, log_startup_line
+from app.startup import check_models_file, container_advice, load_env_file, load_settings, log_startup_line
+from app.storage.schema import SchemaError
+from app.storage.schema import prepare as prepare_schema
 from app.tools.config import ToolsConfigError, load_tools_config
 
 EXIT_CONFIG = 2
@@ -59,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return migrate_data(given[1:])
     args = parse_args(given)
     load_env_file()
-    settings = Settings()
+    settings = load_settings()
+    if settings is None:
+        return EXIT_CONFIG
     problem = settings.replica_problem()
     if problem is not None:
         print(f"parley: {problem}", file=sys.stderr)
@@ -85,20 +89,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         # No route is a websocket: "auto" would import the websockets library at every start for nothing.
         ws="none",
     )
+    try:  # after uvicorn.Config, which configures the logging its line goes through
+        prepare_schema(settings.database_url, migrate=settings.migrate)
+    except SchemaError as exc:
+        print(f"parley: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     server = uvicorn.Server(config)
     log_startup_line(settings, catalog, args.host, args.port)
     sock = listening_socket(config)
-    checker = ModelCheck(catalog, server)
     try:
         load_app(config)
-        checker.start()
         server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
         sock.close()
-    if checker.failed:
-        return EXIT_CONFIG
     return 0 if server.started else EXIT_STARTUP
 
 
@@ -114,35 +119,22 @@ def migrate_data(argv: Sequence[str]) -> int:
         "--to", dest="target", required=True, help="e.g. postgresql://postgres@127.0.0.1/parley"
     )
     args = parser.parse_args(argv)
-    # Imported here: serving never needs alembic or the copy.
-    from alembic import command
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
+    # Imported here: serving never needs the copy.
+    from app.storage import copy, schema
 
-    from app.storage import copy
-    from app.storage.engine import sync_url
-
-    config = Config(str(Path(__file__).resolve().parents[1] / "alembic.ini"))
-    config.attributes["configure_logger"] = False
-    head = ScriptDirectory.from_config(config).get_current_head()
+    found = schema.revisions(args.source)
+    if not found.at_head:
+        print(
+            f"parley: the source is at migration {found.current}, not {found.head}: migrate it first "
+            f"(PARLEY_DATABASE_URL=<it> alembic upgrade head)",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    schema.upgrade(args.target)
     source, target = copy.open_engine(args.source), copy.open_engine(args.target)
     try:
-        with source.connect() as connection:
-            found = copy.revision(connection)
-        if found != head:
-            print(
-                f"parley: the source is at migration {found}, not {head}: migrate it first "
-                f"(PARLEY_DATABASE_URL=<it> alembic upgrade head)",
-                file=sys.stderr,
-            )
-            return EXIT_CONFIG
-        config.attributes["url"] = sync_url(args.target)
-        command.upgrade(config, "head")
-        for done in copy.copy_all(source, target):
-            print(
-                f"{done.table:<18} {done.source_rows:>9} in source {done.copied:>9} copied"
-                f" {done.target_rows:>9} in target"
-            )
+        for line in copy.copy_report(copy.copy_all(source, target)):
+            print(line)
         different = copy.differences(source, target)
     finally:
         source.dispose()

@@ -26,6 +26,7 @@ from app.llm.gateway import ModelGateway
 from app.observability.access_log import install_access_log_redaction
 from app.observability.context import SessionIdMiddleware, install_request_id_logging
 from app.observability.monitor import DebugStats
+from app.observability.redaction import redact_provider_logs
 from app.observability.setup import install_tracing, start_observability, stop_observability
 from app.protocol.openapi import install_openapi
 from app.settings import Settings
@@ -39,7 +40,7 @@ from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.control import TurnControl
 from app.turns.live import LocalLiveStatus
-from app.turns.recovery import close_open_turns, resume_suspended, resume_waiting
+from app.turns.recovery import StartupRepair
 from app.turns.replica_mode import Replicas
 from app.turns.runner import Runner
 from app.turns.shutdown import Drain, drain_on_signals
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("parley")
 install_request_id_logging()
 install_access_log_redaction()
+redact_provider_logs()
 
 # What a browser on an allowed origin may send and read (CORS is off unless PARLEY_CORS_ORIGINS is set).
 CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "X-Request-ID"]
@@ -68,7 +70,10 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     keys = load_key_ring(settings)
     # So is a tools file with a bad entry (ToolsConfigError).
     catalog = ToolCatalog.load(
-        tools or build_default_registry(), settings.tools_file, retry_max=settings.mcp_retry_max
+        tools or build_default_registry(),
+        settings.tools_file,
+        retry_max=settings.mcp_retry_max,
+        connect_timeout=settings.mcp_connect_timeout,
     )
 
     app = FastAPI(
@@ -150,10 +155,14 @@ def _lifespan(
             await bus.start()
         if replicas is not None and relay is not None:
             _feed_locally(replicas, relay)
+        repair = None
         if replicas is not None:
             await replicas.start()
         else:
-            await _repair(database, writer, live, runner)
+            # One process owns every session: what a crash left is repaired before any client can ask
+            # (a replica repairs only what no live lease holds: turns.replica_mode).
+            repair = StartupRepair(database, writer, live, runner)
+            await repair.start()
         # Last: litellm's import holds the GIL for seconds in its thread, and every step above would share
         # the core with it; now the server starts serving at once, while it loads (/readyz says when).
         models.start()
@@ -164,6 +173,8 @@ def _lifespan(
         finally:
             if replicas is not None:
                 await replicas.stop_sweeping()
+            if repair is not None:
+                await repair.stop()
             await drain.run()
             if replicas is not None:
                 await replicas.stop()
@@ -184,16 +195,6 @@ def _feed_locally(replicas: Replicas, relay: RedisRelay) -> None:
     takes them in again once the turn is over (streaming.redis_fanout)."""
     relay.runs_here = replicas.runner.runs
     replicas.runner.on_turn_over = relay.turn_over
-
-
-async def _repair(database: Database, writer: WriteBehind, live: LocalLiveStatus, runner: Runner) -> None:
-    """One process owns every session: what a crash left is repaired before any client can ask (a
-    replica repairs only what no live lease holds: turns.replica_mode)."""
-    await close_open_turns(database, writer, live)
-    # The repair is in the log (and the turns it closed are announced) before any client can ask.
-    await writer.flush()
-    await resume_suspended(database, runner)
-    await resume_waiting(database, runner)
 
 
 async def _stop_shared(relay: RedisRelay | None, bus: ControlBus | None, services: Services) -> None:

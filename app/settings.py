@@ -11,6 +11,9 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEMO_MODEL = "parley/demo"
+# With several replicas, PostgreSQL ends a transaction left idle this long (ms), unless the lease asks
+# for less.
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 5_000
 
 
 class Settings(BaseSettings):
@@ -39,17 +42,36 @@ class Settings(BaseSettings):
     database_statement_timeout_ms: int = Field(
         30_000, ge=0, description="PostgreSQL's statement_timeout for every connection (0: none)."
     )
+    database_idle_in_transaction_timeout_ms: int | None = Field(
+        None,
+        ge=0,
+        description="PostgreSQL's idle_in_transaction_session_timeout for every connection: a transaction "
+        "left idle this long (its process paused, frozen or cut off) is ended by the server, with its locks "
+        "(0: never). Unset: with several replicas 5000, or less so that it ends before PARLEY_LEASE_SECONDS "
+        "minus the heartbeat (a paused replica's locks are gone before its leases expire); else 0.",
+    )
     database_pgbouncer: bool = Field(
         False,
         description="PostgreSQL behind PgBouncer in transaction mode: no server-side prepared statements.",
     )
+    migrate: bool = Field(
+        True,
+        description="`python -m app` migrates the database to the latest schema before it serves (replicas "
+        "on PostgreSQL take turns). `0`: it only checks, and stops with one line when a migration is due.",
+    )
     default_model: str = DEMO_MODEL
     models_file: Path | None = None
     tools_file: Path | None = Field(
-        None, description="YAML or JSON file of MCP servers and HTTP tools (README: Tools)."
+        None, description="YAML or JSON file of MCP servers and HTTP tools (docs/tools.md)."
     )
     mcp_retry_max: float = Field(
         30.0, gt=0, description="Longest wait in seconds between reconnects to an MCP server that is down."
+    )
+    mcp_connect_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds an MCP server has to finish the handshake and list its tools; then it is "
+        "`error` in GET /v1/tools (a stdio server's process group is ended) and retried later.",
     )
 
     demo_token_delay: float = Field(0.02, ge=0, description="Seconds the demo model waits before each token.")
@@ -230,6 +252,18 @@ class Settings(BaseSettings):
     def heartbeat_seconds(self) -> float:
         return self.heartbeat_interval or self.lease_seconds / 3
 
+    @property
+    def idle_in_transaction_timeout_ms(self) -> int:
+        """PostgreSQL ends a transaction idle this long. With several replicas, before the leases of a
+        replica paused in it expire: a survivor then finds none of the rows it must take over locked. One
+        process has nobody to hold up (and a pause mid-batch would only cost it that batch's retry)."""
+        if self.database_idle_in_transaction_timeout_ms is not None:
+            return self.database_idle_in_transaction_timeout_ms
+        if not self.multi_replica:
+            return 0
+        before_expiry = int((self.lease_seconds - self.heartbeat_seconds) * 1000)
+        return max(1, min(IDLE_IN_TRANSACTION_TIMEOUT_MS, before_expiry))
+
     def replica_problem(self) -> str | None:
         """Why this configuration cannot run as one of several replicas; None when it can (or is single)."""
         if not self.multi_replica:
@@ -241,6 +275,12 @@ class Settings(BaseSettings):
             )
         if self.heartbeat_seconds >= self.lease_seconds:
             return "PARLEY_HEARTBEAT_INTERVAL must be shorter than PARLEY_LEASE_SECONDS"
+        if not 0 < self.idle_in_transaction_timeout_ms < self.lease_seconds * 1000:
+            return (
+                "PARLEY_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS must be above 0 and below "
+                "PARLEY_LEASE_SECONDS (in ms): a paused replica's open transaction must end before its "
+                "leases do"
+            )
         return None
 
     @cached_property

@@ -2,11 +2,13 @@
 
 - `.env` in the working directory is loaded into the environment (what is already set wins), so provider
   keys and OTEL_* variables there count as well as PARLEY_* settings.
+- A PARLEY_* variable that cannot be used is one line naming it (not its value) and exit 2.
 - The models file: missing or malformed is one line and exit 2; an `api_key_env` whose variable is unset
   is a warning line (or, with PARLEY_MISSING_KEY=error, exit 2).
-- LiteLLM's provider resolution of every model (`ModelCheck`) needs LiteLLM, whose import takes seconds:
-  it runs in a thread beside the server's start, so a cold start does not wait for it, and a model it
-  cannot route stops the server with one line per model and exit 2.
+- Every model must be routable by LiteLLM, checked before the server binds: by LiteLLM's own files, read
+  without importing it (llm.litellm_tables), and only for a name those cannot vouch for by LiteLLM
+  itself, whose import takes seconds. A model it cannot route stops the launcher with one line per model
+  and exit 2, before anything listens.
 - One startup line: version, database (no credentials), auth mode, models file and default model, tools
   file, CORS origins, metrics and tracing.
 """
@@ -16,18 +18,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 from importlib import metadata
 from pathlib import Path
 
-import uvicorn
 from dotenv import load_dotenv
+from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
 from app.chat.auth import OPEN_MODE_HELP, ConfigError, load_key_ring
 from app.llm.catalog import Catalog, ModelsFileError
-from app.llm.checks import missing_keys, model_problems
+from app.llm.checks import missing_keys, model_problems, undecided
 from app.llm.litellm_import import import_litellm
+from app.llm.litellm_tables import Routes
 from app.observability.setup import tracing_configured
 from app.settings import Settings
 
@@ -38,6 +40,19 @@ ENV_FILE = ".env"
 def load_env_file(path: str = ENV_FILE) -> bool:
     """Loads `path` into the environment without overriding what is set; whether it was there."""
     return load_dotenv(path, override=False) if Path(path).is_file() else False
+
+
+def load_settings() -> Settings | None:
+    """The settings; None (after one line per bad variable, naming it, never echoing its value: it may be
+    a key) when a PARLEY_* variable cannot be used."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        for error in exc.errors(include_url=False, include_input=False):
+            where = ".".join(str(part) for part in error["loc"])
+            name = f"PARLEY_{where.upper()}" if where else "the settings"
+            print(f"parley: {name}: {error['msg']}", file=sys.stderr)
+        return None
 
 
 def in_container() -> bool:
@@ -68,6 +83,8 @@ def check_models_file(settings: Settings) -> Catalog | None:
         detail = "; ".join(line.strip() for line in first[:3] if line.strip())
         print(f"parley: {detail} (PARLEY_MODELS_FILE)", file=sys.stderr)
         return None
+    if not routable(catalog):
+        return None
     problems = missing_keys(catalog)
     strict = settings.missing_key == "error"
     for problem in problems:
@@ -78,32 +95,19 @@ def check_models_file(settings: Settings) -> Catalog | None:
     return None if problems and strict else catalog
 
 
-class ModelCheck:
-    """LiteLLM's provider resolution of every model in the file, in a thread beside the server's start;
-    a model it cannot route ends the server (`failed`)."""
-
-    def __init__(self, catalog: Catalog, server: uvicorn.Server) -> None:
-        self._catalog = catalog
-        self._server = server
-        self._thread = threading.Thread(target=self._run, name="parley-model-check", daemon=True)
-        self.failed = False
-
-    def start(self) -> None:
-        """After the app has loaded (its collector pause must not interleave with LiteLLM's import)."""
-        if self._catalog.names():
-            self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            problems = model_problems(import_litellm(), self._catalog)
-        except Exception as exc:  # a check that cannot run must not stop a server that may work
-            log.warning("could not check the models file with LiteLLM: %s", exc)
-            return
-        for problem in problems:
-            print(f"parley: models file: {problem.message}", file=sys.stderr)
-        if problems:
-            self.failed = True
-            self._server.should_exit = True
+def routable(catalog: Catalog) -> bool:
+    """Whether LiteLLM routes every model of the file; else one line per model that it does not."""
+    doubtful = undecided(catalog, Routes.read())
+    if not doubtful:
+        return True
+    try:
+        problems = model_problems(import_litellm(), catalog, doubtful)
+    except Exception as exc:  # a check that cannot run must not stop a server that may work
+        log.warning("could not check the models file with LiteLLM: %s", exc)
+        return True
+    for problem in problems:
+        print(f"parley: models file: {problem.message}", file=sys.stderr)
+    return not problems
 
 
 def describe(settings: Settings, catalog: Catalog, host: str, port: int) -> str:

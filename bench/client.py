@@ -197,11 +197,11 @@ class EventStream:
     def _frames(self, buffer: bytearray, at: float) -> None:
         start = 0
         while True:
-            end = buffer.find(b"\r\n\r\n", start)
+            end = buffer.find(b"\n\n", start)  # the service ends SSE lines in LF (streaming.frames)
             if end < 0:
                 break
             self._frame(bytes(buffer[start:end]), at)
-            start = end + 4
+            start = end + 2
         if start:
             del buffer[:start]
             self.last_at = at
@@ -210,7 +210,7 @@ class EventStream:
     def _frame(self, frame: bytes, at: float) -> None:
         kind = b""
         data = b""
-        for line in frame.split(b"\r\n"):
+        for line in frame.split(b"\n"):
             if line.startswith(b"event: "):
                 kind = line[7:]
             elif line.startswith(b"id: "):

@@ -1,6 +1,6 @@
 """An HTTP tool's receiver for the tools benchmark: `python -m bench.tool_receiver PORT SECRET`.
 
-Checks the signature as the README tells receivers to and answers with the `text` argument, so the
+Checks the signature as docs/tools.md tells receivers to and answers with the `text` argument, so the
 benchmark's HTTP tool does as little as the MCP servers' `echo`.
 """
 

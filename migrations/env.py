@@ -35,7 +35,13 @@ def run_migrations_online() -> None:
     ensure_sqlite_dir(url)
     engine = create_engine(url, poolclass=pool.NullPool)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            render_as_batch=True,
+            # The launcher's way to learn which steps this run applied (app/storage/schema.py).
+            on_version_apply=config.attributes.get("on_version_apply", ()),
+        )
         with context.begin_transaction():
             if connection.dialect.name == "postgresql":  # replicas starting at once take turns
                 connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})

@@ -170,6 +170,10 @@ export interface paths {
          * @description Every event of the session, across all its turns, until the client leaves; with
          *     `until_idle=true`, until the session is idle and the stream has caught up.
          *
+         *     **An endless stream** (`x-endless-stream: true`): without `until_idle=true` the response never ends by
+         *     itself, even on an idle session; a client that reads responses to their end (a generic API tester, a
+         *     crawler, `curl` without `--max-time`) must send `until_idle=true` or stop reading on its own.
+         *
          *     Resuming: the position is the `Last-Event-ID` header (what EventSource sends when it reconnects) or the
          *     `after` query parameter; when both are given the header wins, because a reconnecting EventSource keeps
          *     the URL (and its original `after`) but sends the newer header. The stream then sends every event after
@@ -2788,13 +2792,13 @@ export interface operations {
             query?: {
                 /** @description Resume after this event id (seq). */
                 after?: string;
-                /** @description End the stream once no turn runs and every event so far has been sent. */
+                /** @description End the stream once no turn runs and every event so far has been sent. Without it the stream never ends by itself. */
                 until_idle?: boolean;
                 /** @description `ndjson`: one event's JSON per line (as `Accept: application/x-ndjson` asks); `sse`: Server-Sent Events. Without it the Accept header decides, and SSE is the default. */
                 format?: "sse" | "ndjson";
             };
             header?: {
-                /** @description Resume after this event id; wins over after. Empty: no position. */
+                /** @description Resume after this event id (blanks around it are ignored); wins over after. Empty: no position. */
                 "Last-Event-ID"?: string;
             };
             path: {
@@ -2804,7 +2808,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The event stream: SSE, or NDJSON when asked for */
+            /** @description The event stream: SSE, or NDJSON when asked for; endless unless until_idle=true */
             200: {
                 headers: {
                     [name: string]: unknown;

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -94,6 +95,50 @@ def test_a_model_litellm_cannot_route_stops_the_server_with_the_fix(
     [line] = [line for line in done.stderr.splitlines() if line.startswith("parley: models file")]
     assert "'fake-model'" in line and "'openai/fake-model'" in line and "'local'" in line
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def _run_on_a_taken_port(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The launcher given a port the test holds (bound, not listening): had it gone as far as binding,
+    it would fail there and say so, so a run that says nothing of the port never bound nor listened."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "--port", str(held.getsockname()[1])],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    output = done.stdout + done.stderr
+    for bound in ("address already in use", "Uvicorn running", "Application startup complete"):
+        assert bound not in output, output
+    assert "Traceback" not in output, output
+    return done
+
+
+def test_a_model_litellm_cannot_route_stops_the_launcher_before_anything_listens(
+    database_url: str, tmp_path: Path
+) -> None:
+    """It used to be found beside the start, after "Application startup complete": the server accepted
+    connections for a moment, then exited."""
+    models = _models(tmp_path, {"local": {"api_base": "http://127.0.0.1:9/v1", "models": ["fake-model"]}})
+    done = _run_on_a_taken_port(_env(database_url, PARLEY_MODELS_FILE=str(models)))
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("parley: models file: model 'fake-model'"), line
+
+
+def test_a_setting_that_cannot_be_used_is_one_line_naming_it_before_anything_listens(
+    database_url: str,
+) -> None:
+    secret = "not-a-number-but-maybe-a-secret"
+    done = _run_on_a_taken_port(_env(database_url, PARLEY_MIGRATE="maybe", PARLEY_SSE_PING_INTERVAL=secret))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == ["PARLEY_MIGRATE", "PARLEY_SSE_PING_INTERVAL"]
+    assert all(line.startswith("parley: ") for line in lines)
+    assert secret not in done.stderr
 
 
 def test_an_unset_key_variable_is_a_warning_or_by_setting_an_error(database_url: str, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ past ~60, to look at; a split made to pass a count is worse than the long file, 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "app"
@@ -61,3 +62,21 @@ def test_every_app_module_is_imported_by_a_test() -> None:
     modules = {_module_name(path) for path in _modules() if path.name != "__init__.py"}
     assert set(NOT_IMPORTED) - modules == set()  # no reason outlives its module
     assert sorted(modules - set(NOT_IMPORTED) - _imported_by_tests()) == []
+
+
+CITES_OUTSIDE = re.compile(r"\bseed \d+|\bseeds?/|shared/notes|\.\./shared", re.IGNORECASE)
+
+
+def test_code_cites_docs_not_documents_outside_the_repository() -> None:
+    """A reader who clones the project can open what the code cites: docs/, never the design notes or
+    notes beside the repository (STYLE.md, Docs)."""
+    roots = (APP, APP.parent / "clients" / "typescript" / "src")
+    found = [
+        f"{path.relative_to(APP.parent)}:{number}"
+        for root in roots
+        for path in sorted(root.rglob("*"))
+        if path.suffix in {".py", ".ts"}
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if CITES_OUTSIDE.search(line)
+    ]
+    assert found == []

@@ -22,7 +22,7 @@ from app.observability.hooks import events_sent, stream_closed, stream_opened
 from app.protocol.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
 from app.protocol.schemas import QueryBool
 from app.streaming.broker import Subscription
-from app.streaming.frames import Frame
+from app.streaming.frames import SSE_LINE_END, Frame
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["events"])
 
@@ -32,13 +32,20 @@ SEND_TIMEOUT = 30
 # `shutdown_timeout`) and the log is flushed; sse-starlette cancels a stream only if it outlives both.
 SHUTDOWN_FLUSH_GRACE = 5.0
 POSITION_PATTERN = r"^[0-9]{1,1000}$"
-HEADER_POSITION_PATTERN = r"^[0-9]{0,1000}$"
+# The header may have blanks around the number: HTTP servers strip those before a value but not always
+# after it (httptools keeps a trailing space), and a script that sends `Last-Event-ID: $id ` means the id.
+HEADER_POSITION_PATTERN = r"^[ \t]*[0-9]{0,1000}[ \t]*$"
+_BLANKS = " \t"
 _POSITION = re.compile(r"[0-9]{1,1000}")
 # Frames per body chunk: a long replay goes out in pieces of bounded size.
 SEND_FRAMES = 256
 
 _STREAM_DOC = """Every event of the session, across all its turns, until the client leaves; with
 `until_idle=true`, until the session is idle and the stream has caught up.
+
+**An endless stream** (`x-endless-stream: true`): without `until_idle=true` the response never ends by
+itself, even on an idle session; a client that reads responses to their end (a generic API tester, a
+crawler, `curl` without `--max-time`) must send `until_idle=true` or stop reading on its own.
 
 Resuming: the position is the `Last-Event-ID` header (what EventSource sends when it reconnects) or the
 `after` query parameter; when both are given the header wins, because a reconnecting EventSource keeps
@@ -68,6 +75,8 @@ stream ends, cleanly, as soon as no turn runs and every event committed so far h
 saw start has also ended). On an idle session, with no position or one already caught up, it ends at
 once. A turn that starts later (a queued message) is not waited for: reconnect with Last-Event-ID."""
 
+ENDLESS_STREAM = "x-endless-stream"
+
 StreamFormat = Literal["sse", "ndjson"]
 
 
@@ -77,8 +86,10 @@ class InvalidPosition(ApiError):
 
 
 def resume_position(last_event_id: str | None, after: str | None) -> int | None:
-    """The position to resume after: the header wins over `after`; an empty header means none."""
-    name, raw = ("Last-Event-ID", last_event_id) if last_event_id else ("after", after)
+    """The position to resume after: the header (without blanks around it) wins over `after`; an empty
+    header means none."""
+    header = last_event_id.strip(_BLANKS) if last_event_id else None
+    name, raw = ("Last-Event-ID", header) if header else ("after", after)
     if raw is None:
         return None
     try:
@@ -121,11 +132,16 @@ LastEventId = Annotated[
     Header(
         alias="Last-Event-ID",
         pattern=HEADER_POSITION_PATTERN,
-        description="Resume after this event id; wins over after. Empty: no position.",
+        description="Resume after this event id (blanks around it are ignored); wins over after. Empty: "
+        "no position.",
     ),
 ]
 UntilIdle = Annotated[
-    QueryBool, Query(description="End the stream once no turn runs and every event so far has been sent.")
+    QueryBool,
+    Query(
+        description="End the stream once no turn runs and every event so far has been sent. Without it "
+        "the stream never ends by itself."
+    ),
 ]
 Format = Annotated[
     StreamFormat | None,
@@ -142,11 +158,14 @@ Format = Annotated[
     responses={
         200: {
             "content": {STREAM_MEDIA_TYPE: {}, NDJSON_MEDIA_TYPE: {}},
-            "description": "The event stream: SSE, or NDJSON when asked for",
+            "description": "The event stream: SSE, or NDJSON when asked for; endless unless until_idle=true",
         },
         **v1_errors(404, 422, 429),
     },
     description=_STREAM_DOC,
+    # For generic clients (schemathesis, crawlers) that read a response to its end: this one does not end
+    # unless `until_idle=true`. A vendor extension, since OpenAPI has no word for it.
+    openapi_extra={ENDLESS_STREAM: True},
 )
 async def stream_events(
     session_id: str,
@@ -182,7 +201,9 @@ async def stream_events(
     body = (
         _body(batches, end, _ndjson, _NDJSON_HEARTBEAT)
         if ndjson
-        else _body(batches, end, _sse, _SSE_HEARTBEAT, ServerSentEvent(retry=settings.sse_retry_ms))
+        else _body(
+            batches, end, _sse, _SSE_HEARTBEAT, ServerSentEvent(retry=settings.sse_retry_ms, sep=SSE_LINE_END)
+        )
     )
     return EventStreamResponse(
         body,
@@ -290,5 +311,5 @@ def _ndjson(frames: list[Frame]) -> bytes:
 
 # The SSE heartbeat is a comment (sse-starlette's encoding); the NDJSON one an empty line, which line
 # readers skip and jq reads as whitespace.
-_SSE_HEARTBEAT = ServerSentEvent(comment="ping").encode()
+_SSE_HEARTBEAT = ServerSentEvent(comment="ping", sep=SSE_LINE_END).encode()
 _NDJSON_HEARTBEAT = b"\n"

@@ -10,7 +10,9 @@ from app.api.responses import errors, v1_errors
 from app.chat.catalog import list_models as models_of
 from app.protocol.schemas import ModelList
 
-router = APIRouter(tags=["health"])
+# Tags per route: a router's tags add to each route's, and /v1/models listed under both appeared twice in
+# Swagger UI.
+router = APIRouter()
 
 
 class Health(BaseModel):
@@ -18,7 +20,7 @@ class Health(BaseModel):
     models_ready: bool
 
 
-@router.get("/healthz", responses=errors(431))
+@router.get("/healthz", tags=["health"], responses=errors(431))
 async def healthz(services: ServicesDep) -> Health:
     """Alive: answers as soon as the server accepts requests, before the model layer has loaded."""
     return Health(status="ok", models_ready=services.models.is_ready)
@@ -30,6 +32,7 @@ class Readiness(Health):
 
 @router.get(
     "/readyz",
+    tags=["health"],
     responses={
         **errors(431),
         503: {

@@ -96,7 +96,7 @@ async def list_messages(
         ),
     ] = None,
 ) -> MessagePage:
-    """The session's chat_messages in order (seed 000 §2.2.1), a page at a time."""
+    """The session's chat_messages in order (docs/protocol.md), a page at a time."""
     return await messages.history(principal, session_id, limit=limit, after=after, before=before)
 
 

@@ -3,6 +3,7 @@
 sse-starlette sends the body (its encoding), bounds every send (`send_timeout`) and watches for the
 client's disconnect. What it is told here, and why:
 
+- `sep`: LF, as every frame of the stream (streaming.frames.SSE_LINE_END).
 - `ping=0`: the heartbeat comes from the broker's single task (the body yields it on an empty batch),
   so no stream runs a pinger of its own.
 - `send_timeout`: a client that reads nothing for that long is cut. sse-starlette raises SendTimeoutError
@@ -25,6 +26,8 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import SendTimeoutError
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from app.streaming.frames import SSE_LINE_END
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class EventStreamResponse(Response):
             media_type=media_type,
             headers=headers,
             ping=0,
+            sep=SSE_LINE_END,
             send_timeout=send_timeout,
             shutdown_grace_period=shutdown_grace,
         )

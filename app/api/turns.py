@@ -1,4 +1,4 @@
-"""Turn routes: a session's chat_messages grouped by turn (seed 002's message with its nodes)."""
+"""Turn routes: a session's chat_messages grouped by turn (docs/protocol.md, Turns)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 clients/typescript by `make ui` and committed): nothing loads from a CDN, so both work offline.
 
 The page is static: everything it does goes through the public API with the key its user enters, so
-serving it grants nothing. `PARLEY_UI=0` turns /ui off; /docs stays (it was always served)."""
+serving it grants nothing. `PARLEY_UI=0` turns /ui off; /docs and /favicon.ico stay."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from fastapi.responses import FileResponse, HTMLResponse
 from app.errors import NotFound
 
 UI_DIR = Path(__file__).resolve().parents[1] / "ui"
-ASSETS = ("parley.js", "parley.css")
+# Each asset with its type, stated rather than guessed from the platform's mime tables.
+ASSETS = {
+    "parley.js": "text/javascript; charset=utf-8",
+    "parley.css": "text/css; charset=utf-8",
+    "parley.svg": "image/svg+xml",
+}
+FAVICON_TYPE = "image/vnd.microsoft.icon"
 SWAGGER_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png")
 # The page loads only its own files and talks only to this origin.
 PAGE_POLICY = (
@@ -40,7 +46,18 @@ async def asset(name: str) -> FileResponse:
     """The page's script and style sheet; any other name is a 404."""
     if name not in ASSETS:
         raise NotFound(f"No asset {name[:100]!r}.")
-    return FileResponse(UI_DIR / "assets" / name, headers={**_NO_STORE, "X-Content-Type-Options": "nosniff"})
+    return FileResponse(
+        UI_DIR / "assets" / name,
+        media_type=ASSETS[name],
+        headers={**_NO_STORE, "X-Content-Type-Options": "nosniff"},
+    )
+
+
+@docs_router.get("/favicon.ico")
+async def favicon() -> FileResponse:
+    """Parley's icon, which browsers ask for on any page of this origin (so it is served with /ui off too)."""
+    headers = {"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff"}
+    return FileResponse(UI_DIR / "favicon.ico", media_type=FAVICON_TYPE, headers=headers)
 
 
 @docs_router.get("/docs")

@@ -1,9 +1,9 @@
-"""Stored rows as clients read them: chat_messages (seed 000 §2.2.1) and turns grouped from them.
+"""Stored rows as clients read them: chat_messages (docs/protocol.md) and turns grouped from them.
 
 A turn has its user input, its ordered nodes (each model text and each tool call, with its final
 content, model or tool name, timing and metadata), its status and times, and its final answer: the
 turn's last assistant text. Only final content exists to group: streamed text is stored as one message
-per model response, never once per delta (seed 002's chunk rule), so a node is never a chunk.
+per model response, never once per delta (docs/protocol.md, Turns), so a node is never a chunk.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The models file (seed 004 §2.4): providers with their base URL, key and context windows."""
+"""The models file (docs/configuration.md, Use a real model): providers with their base URL, key and
+context windows."""
 
 from __future__ import annotations
 

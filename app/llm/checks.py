@@ -1,6 +1,7 @@
 """Startup checks of the models file, for the launcher: what would otherwise fail at every turn.
 
-`model_problems`
+`undecided` names the entries LiteLLM's files (read without importing it: litellm_tables) do not show to be
+routable, and only for those `model_problems`
 asks LiteLLM's own provider resolution (`litellm.get_llm_provider`) about every entry, the question each
 turn asks later: a name without a provider LiteLLM knows (`fake-model` with no prefix) is refused with the
 fix, instead of being listed, accepted and failing each turn with a misleading `provider_bad_request`.
@@ -16,6 +17,7 @@ from types import ModuleType
 
 from app.llm.catalog import Catalog, ConfiguredModel
 from app.llm.demo import DEMO_MODEL
+from app.llm.litellm_tables import Routes
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,10 +26,17 @@ class ModelProblem:
     message: str
 
 
-def model_problems(litellm: ModuleType, catalog: Catalog) -> list[ModelProblem]:
-    """Entries LiteLLM cannot route, each with the fix."""
+def undecided(catalog: Catalog, routes: Routes) -> list[str]:
+    """The entries whose routing LiteLLM's files (litellm_tables) do not vouch for: LiteLLM decides."""
+    return [name for name in catalog.names() if name != DEMO_MODEL and not routes.knows(name)]
+
+
+def model_problems(
+    litellm: ModuleType, catalog: Catalog, names: list[str] | None = None
+) -> list[ModelProblem]:
+    """Entries (of `names`, else all) LiteLLM cannot route, each with the fix."""
     problems: list[ModelProblem] = []
-    for name in catalog.names():
+    for name in catalog.names() if names is None else names:
         configured = catalog.get(name)
         if name == DEMO_MODEL or configured is None:
             continue

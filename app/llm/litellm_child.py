@@ -2,9 +2,9 @@
 
 LiteLLM's stream wrapper costs ~0.45 ms of CPU per chunk, rebuilds the whole response synchronously when a
 stream ends, and leaves a backlog of objects that made the collector's full passes last hundreds of ms
-(../shared/notes/litellm.md §2). In the service's process that CPU, that GIL and that garbage were shared
-with the loop serving every session; here they are not, and on a machine with more than one core LiteLLM
-gets a core of its own. The service talks to this process over one socket (litellm_wire.py):
+(measured on this project's machines). In the service's process that CPU, that GIL and that garbage
+were shared with the loop serving every session; here they are not, and on a machine with more than one
+core LiteLLM gets a core of its own. The service talks to this process over one socket (litellm_wire.py):
 `acompletion`, the iteration (with LiteLLM's kept chunks trimmed), `aclose` and the mapping of errors all
 happen here; the service receives parts in batches, and a safe `ProviderError` when a call fails (the
 upstream's own words go to the log only).

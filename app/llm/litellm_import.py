@@ -33,7 +33,7 @@ def frozen_afterwards(when: bool = True) -> Iterator[None]:
 
 def import_litellm() -> ModuleType:
     # Without these, import fetches the cost map over the network and offline tokenizer loads stall for
-    # tens of seconds (../shared/notes/litellm.md §0, §5). They must be set before the import.
+    # tens of seconds (measured on this project's machines). They must be set before the import.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")

@@ -3,7 +3,7 @@
 LiteLLM still resolves the model, key, base URL and parameters (routing.py); this module only sends the
 request and reads the stream. The transport is aiohttp (already LiteLLM's own default transport): its C
 HTTP parser and plain asyncio protocol read a paced chunk for ~25 µs of CPU, where httpx (pure-Python
-h11 under anyio) took ~85 and LiteLLM's wrapper ~600 (../shared/notes/litellm.md §2; measured on this
+h11 under anyio) took ~85 and LiteLLM's wrapper ~600 (measured on a 2-core
 machine, 100 streams of 100 chunks at 20 ms). Failures become the `ProviderError`s LiteLLMAdapter would
 give for the same upstream behaviour (provider_errors.py); the upstream's own words go to the log only.
 

@@ -1,4 +1,5 @@
-"""Timestamps: made once by the server, stored as text, never regenerated on read (seed 003)."""
+"""Timestamps: made once by the server, stored as text, never regenerated on read (docs/protocol.md,
+History)."""
 
 from __future__ import annotations
 

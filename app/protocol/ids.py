@@ -1,4 +1,4 @@
-"""Identifiers, made once by the server and stored as text (seed 000 §2.1: `m_` + uuid4().hex[:12]).
+"""Identifiers, made once by the server and stored as text (docs/protocol.md: `m_` + uuid4().hex[:12]).
 
 The same random hex digits come from os.urandom, without building a UUID object (a fifth of the cost; a
 turn makes several, one on the path of its first token).

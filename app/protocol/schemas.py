@@ -1,4 +1,4 @@
-"""REST request and response bodies, and the chat_messages shapes of seed 000 §2.2.1."""
+"""REST request and response bodies, and the chat_messages shapes of docs/protocol.md."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ class ModelList(BaseModel):
     default_model: str
 
 
-# chat_messages, exactly as seed 000 §2.2.1 shows them (snake_case), one model per kind.
+# chat_messages, exactly as docs/protocol.md shows them (snake_case), one model per kind.
 
 
 class TurnStartMessage(BaseModel):

@@ -53,11 +53,25 @@ class ClientTool(_Strict):
 
 
 def unique_client_tools(tools: list[ClientTool] | None) -> list[ClientTool] | None:
+    """A request's client tools: unique names, and each `parameters` a valid JSON Schema (checked against
+    the 2020-12 metaschema), so a provider that validates schemas never fails every turn on one.
+    Checked where a request sets them, not in `ClientTool` itself: a stored session's tools still load."""
     if tools is None:
         return None
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         raise ValueError("client tool names must be unique")
+    from jsonschema import Draft202012Validator  # only when a request declares client tools
+    from jsonschema.exceptions import SchemaError
+
+    for n, tool in enumerate(tools):
+        try:
+            Draft202012Validator.check_schema(tool.parameters)
+        except SchemaError as exc:
+            at = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.absolute_path)
+            raise ValueError(
+                f"client_tools[{n}].parameters{at} is not a valid JSON Schema: {exc.message}"
+            ) from None
     return tools
 
 

@@ -1,5 +1,5 @@
-"""The turn view's REST schemas: a session's chat_messages grouped by turn, as seed 002 groups a message
-with its nodes (GET /v1/sessions/{session_id}/turns)."""
+"""The turn view's REST schemas: a session's chat_messages grouped by turn, a turn with its nodes
+(docs/protocol.md, Turns) (GET /v1/sessions/{session_id}/turns)."""
 
 from __future__ import annotations
 

@@ -33,6 +33,22 @@ class TableCopy:
     target_rows: int
 
 
+COLUMNS = ("table", "in source", "copied", "in target")
+
+
+def copy_report(done: list[TableCopy]) -> list[str]:
+    """What `copy_all` did as a table under a header: each column as wide as its widest cell (a table
+    name as long as `pending_tool_requests`, a count of millions), names left-aligned, counts right."""
+    rows = [COLUMNS, *((c.table, str(c.source_rows), str(c.copied), str(c.target_rows)) for c in done)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return [
+        "  ".join(
+            [row[0].ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(row[1:], widths[1:], strict=True))]
+        )
+        for row in rows
+    ]
+
+
 @dataclass
 class Difference:
     table: str
@@ -48,14 +64,6 @@ def tables() -> list[Table]:
 
 def open_engine(url: str) -> Engine:
     return create_engine(sync_url(url))
-
-
-def revision(connection: Connection) -> str | None:
-    try:
-        return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except Exception:
-        connection.rollback()
-        return None
 
 
 def copy_all(source: Engine, target: Engine) -> list[TableCopy]:

@@ -1,6 +1,7 @@
 """The async engine, chosen by URL: SQLite (the embedded default) in WAL mode with a busy timeout and
-foreign keys on every connection, or PostgreSQL through psycopg 3 with a bounded pool and a statement
-timeout, and optionally no server-side prepared statements (for PgBouncer in transaction mode)."""
+foreign keys on every connection, or PostgreSQL through psycopg 3 with a bounded pool, a statement
+timeout and an idle-in-transaction timeout, and optionally no server-side prepared statements (for
+PgBouncer in transaction mode)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ class PoolOptions:
     # Seconds a session waits for a free connection before the request gets a 503.
     timeout: float = 10.0
     statement_timeout_ms: int = 30_000
+    # A transaction left idle this long is ended by the server, its locks released: a process paused in
+    # one (a GC stall, a frozen VM, SIGSTOP) holds up no other process for longer (0: never).
+    idle_in_transaction_timeout_ms: int = 0
     connect_timeout: int = 5
     # PgBouncer in transaction mode hands each transaction another server connection: no statement may
     # be prepared on the server (psycopg prepares one after five runs unless prepare_threshold is None).
@@ -59,6 +63,7 @@ def pool_options(settings: Settings) -> PoolOptions:
         max_overflow=settings.database_max_overflow,
         timeout=settings.database_pool_timeout,
         statement_timeout_ms=settings.database_statement_timeout_ms,
+        idle_in_transaction_timeout_ms=settings.idle_in_transaction_timeout_ms,
         pgbouncer=settings.database_pgbouncer,
     )
 
@@ -125,7 +130,8 @@ def create_engine(
 def _postgres_engine(url: str, pool: PoolOptions) -> AsyncEngine:
     connect_args: dict[str, Any] = {
         "connect_timeout": pool.connect_timeout,
-        "options": f"-c statement_timeout={int(pool.statement_timeout_ms)}",
+        "options": f"-c statement_timeout={int(pool.statement_timeout_ms)}"
+        f" -c idle_in_transaction_session_timeout={int(pool.idle_in_transaction_timeout_ms)}",
     }
     if pool.pgbouncer:
         connect_args["prepare_threshold"] = None

@@ -62,11 +62,12 @@ async def claim(
 
 async def alive(db: AsyncSession, tokens: Sequence[int]) -> set[int]:
     """Of these tokens, those whose lease is running and not expired. On PostgreSQL their rows are locked
-    (FOR SHARE) to the commit: a takeover waits for this transaction, so what it writes lands before."""
+    to the commit (FOR KEY SHARE): a takeover (`take_over`, FOR UPDATE) cannot overlap this transaction,
+    so what it writes lands before; a cancel's flag (a plain UPDATE) does not wait for it."""
     if not tokens:
         return set()
     conn = await raw(db)
-    lock = " ORDER BY token FOR SHARE" if conn.dialect == "postgresql" else ""
+    lock = " ORDER BY token FOR KEY SHARE" if conn.dialect == "postgresql" else ""
     found = await conn.fetchall(
         f"SELECT token FROM turn_leases WHERE token IN ({_marks(tokens)}) AND state = 'running'"
         f" AND expires_at > {_now(conn)}{lock}",
@@ -106,13 +107,36 @@ async def renew(db: AsyncSession, tokens: Sequence[int], seconds: float) -> dict
     return {int(token): bool(cancel) for token, cancel in found}
 
 
+class LeaseBusy(Exception):
+    """The lease row is locked by its owner's transaction (a write in flight, or a process paused in one,
+    until PostgreSQL ends it): nothing was changed, and nothing waited for the lock."""
+
+
+# PostgreSQL's lock_not_available: a NOWAIT lock found the row locked.
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
 async def request_cancel(db: AsyncSession, session_id: str) -> LeaseRecord | None:
-    """Flags the session's running turn for cancelling (its owner reads the flag); None when none runs."""
-    found = await (await raw(db)).fetchall(
-        "UPDATE turn_leases SET cancel_requested = ? WHERE session_id = ? AND state = 'running'"
-        " RETURNING turn_id, session_id, token",
-        (True, session_id),
-    )
+    """Flags the session's running turn for cancelling (its owner reads the flag); None when none runs.
+    LeaseBusy (the transaction is then to be rolled back) when its owner holds the row locked: the caller
+    does not wait on a lock a paused owner may hold."""
+    conn = await raw(db)
+    target = "session_id = ? AND state = 'running'"
+    if conn.dialect == "postgresql":
+        target = (
+            "turn_id = (SELECT turn_id FROM turn_leases WHERE session_id = ? AND state = 'running'"
+            " FOR NO KEY UPDATE NOWAIT)"
+        )
+    try:
+        found = await conn.fetchall(
+            f"UPDATE turn_leases SET cancel_requested = ? WHERE {target}"
+            " RETURNING turn_id, session_id, token",
+            (True, session_id),
+        )
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+            raise LeaseBusy(session_id) from exc
+        raise
     return LeaseRecord(str(found[0][0]), str(found[0][1]), int(found[0][2])) if found else None
 
 
@@ -135,12 +159,19 @@ async def take_over(
     db: AsyncSession, lease: LeaseRecord, owner: str, token: int, seconds: float
 ) -> bool | None:
     """Makes an expired lease `owner`'s under a new token (to close or resume its turn): whether a cancel
-    was asked for its turn; None when another replica took it first or its owner renewed it meanwhile."""
+    was asked for its turn; None when another replica took it first, its owner renewed it meanwhile, or
+    (PostgreSQL) a transaction of its owner holds the row: a write in flight, or a paused process's, which
+    the server ends after its idle-in-transaction timeout. Nothing waits for that lock (SKIP LOCKED): the
+    next sweep tries again."""
     conn = await raw(db)
     now = _now(conn)
+    target = f"turn_id = ? AND token = ? AND state = 'running' AND expires_at <= {now}"
+    if conn.dialect == "postgresql":
+        # FOR UPDATE: the lock that conflicts with the owner's (alive's FOR KEY SHARE), not skipped past it.
+        target = f"turn_id = (SELECT turn_id FROM turn_leases WHERE {target} FOR UPDATE SKIP LOCKED)"
     found = await conn.fetchall(
-        f"UPDATE turn_leases SET owner = ?, token = ?, expires_at = {now} + ? WHERE turn_id = ? AND token = ?"
-        f" AND state = 'running' AND expires_at <= {now} RETURNING cancel_requested",
+        f"UPDATE turn_leases SET owner = ?, token = ?, expires_at = {now} + ? WHERE {target}"
+        " RETURNING cancel_requested",
         (owner, token, seconds, lease.turn_id, lease.token),
     )
     return bool(found[0][0]) if found else None

@@ -43,7 +43,7 @@ class ChatSessionRow(SQLModel, table=True):
 
 
 class ChatMessageRow(SQLModel, table=True):
-    """One entry of a session's chat_messages (seed 000 §2.2); `position` orders the session's history."""
+    """One entry of a session's chat_messages (docs/protocol.md); `position` orders the session's history."""
 
     __tablename__ = "chat_messages"
     __table_args__ = (

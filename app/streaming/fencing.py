@@ -3,7 +3,9 @@ transaction that writes one of them, so a replica that lost a lease writes nothi
 
 A turn's write (`WriteBehind.transaction(turn_id=...)`) goes through only if the turn's lease is still
 alive under this replica's token when the transaction runs; on PostgreSQL the lease row stays locked
-(FOR SHARE) to the commit, so a takeover waits for the write and never overlaps it. Its last write
+(FOR KEY SHARE) to the commit, so a takeover never overlaps the write: it leaves the lease to a later
+sweep (turns.sweeper), and PostgreSQL ends the transaction of a replica paused in it after
+PARLEY_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS, before its leases expire. Its last write
 (turn_done) releases the lease in the same transaction. A batch of the write-behind drops the text and
 events of every session whose lease it finds lost. Each refusal is counted (`rejected`, and the metric
 parley_fenced_writes_total by what was refused) and logged with the turn: a zombie replica's refusals

@@ -17,6 +17,10 @@ from sse_starlette import ServerSentEvent
 
 from app.protocol.events import _Event
 
+# Every SSE line ends in LF (sse-starlette's default is CRLF, which the spec allows too): a shell script that
+# greps `^id:` then gets the id without a trailing CR, and can send it back as Last-Event-ID.
+SSE_LINE_END = "\n"
+
 # json.dumps(s, ensure_ascii=False) for a str, without the encoder object's Python layer.
 json_string: Callable[[str], str] = json.encoder.encode_basestring
 
@@ -34,7 +38,9 @@ class Frame:
         """The frame as SSE bytes (sse-starlette's encoding), built once however many clients get it."""
         encoded = self._sse
         if encoded is None:
-            encoded = self._sse = ServerSentEvent(data=self.data, event=self.type, id=str(self.seq)).encode()
+            encoded = self._sse = ServerSentEvent(
+                data=self.data, event=self.type, id=str(self.seq), sep=SSE_LINE_END
+            ).encode()
         return encoded
 
 

@@ -20,6 +20,8 @@ from typing import Annotated
 
 from pydantic import Field
 
+from app.tools.context import ToolRefused
+
 __all__ = [
     "BUILTINS",
     "MAX_EXPRESSION_LENGTH",
@@ -56,16 +58,16 @@ def _round(x: Number, ndigits: Number | None = None) -> Number:
     if ndigits is None:
         return round(x)
     if not isinstance(ndigits, int):
-        raise ValueError("round() digits must be an integer")
+        raise ToolRefused("round() digits must be an integer")
     # round(5, -10**100) would compute 10**(10**100).
     if abs(ndigits) > _MAX_ROUND_DIGITS:
-        raise ValueError(f"round() digits must be between -{_MAX_ROUND_DIGITS} and {_MAX_ROUND_DIGITS}")
+        raise ToolRefused(f"round() digits must be between -{_MAX_ROUND_DIGITS} and {_MAX_ROUND_DIGITS}")
     return round(x, ndigits)
 
 
 def _sqrt(x: Number) -> float:
     if x < 0:
-        raise ValueError("sqrt() of a negative number")
+        raise ToolRefused("sqrt() of a negative number")
     return math.sqrt(x)
 
 
@@ -113,9 +115,9 @@ def _op_name(op: ast.AST) -> str:
 def _checked(value: Number) -> Number:
     """Refuse results that would make later steps slow (huge ints) or meaningless (inf)."""
     if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
-        raise ValueError("result is too large")
+        raise ToolRefused("result is too large")
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("result is too large" if math.isinf(value) else "result is not a number")
+        raise ToolRefused("result is too large" if math.isinf(value) else "result is not a number")
     return value
 
 
@@ -123,45 +125,45 @@ def _power(base: Number, exponent: Number) -> Number:
     # Estimate an exact power's size before computing it: 9**9**9 must be refused, not attempted.
     exact = isinstance(base, int) and isinstance(exponent, int) and exponent > 0 and abs(base) > 1
     if exact and exponent * math.log2(abs(base)) > _MAX_INT_BITS:
-        raise ValueError("result is too large (exponent too big)")
+        raise ToolRefused("result is too large (exponent too big)")
     result: object = base**exponent
     if not isinstance(result, int | float):  # complex, as in (-8) ** 0.5
-        raise ValueError("result is not a real number")
+        raise ToolRefused("result is not a real number")
     return result
 
 
 def _call(node: ast.Call, depth: int) -> Number:
     allowed = ", ".join(_FUNCTIONS)
     if isinstance(node.func, ast.Attribute):
-        raise ValueError("not allowed: attribute access")
+        raise ToolRefused("not allowed: attribute access")
     if not isinstance(node.func, ast.Name):
-        raise ValueError(f"only these functions may be called: {allowed}")
+        raise ToolRefused(f"only these functions may be called: {allowed}")
     fname = node.func.id
     if fname not in _FUNCTIONS:
-        raise ValueError(f"function '{fname}' is not allowed (allowed: {allowed})")
+        raise ToolRefused(f"function '{fname}' is not allowed (allowed: {allowed})")
     if node.keywords:
-        raise ValueError("keyword arguments are not allowed")
+        raise ToolRefused("keyword arguments are not allowed")
     func, min_args, max_args = _FUNCTIONS[fname]
     if len(node.args) < min_args or (max_args is not None and len(node.args) > max_args):
         expected = str(min_args) if min_args == max_args else f"{min_args} to {max_args or 'any number of'}"
-        raise ValueError(f"{fname}() takes {expected} argument(s), got {len(node.args)}")
+        raise ToolRefused(f"{fname}() takes {expected} argument(s), got {len(node.args)}")
     return func(*(_eval(arg, depth + 1) for arg in node.args))
 
 
 def _eval(node: ast.AST, depth: int) -> Number:  # noqa: C901 - one flat dispatch over node types
     if depth > _MAX_DEPTH:
-        raise ValueError("expression is too deeply nested")
+        raise ToolRefused("expression is too deeply nested")
     if isinstance(node, ast.Constant):
         # bool is an int subclass; True + True is not arithmetic the model should rely on.
         if isinstance(node.value, int | float) and not isinstance(node.value, bool):
             return _checked(node.value)
-        raise ValueError(f"{type(node.value).__name__} constants are not allowed, only numbers")
+        raise ToolRefused(f"{type(node.value).__name__} constants are not allowed, only numbers")
     if isinstance(node, ast.BinOp):
         left, right = _eval(node.left, depth + 1), _eval(node.right, depth + 1)
         if isinstance(node.op, ast.Pow):
             return _checked(_power(left, right))
         if type(node.op) not in _BIN_OPS:
-            raise ValueError(f"operator {_op_name(node.op)} is not allowed")
+            raise ToolRefused(f"operator {_op_name(node.op)} is not allowed")
         return _checked(_BIN_OPS[type(node.op)](left, right))
     if isinstance(node, ast.UnaryOp):
         operand = _eval(node.operand, depth + 1)
@@ -169,22 +171,22 @@ def _eval(node: ast.AST, depth: int) -> Number:  # noqa: C901 - one flat dispatc
             return -operand
         if isinstance(node.op, ast.UAdd):
             return +operand
-        raise ValueError(f"operator {_op_name(node.op)} is not allowed")
+        raise ToolRefused(f"operator {_op_name(node.op)} is not allowed")
     if isinstance(node, ast.Name):
         if node.id in _CONSTANTS:
             return _CONSTANTS[node.id]
         if node.id in _FUNCTIONS:
-            raise ValueError(f"'{node.id}' is a function: call it, e.g. {node.id}(...)")
-        raise ValueError(f"name '{node.id}' is not allowed (allowed constants: {', '.join(_CONSTANTS)})")
+            raise ToolRefused(f"'{node.id}' is a function: call it, e.g. {node.id}(...)")
+        raise ToolRefused(f"name '{node.id}' is not allowed (allowed constants: {', '.join(_CONSTANTS)})")
     if isinstance(node, ast.Call):
         return _checked(_call(node, depth))
-    raise ValueError(f"not allowed: {_NODE_NAMES.get(type(node), type(node).__name__)}")
+    raise ToolRefused(f"not allowed: {_NODE_NAMES.get(type(node), type(node).__name__)}")
 
 
 def evaluate(expression: str) -> Number:
-    """Evaluate an arithmetic expression without `eval`; raises ValueError explaining any refusal."""
+    """Evaluate an arithmetic expression without `eval`; raises ToolRefused explaining any refusal."""
     if len(expression) > MAX_EXPRESSION_LENGTH:
-        raise ValueError(f"expression is longer than {MAX_EXPRESSION_LENGTH} characters")
+        raise ToolRefused(f"expression is longer than {MAX_EXPRESSION_LENGTH} characters")
     try:
         # The parser warns about things like invalid escapes in strings; those are refused anyway,
         # and a warning must not escape into the caller (tests turn warnings into errors).
@@ -192,15 +194,15 @@ def evaluate(expression: str) -> Number:
             warnings.simplefilter("ignore")
             tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as exc:
-        raise ValueError(f"invalid syntax: {exc.msg}") from None
+        raise ToolRefused(f"invalid syntax: {exc.msg}") from None
     except (RecursionError, MemoryError):
-        raise ValueError("expression is too deeply nested") from None
+        raise ToolRefused("expression is too deeply nested") from None
     try:
         return _eval(tree.body, 0)
     except ZeroDivisionError:
-        raise ValueError("division by zero") from None
+        raise ToolRefused("division by zero") from None
     except OverflowError:
-        raise ValueError("result is too large") from None
+        raise ToolRefused("result is too large") from None
 
 
 def format_number(value: Number) -> str:
@@ -244,7 +246,9 @@ async def current_time(
     # like '../x' or 'zone.tab' cleanly, and forgives case: models write 'europe/paris'.
     name = _zone_names().get(timezone.strip().lower())
     if name is None:
-        raise ValueError(f"Unknown time zone '{timezone}'. Use an IANA name such as 'Europe/Paris' or 'UTC'.")
+        raise ToolRefused(
+            f"Unknown time zone '{timezone}'. Use an IANA name such as 'Europe/Paris' or 'UTC'."
+        )
     now = datetime.now(zoneinfo.ZoneInfo(name))
     # Not strftime("%A"): that follows the process locale, and the model expects English names.
     weekday = _WEEKDAYS[now.weekday()]

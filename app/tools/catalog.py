@@ -31,7 +31,14 @@ class ToolCatalog:
                 registry.add_provider(provider)
 
     @classmethod
-    def load(cls, registry: ToolRegistry, path: Path | None, *, retry_max: float = 30.0) -> ToolCatalog:
+    def load(
+        cls,
+        registry: ToolRegistry,
+        path: Path | None,
+        *,
+        retry_max: float = 30.0,
+        connect_timeout: float = 10.0,
+    ) -> ToolCatalog:
         """The MCP SDK and aiohttp are imported only when the file uses them: the SDK alone would
         double the server's cold start for every deployment without an MCP server."""
         config = load_tools_config(path)
@@ -40,7 +47,7 @@ class ToolCatalog:
         if config.mcp_servers:
             from app.tools.mcp import McpServers
 
-            mcp = McpServers(config.mcp_servers, backoff_max=retry_max)
+            mcp = McpServers(config.mcp_servers, backoff_max=retry_max, connect_timeout=connect_timeout)
         if config.http_tools:
             from app.tools.http_tools import HttpTools
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ToolContext", "ToolOutcome"]
+__all__ = ["ToolContext", "ToolOutcome", "ToolRefused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,3 +26,8 @@ class ToolOutcome:
     content: str
     is_error: bool
     truncated: bool = False
+
+
+class ToolRefused(ValueError):
+    """A tool's refusal of its arguments (an expression it will not evaluate, an unknown time zone): the
+    model reads the message; the log gets one line, since nothing went wrong in the service."""

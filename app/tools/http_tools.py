@@ -101,6 +101,18 @@ class VettingResolver(AbstractResolver):
         pass
 
 
+async def _read_body(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body up to `limit` bytes, however many pieces it arrives in: one `read(n)` returns only what
+    has arrived, so it is called until the body ends or the limit is reached."""
+    data = bytearray()
+    while len(data) < limit:
+        piece = await stream.read(limit - len(data))
+        if not piece:
+            break
+        data += piece
+    return bytes(data)
+
+
 class HttpTools:
     """The tools file's HTTP tools, sharing one connection pool that connects only to vetted addresses."""
 
@@ -172,6 +184,7 @@ class HttpTools:
             "X-Parley-Timestamp": timestamp,
             "X-Parley-Signature": sign(config.secret, timestamp, body),
         }
+        answered = False
         try:
             self._check_literal(config.url)
             async with self._session.post(
@@ -181,8 +194,15 @@ class HttpTools:
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=config.timeout),
             ) as response:
-                data = await response.content.read(config.max_response_bytes + 1)
+                answered = True
+                data = await _read_body(response.content, config.max_response_bytes + 1)
                 status = response.status
+        except TimeoutError:
+            # What came before the tool's timeout is not the answer: the model is told it has none.
+            what = "the response did not end" if answered else "no response"
+            return ToolOutcome(
+                f"HTTP tool '{name}' timed out after {float(config.timeout)} s ({what})", is_error=True
+            )
         except SsrfRefused as exc:
             return ToolOutcome(f"HTTP tool '{name}' refused: {exc}", is_error=True)
         except (aiohttp.ClientError, OSError) as exc:

@@ -4,8 +4,9 @@ This module owns the connections to the tools file's MCP servers (`McpServers`, 
 
 * each server is held by one task (`McpServer._hold`) that enters AND exits its `Client`: the SDK's
   cancel scopes break when a client is entered in one task and left in another. A server that cannot
-  be reached, or whose connection drops, is retried with exponential backoff while the rest of the
-  service works; its state (`connected`, `connecting`, `error` with the reason) is what GET /v1/tools shows;
+  be reached, that does not finish the handshake within the connect timeout (PARLEY_MCP_CONNECT_TIMEOUT),
+  or whose connection drops, is retried with exponential backoff while the rest of the service works;
+  its state (`connected`, `connecting`, `error` with the reason) is what GET /v1/tools shows;
 * the tool list is cached and refetched on reconnect and on `list_changed` (a 2026-07-28 server's
   `subscriptions/listen` stream; the notification on older ones). The listen stream, else a ping every
   few seconds, is also how a dropped connection is noticed;
@@ -25,11 +26,13 @@ import contextlib
 import fnmatch
 import json
 import logging
+import math
 import secrets
 from collections.abc import Collection, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, Literal
 
+import anyio
 import httpx2
 import mcp_types as types
 from mcp import Client
@@ -49,8 +52,11 @@ logger = logging.getLogger(__name__)
 
 McpState = Literal["connecting", "connected", "error"]
 _PING_INTERVAL = 5.0
-# How long stop() waits for the holder to end before it cancels it again (see stop()).
+# How long stop() waits for the holder to end before it cancels its task (see stop()): longer than
+# the SDK's bounded shutdown of a stdio server (a flush, the grace period, SIGTERM, then SIGKILL).
+_STOP_FORCE = 10.0
 _STOP_RECANCEL = 2.0
+DEFAULT_CONNECT_TIMEOUT = 10.0
 _CLIENT_INFO = types.Implementation(name="parley", version="0.1.0")
 
 
@@ -81,7 +87,13 @@ class McpServer:
     """One configured MCP server, its connection held by one task."""
 
     def __init__(
-        self, name: str, config: McpServerConfig, *, backoff: float = 0.5, backoff_max: float = 30.0
+        self,
+        name: str,
+        config: McpServerConfig,
+        *,
+        backoff: float = 0.5,
+        backoff_max: float = 30.0,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         self.name = name
         self.config = config
@@ -91,6 +103,8 @@ class McpServer:
         self.connects = 0
         self._backoff = backoff
         self._backoff_max = backoff_max
+        self._connect_timeout = connect_timeout
+        self._scope: anyio.CancelScope | None = None
         self._client: Client | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -101,62 +115,89 @@ class McpServer:
     # --- the holder task ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._hold(), name=f"mcp:{self.name}")
+        self._scope = anyio.CancelScope()
+        self._task = asyncio.create_task(self._hold(self._scope), name=f"mcp:{self.name}")
 
     async def stop(self) -> None:
-        """Ends the holder task. A cancel the SDK turns into an error on its way out (its anyio scopes can)
-        is not the end: the holder sees it is stopping and ends, and stop() cancels again until it has (a
-        shutdown hung on one swallowed cancel in CI)."""
+        """Ends the holder task through its anyio cancel scope, which the SDK's shielded shutdown of a
+        stdio server respects (stdin closed, a grace period, then its process group killed). A native
+        `task.cancel()` would cut that shutdown short and leave the server and its children running, so
+        it is only the last resort, after `_STOP_FORCE` seconds. anyio keeps cancelling inside the scope,
+        so a cancel the SDK turns into an error on its way out does not keep the holder alive."""
         task, self._task = self._task, None
         if task is None:
             return
         self._stopping = True
-        task.cancel()
-        while not (await asyncio.wait({task}, timeout=_STOP_RECANCEL))[0]:
-            logger.warning("MCP server %r: its holder outlived a cancel; cancelling again", self.name)
-            task.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
+        if not (await asyncio.wait({task}, timeout=_STOP_FORCE))[0]:
+            logger.warning("MCP server %r: its holder outlived a cancel; cancelling the task", self.name)
+            while not (await asyncio.wait({task}, timeout=_STOP_RECANCEL))[0]:
+                task.cancel()
         if not task.cancelled() and task.exception() is not None:
             logger.warning("MCP server %r: its holder ended with %r", self.name, task.exception())
 
-    async def _hold(self) -> None:
+    async def _hold(self, scope: anyio.CancelScope) -> None:
         delay = self._backoff
+        with scope:
+            while not self._stopping:
+                if self.state != "error":
+                    self.state = "connecting"
+                connects = self.connects
+                try:
+                    await self._connect_and_watch()
+                except Exception as exc:
+                    if self._stopping:
+                        return  # a cancel the SDK turned into an error
+                    reason = _reason(exc)
+                    # Once per new reason: a server that stays down does not fill the log every backoff.
+                    level = (
+                        logging.DEBUG if (self.state, self.error) == ("error", reason) else logging.WARNING
+                    )
+                    if self.connects != connects:
+                        delay = self._backoff  # it was connected: the backoff starts again
+                    self.state, self.error = "error", reason
+                    logger.log(level, "MCP server %r: %s; retrying in %.1f s", self.name, reason, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff_max)
+
+    async def _connect_and_watch(self) -> None:
+        """One connection: connected within the connect timeout (the handshake and the first tool list),
+        then watched until it ends. Raises why it ended."""
         group: int | None = None
-        config_marker = None if self.config.command is None else self._marker
-        while True:
-            if self.state != "error":
-                self.state = "connecting"
-            try:
+        marker = None if self.config.command is None else self._marker
+        timeout = self._connect_timeout
+        # An anyio scope, not asyncio.timeout: its cancel leaves the SDK's shielded shutdown whole.
+        connecting = anyio.CancelScope(deadline=anyio.current_time() + timeout)
+        try:
+            with connecting:
                 async with AsyncExitStack() as stack:
                     client = await stack.enter_async_context(self._client_for(stack))
                     self._client = client
-                    if config_marker is not None:
-                        group = find_group(config_marker)
+                    if marker is not None:
+                        group = find_group(marker)
                     await self._refresh(client)
-                    self.state, self.error, delay = "connected", None, self._backoff
+                    connecting.deadline = math.inf
+                    self.state, self.error = "connected", None
                     self.connects += 1
                     logger.info("MCP server %r connected: %d tools", self.name, len(self.tools))
                     await self._watch(client)
+            if not connecting.cancel_called:
                 raise ConnectionError("the connection ended")
-            except asyncio.CancelledError:
+        except Exception as exc:
+            if not connecting.cancel_called or self._stopping:
                 raise
-            except Exception as exc:
-                if self._stopping:
-                    raise asyncio.CancelledError from exc  # a cancel the SDK turned into an error
-                reason = _reason(exc)
-                # Once per new reason: a server that stays down does not fill the log every backoff.
-                level = logging.DEBUG if (self.state, self.error) == ("error", reason) else logging.WARNING
-                self.state, self.error = "error", reason
-                logger.log(level, "MCP server %r: %s; retrying in %.1f s", self.name, reason, delay)
-            finally:
-                self._client = None
-                self.tools = []
-                # The SDK kills the group only when the server outlives its stdin; a server that died
-                # leaves its children behind. They go with their group here.
-                if group is not None:
-                    kill_group(group)
-                    group = None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self._backoff_max)
+            raise TimeoutError(f"no answer to the handshake within {timeout:g} s") from exc
+        else:
+            if not self._stopping:
+                raise TimeoutError(f"no answer to the handshake within {timeout:g} s")
+        finally:
+            self._client = None
+            self.tools = []
+            # The SDK kills the group only when the server outlives its stdin; a server that died
+            # leaves its children behind. They go with their group here.
+            if group is not None:
+                kill_group(group)
 
     def _client_for(self, stack: AsyncExitStack) -> Client:
         config = self.config
@@ -267,10 +308,17 @@ class McpServers:
     """Every MCP server of the tools file: a `ToolProvider` for the registry."""
 
     def __init__(
-        self, configs: dict[str, McpServerConfig], *, backoff: float = 0.5, backoff_max: float = 30.0
+        self,
+        configs: dict[str, McpServerConfig],
+        *,
+        backoff: float = 0.5,
+        backoff_max: float = 30.0,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         self.servers = {
-            name: McpServer(name, config, backoff=backoff, backoff_max=backoff_max)
+            name: McpServer(
+                name, config, backoff=backoff, backoff_max=backoff_max, connect_timeout=connect_timeout
+            )
             for name, config in configs.items()
         }
 

@@ -32,7 +32,7 @@ from typing import Any, TypeVar, overload
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from app.tools.builtins import BUILTINS
-from app.tools.context import ToolContext, ToolOutcome
+from app.tools.context import ToolContext, ToolOutcome, ToolRefused
 from app.tools.external import ExternalTool, ToolProvider, ToolSource, run_external
 
 __all__ = ["Tool", "ToolContext", "ToolOutcome", "ToolRegistry", "UnknownToolError", "build_default_registry"]
@@ -420,6 +420,9 @@ class ToolRegistry:
 
     @staticmethod
     def _failure(tool: Tool, exc: Exception, ctx: ToolContext) -> ToolOutcome:
+        if isinstance(exc, ToolRefused):
+            logger.info("Tool %r refused call %s: %s", tool.name, ctx.tool_call_id, _truncate(str(exc)))
+            return _error(f"Tool '{tool.name}' refused the call: {_truncate(str(exc))}")
         logger.warning("Tool %r failed (call %s)", tool.name, ctx.tool_call_id, exc_info=exc)
         detail = type(exc).__name__
         if str(exc):

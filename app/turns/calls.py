@@ -74,7 +74,8 @@ class ToolFinished:
 
 @dataclass(frozen=True, slots=True)
 class BreakpointReached:
-    """Tool results are committed and a user message is waiting: the turn ends here (seed 004 §2.5)."""
+    """Tool results are committed and a user message is waiting: the turn ends here (docs/api.md,
+    Messages while a turn runs)."""
 
 
 @dataclass(frozen=True, slots=True)

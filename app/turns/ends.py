@@ -2,7 +2,8 @@
 
 It holds the turn's state and writes its rows with their events (one transaction each), and closes the
 turn every way a turn can end, each end one transaction: completed (with its last response), failed,
-stopped (its partial state committed, seed 004), or left open by a crash (recovery hands it the turn).
+stopped (its partial state committed, docs/api.md, Stop), or left open by a crash (recovery hands it
+the turn).
 The running part, agent events to rows, is turns.recorder.TurnRecorder, which extends it.
 
 Storage that refuses a write (a full disk, a lock held past the busy timeout, an I/O error) must not
@@ -147,7 +148,8 @@ class TurnLog:
     async def _write_partial(
         self, db: AsyncSession, tool_result: str, announce: Callable[[], None] | None
     ) -> None:
-        """Seed 004's partial state, in the end's transaction: streamed text is kept and marked, and every
+        """The partial state of a stop (docs/api.md, Stop), in the end's transaction: streamed text is kept
+        and marked, and every
         call of the interrupted round ends with exactly one result (finished calls keep theirs).
         `announce` emits the events that go out with it. The state is cleared by `_end`, once the
         transaction committed."""

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.errors import STORAGE_BUSY_RETRY_AFTER, StorageUnavailable
 from app.protocol.schemas import CancelResult
 from app.settings import Settings
 from app.storage import leases, repository
@@ -140,11 +141,26 @@ class LeaseKeeper:
 
     async def flag_cancel(self, session_id: str) -> leases.LeaseRecord | None:
         """Sets the durable cancel flag of the session's running turn (committed: its owner reads it at
-        its next heartbeat, a broadcast only makes that faster); None when no turn runs."""
-        async with self._database.session() as db:
-            flagged = await leases.request_cancel(db, session_id)
-            await db.commit()
-        return flagged
+        its next heartbeat, a broadcast only makes that faster); None when no turn runs.
+
+        Never waits on the lease row's lock: its owner may be paused in the transaction that holds it
+        (a renewal, its turn's last write), which PostgreSQL ends after its idle-in-transaction timeout
+        (shorter than a lease). Tried again every CANCEL_POLL_SECONDS meanwhile, for at most a lease."""
+        deadline = time.monotonic() + self.seconds
+        while True:
+            try:
+                async with self._database.session() as db:
+                    flagged = await leases.request_cancel(db, session_id)
+                    await db.commit()
+                return flagged
+            except leases.LeaseBusy as exc:
+                if time.monotonic() >= deadline:
+                    raise StorageUnavailable(
+                        "The turn's lease stayed locked; retry in a moment.",
+                        code="storage_busy",
+                        retry_after=STORAGE_BUSY_RETRY_AFTER,
+                    ) from exc
+            await asyncio.sleep(CANCEL_POLL_SECONDS)
 
     async def stopped(self, flagged: leases.LeaseRecord) -> CancelResult:
         """Once the flagged turn's lease is no longer running (or after a lease and two heartbeats, when a

@@ -1,8 +1,9 @@
-"""Rebuilds the LLM history (OpenAI chat format, as LiteLLM takes it) from chat_messages (seed 000 §2.2.2).
+"""Rebuilds the LLM history (OpenAI chat format, as LiteLLM takes it) from chat_messages
+(docs/protocol.md, The prompt a model reads).
 
 user text → user message (consecutive ones merged into one); an assistant text and the tool_groups of
 the same model response → one assistant message with `tool_calls`, followed by one role "tool" message
-per result (seed 001); turn markers and errors are skipped: they never reach the model.
+per result; turn markers and errors are skipped: they never reach the model.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Records one running turn: agent events become chat_messages rows (seed 000 §2.4.1) and enriched
+"""Records one running turn: agent events become chat_messages rows (docs/protocol.md) and enriched
 wire events. With its base (turns.ends.TurnLog) it is the only writer of a turn's rows and events.
 
 It opens the turn (turn_start and the user messages it takes), keeps the live status, and turns the

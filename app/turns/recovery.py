@@ -6,6 +6,11 @@ as clients saw: the event log, written more often than the text, may hold more t
 tool calls without a result get TOOL_INTERRUPTED_BY_RESTART as an error result, and a turn_done with
 status interrupted closes the turn (TurnLog.close_after_restart).
 
+When storage refuses the repair at startup (SQLite's disk still full), the server serves anyway
+(`StartupRepair`): reads work, writes get storage's 503, no turn starts (a post only queues its
+message), and the repair is retried every REPAIR_RETRY_SECONDS until storage takes it; then the turns
+that wait start, in order.
+
 Clients learn it through the events a stop sends (agent_status idle, agent_cancelled naming what was
 cut, turn_done), which go into the log like any other: a client that reconnects with Last-Event-ID
 gets them.
@@ -13,6 +18,8 @@ gets them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -20,6 +27,7 @@ from datetime import UTC, datetime
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.errors import storage_refusal
 from app.storage import event_log, pending, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
@@ -30,6 +38,95 @@ from app.turns.resume import last_round
 from app.turns.runner import Runner
 
 log = logging.getLogger(__name__)
+
+REPAIR_RETRY_SECONDS = 2.0
+
+
+class StartupRepair:
+    """One process owns every session: what a crash left is repaired before any client can ask, or, where
+    storage refuses it, before any turn starts (see the module's docstring)."""
+
+    def __init__(
+        self,
+        database: Database,
+        writer: WriteBehind,
+        live: LiveStatusBoard,
+        runner: Runner,
+        *,
+        retry_seconds: float = REPAIR_RETRY_SECONDS,
+    ) -> None:
+        self._database = database
+        self._writer = writer
+        self._live = live
+        self._runner = runner
+        self._retry_seconds = retry_seconds
+        self._closed = False
+        self._retrying: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._retrying is not None and not self._retrying.done()
+
+    async def start(self) -> None:
+        """Repairs now; where storage refuses, goes on serving and retries in the background. Any other
+        failure stops the start, as before."""
+        self._runner.hold_turns()
+        try:
+            await self._attempt()
+        except Exception as exc:
+            refusal = storage_refusal(exc)
+            if refusal is None:
+                raise
+            log.error(
+                "the repair of what the last run left waits for storage (%s): serving meanwhile (what "
+                "storage refuses gets its 503), and no turn starts until it is done; retrying every %.0f s",
+                refusal.code,
+                self._retry_seconds,
+            )
+            self._retrying = asyncio.create_task(self._retry(), name="startup-repair")
+            return
+        self._release()
+
+    async def stop(self) -> None:
+        if self._retrying is not None:
+            self._retrying.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retrying
+
+    async def _retry(self) -> None:
+        while True:
+            await asyncio.sleep(self._retry_seconds)
+            try:
+                await self._attempt()
+            except Exception as exc:
+                if storage_refusal(exc) is None:
+                    log.exception("the repair of what the last run left failed; retrying")
+                continue
+            log.warning("storage works again: the repair of what the last run left is done")
+            self._release()
+            return
+
+    async def _attempt(self) -> None:
+        if not self._closed:
+            await close_open_turns(self._database, self._writer, self._live)
+            # The repair is in the log (and the turns it closed are announced) before any client can ask.
+            await self._writer.flush()
+            self._closed = True
+            await resume_suspended(self._database, self._runner)
+        await resume_waiting(self._database, self._runner)
+
+    def _release(self) -> None:
+        """Posts start turns again. A message queued meanwhile (while storage was refused) is taken by a
+        last look at the waiting lines, after the release, so none is left waiting."""
+        self._runner.release_turns()
+        if self._retrying is not None:  # only then could a post have queued one meanwhile
+            task = asyncio.create_task(resume_waiting(self._database, self._runner), name="startup-take")
+            task.add_done_callback(_log_failure)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("taking the messages queued during the repair failed: %s", task.exception())
 
 
 def _turn_log(writer: WriteBehind, live: LiveStatusBoard, session_id: str, turn_id: str) -> TurnLog:

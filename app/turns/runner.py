@@ -2,7 +2,8 @@
 
 A session is idle or runs exactly one turn. A message posted to an idle session starts a turn at once.
 One posted to a busy session is stored durably in the waiting line and announced; what happens next
-depends on its delivery (seed 004 §2.5): `steer` ends the running turn at its next breakpoint (after a
+depends on its delivery (docs/api.md, Messages while a turn runs): `steer` ends the running turn at its
+next breakpoint (after a
 tool round's results, before the next model call), `queue` waits for the turn to end by itself,
 `interrupt` stops the turn as Stop does, `reject` refuses with 409. When a turn ends, everything waiting
 is taken together, in order, as the next turn.
@@ -75,6 +76,9 @@ class Runner:
         self._states: dict[str, SessionState] = {}
         self.sessions = SessionStates(self._states, writer.let_go, keep_seconds=settings.idle_session_seconds)
         self._closing = False
+        # While the startup repair waits for storage (turns.recovery.StartupRepair), a post only queues
+        # its message: no turn may start before the turns a crash left open are closed.
+        self._held = False
         # Every turn of this process from before its first row is written until its task is done.
         self._turn_ends: dict[str, asyncio.Future[None]] = {}
         self._retries: set[asyncio.Task[None]] = set()
@@ -82,6 +86,13 @@ class Runner:
     @property
     def closing(self) -> bool:
         return self._closing
+
+    def hold_turns(self) -> None:
+        """Posts queue their messages and start no turn, until `release_turns` (the startup repair)."""
+        self._held = True
+
+    def release_turns(self) -> None:
+        self._held = False
 
     def runs(self, session_id: str) -> bool:
         """A turn of the session runs in this process."""
@@ -133,7 +144,7 @@ class Runner:
         async with self.sessions.held(session.id) as state:
             if state.closed:
                 raise SessionClosed(session.id)
-            if state.task is None and await self._may_open(session.id, state):
+            if state.task is None and not self._held and await self._may_open(session.id, state):
                 try:
                     turn_id = await self._start_turn(session, state, [message], from_queue=False)
                 except TurnBusy:  # a turn of the session runs on another replica, or messages wait:
@@ -144,7 +155,7 @@ class Runner:
                 raise TurnRunning(state.recorder.turn_id)
             await enqueue(self._writer, session, state, message, client_tools)
             message_queued(len(state.waiting))
-            if state.task is None:
+            if state.task is None and not self._held:
                 # Messages are waiting with no turn to take them (taking them failed): they go first.
                 await self._take_waiting(session.id, state)
                 taker = state.recorder

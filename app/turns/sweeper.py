@@ -13,7 +13,10 @@ not the rest of the lease.
 A lease is taken over before its turn is closed: an UPDATE that gives it this replica's new token only
 if it is still expired and still under the old one, so of several sweepers exactly one closes it, and
 the old owner, should it wake up, writes nothing more (streaming.fencing). On PostgreSQL the takeover
-waits for a write of the old owner that is in flight: that write lands first, and the close sees it.
+never overlaps a write of the old owner that is in flight, nor waits for it: a lease whose row the owner
+holds locked is skipped, and taken at a later pass, once that write landed (the close then sees it) or
+PostgreSQL ended the transaction of an owner paused in it (PARLEY_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+shorter than a lease). Each lease is swept on its own: one that fails or is locked holds up no other.
 """
 
 from __future__ import annotations
@@ -64,11 +67,13 @@ class Sweeper:
             await asyncio.sleep(self.interval)
             try:
                 await self.sweep()
-            except Exception:
+            except Exception:  # the read of what to sweep: each lease has its own handling
                 log.exception("lease sweep failed; retrying")
 
     async def sweep(self) -> int:
-        """One pass; returns how many turns it took over (closed, or resumed here)."""
+        """One pass; returns how many turns it took over (closed, or resumed here). Each expired lease and
+        each idle session is handled on its own (`_sweep_lease`, `_take_idle`): one that fails, or that
+        its owner still holds locked, is left to the next pass, and the others are not held up by it."""
         async with self._database.session() as db:
             expired = await leases.expired(db)
         taken = 0
@@ -77,20 +82,42 @@ class Sweeper:
                 # Shutting down (the drain starts at the signal, before the lifespan stops this sweeper):
                 # a lease this replica just let go is another replica's to take, not its own again.
                 return taken
-            if self._runner.runs_turn(record.turn_id):
-                continue  # this replica's own: its heartbeat stops it, then a sweep closes it
-            if await self._take_over(record):
+            if await self._sweep_lease(record):
                 taken += 1
-            await self._runner.take_waiting(record.session_id)
         async with self._database.session() as db:
             idle = await leases.sessions_waiting_without_turn(db)
         for session_id in idle:
-            await self._runner.take_waiting(session_id)
+            await self._take_idle(session_id)
         return taken
+
+    async def _sweep_lease(self, record: leases.LeaseRecord) -> bool:
+        """One expired lease, in transactions of its own: taken over (its turn closed, or resumed here),
+        then the session's waiting messages started. Whether it was taken; a failure is logged, and the
+        lease is left to the next pass."""
+        if self._runner.runs_turn(record.turn_id):
+            return False  # this replica's own: its heartbeat stops it, then a sweep closes it
+        try:
+            taken = await self._take_over(record)
+            await self._runner.take_waiting(record.session_id)
+        except Exception:
+            log.exception(
+                "lease sweep: turn %s of session %s failed; retried at the next pass",
+                record.turn_id,
+                record.session_id,
+            )
+            return False
+        return taken
+
+    async def _take_idle(self, session_id: str) -> None:
+        """Starts the waiting messages of a session no turn runs for; a failure waits for the next pass."""
+        try:
+            await self._runner.take_waiting(session_id)
+        except Exception:
+            log.exception("lease sweep: the waiting messages of session %s failed to start", session_id)
 
     async def _take_over(self, record: leases.LeaseRecord) -> bool:
         """Takes the expired lease; then resumes its turn here if it waits for answers, else closes it.
-        False when another replica took it first."""
+        False when another replica took it first, or its owner holds its row locked (a later pass)."""
         token = new_token()
         async with self._database.session() as db:
             flagged = await leases.take_over(db, record, self._keeper.replica_id, token, self._keeper.seconds)
@@ -112,6 +139,11 @@ class Sweeper:
                 async with self._database.session() as db:
                     await leases.release(db, token)
                     await db.commit()
+        except Exception:
+            # Not closed: the lease goes back to the sweepers at once (the next pass tries again), not a
+            # lease later.
+            await self._keeper.let_go(record.session_id, record.turn_id)
+            raise
         finally:
             fence.end(record.session_id, record.turn_id)
         log.warning(

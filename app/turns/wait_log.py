@@ -1,5 +1,5 @@
 """The recorder's part for calls that wait outside the service: their pending_tool_requests rows, their
-tool_group rows' decision and waiting time, and the events that announce them (seed 000 §2.2: a
+tool_group rows' decision and waiting time, and the events that announce them (docs/protocol.md: a
 tool_group row says who ran it, the person's decision, and the wait apart from the execution).
 
 Every answer is committed with its events before the request that gave it gets its reply; a stop gives

@@ -27,7 +27,8 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 KEY = "browser-test-key-0123456789abcdef"
-# PARLEY_UPDATE_SCREENSHOTS=1 writes the screenshots the README shows; otherwise they go to the test's tmp.
+# PARLEY_UPDATE_SCREENSHOTS=1 writes the screenshots docs/frontend.md shows; otherwise they go to the
+# test's tmp.
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 

@@ -21,14 +21,23 @@ TRANSCRIPT_JS = """() => [...document.querySelectorAll('#messages .message-row')
   })"""
 
 
-def open_page(browser: Any, base_url: str, key: str = KEY, session_id: str | None = None) -> Any:
-    """A new tab on /ui with the key entered (the page keeps it in sessionStorage, per tab)."""
-    context = browser.new_context(viewport={"width": 1100, "height": 760})
+def open_page(
+    browser: Any,
+    base_url: str,
+    key: str | None = KEY,
+    session_id: str | None = None,
+    viewport: tuple[int, int] = (1100, 760),
+) -> Any:
+    """A new tab on /ui with the key entered (the page keeps it in sessionStorage, per tab); `key=None`
+    enters none. The key field is set by script: on a narrow viewport it is in the closed drawer."""
+    width, height = viewport
+    context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     page.on("pageerror", lambda error: print(f"page error: {error}"))
     page.goto(f"{base_url}/ui")
-    page.fill("#key", key)
-    page.dispatch_event("#key", "change")
+    if key is not None:
+        page.evaluate("key => { document.querySelector('#key').value = key }", key)
+        page.dispatch_event("#key", "change")
     if session_id is not None:
         page.evaluate("id => { location.hash = id }", session_id)
         page.wait_for_selector("#connection[data-status='open']")
@@ -37,9 +46,16 @@ def open_page(browser: Any, base_url: str, key: str = KEY, session_id: str | Non
 
 def new_session(page: Any) -> str:
     page.wait_for_selector("#model option", state="attached")
+    open_menu(page)
     page.click("#new-session")
     page.wait_for_selector("#connection[data-status='open']")
     return str(page.evaluate("() => location.hash.slice(1)"))
+
+
+def open_menu(page: Any) -> None:
+    """On a narrow viewport the sidebar is a drawer: ☰ opens it (no-op where the sidebar is always shown)."""
+    if page.is_visible("#menu") and page.get_attribute("#menu", "aria-expanded") != "true":
+        page.click("#menu")
 
 
 def send(page: Any, text: str) -> None:

@@ -211,3 +211,26 @@ def test_a_request_the_http_server_cannot_parse_gets_the_documented_plain_400(
     headers = dict(line.lower().split(": ", 1) for line in lines[1:])
     assert headers["content-type"].split(";")[0] in documented["content"]
     assert body == b"Invalid HTTP request received."
+
+
+def test_every_operation_is_listed_under_one_tag(spec: dict[str, Any]) -> None:
+    """Swagger UI lists an operation once per tag: /v1/models under `health` and `models` appeared twice."""
+    tagged = {f"{method} {path}": operation.get("tags", []) for method, path, operation in _operations(spec)}
+    assert {where: tags for where, tags in tagged.items() if len(tags) != 1} == {}
+    assert tagged["GET /v1/models"] == ["models"]
+
+
+def test_the_stream_says_it_does_not_end_without_until_idle(spec: dict[str, Any]) -> None:
+    """A generic client (the schemathesis CLI without the project's hooks) read `GET .../events` to its
+    end and hung: the spec now says, in an extension a tool can test and in words, that it is endless."""
+    endless = [
+        f"{method} {path}"
+        for method, path, operation in _operations(spec)
+        if operation.get("x-endless-stream")
+    ]
+    assert endless == ["GET /v1/sessions/{session_id}/events"]
+    operation = spec["paths"]["/v1/sessions/{session_id}/events"]["get"]
+    assert "never ends by itself" in " ".join(operation["description"].split())
+    assert "endless unless until_idle=true" in operation["responses"]["200"]["description"]
+    [until_idle] = [p for p in operation["parameters"] if p["name"] == "until_idle"]
+    assert "never ends by itself" in until_idle["description"]

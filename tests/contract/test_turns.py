@@ -82,7 +82,8 @@ async def test_a_tool_round_groups_into_one_turn(contract_server: LiveServer) ->
     assert (tool["duration_ms"], tool["interrupted"]) == (end["duration_ms"], False)
     assert turn["final_answer"] == answer["content"]
 
-    # Seed 002's chunk rule: many deltas were streamed, one final node per message was stored.
+    # The chunk rule (docs/protocol.md, Turns): many deltas were streamed, one final node per message was
+    # stored.
     assert len(reader.of_type("text_delta")) > len(texts) == 2
 
 

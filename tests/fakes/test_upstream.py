@@ -24,8 +24,8 @@ from tests.fakes import FakeUpstream, RecordedRequest, Script, ToolCall, validat
 from tests.fakes.directive import bench_content
 from tests.fakes.script import WORDS
 
-# Must precede `import litellm`: otherwise import fetches the cost map over the network (see
-# /work/shared/notes/litellm.md §0) and token counting may try the HF hub.
+# Must precede `import litellm`: otherwise import fetches the cost map over the network (as
+# measured here) and token counting may try the HF hub.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import litellm

@@ -1,6 +1,6 @@
 """The models file (app.llm.catalog) and the whole context-window chain through the model layer.
 
-Chain (seed 004 §2.4): model entry > provider entry > LiteLLM's table > unknown (None).
+Chain (docs/configuration.md): model entry > provider entry > LiteLLM's table > unknown (None).
 """
 
 from __future__ import annotations

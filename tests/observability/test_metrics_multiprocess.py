@@ -1,6 +1,7 @@
 """With PROMETHEUS_MULTIPROC_DIR, a scrape of any worker process adds up every worker's values
-(prometheus-client's multiprocess mode, which the README promises for several workers). How it proves it:
-two real processes each count a turn, a third renders the scrape, and the counts and the histogram add up."""
+(prometheus-client's multiprocess mode, which docs/deployment.md promises for several workers). How it
+proves it: two real processes each count a turn, a third renders the scrape, and the counts and the
+histogram add up."""
 
 from __future__ import annotations
 

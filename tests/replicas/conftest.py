@@ -53,15 +53,19 @@ def upstream() -> Iterator[FakeUpstream]:
         yield running
 
 
+# The app every replica runs unless a test names another: the built-in tools and `slow`.
+SLOW_APP = "tests.support.slow_app:app"
+
+
 class Replicas(Protocol):
-    def __call__(self, n: int, **env: str) -> Awaitable[list[ServerProcess]]: ...
+    def __call__(self, n: int, *, app: str = SLOW_APP, **env: str) -> Awaitable[list[ServerProcess]]: ...
 
 
 @pytest.fixture
 async def replicas(pg: ScratchDatabase, upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Replicas]:
-    """Starts n replicas (tests.support.slow_app: the built-in tools and `slow`), each with the common
-    environment updated by `env`, under a Redis key prefix of the test's own: the limits count there, and
-    tests running at once must not share counts or control channels."""
+    """Starts n replicas (tests.support.slow_app: the built-in tools and `slow`, or `app`), each with the
+    common environment updated by `env`, under a Redis key prefix of the test's own: the limits count
+    there, and tests running at once must not share counts or control channels."""
     started: list[ServerProcess] = []
     prefix = new_prefix()
     models = write_models_file(tmp_path, upstream.base_url)
@@ -75,12 +79,12 @@ async def replicas(pg: ScratchDatabase, upstream: FakeUpstream, tmp_path: Path) 
         "PARLEY_PROVIDER_RETRIES": "0",
     }
 
-    async def start(n: int, **extra: str) -> list[ServerProcess]:
+    async def start(n: int, *, app: str = SLOW_APP, **extra: str) -> list[ServerProcess]:
         new = [
             ServerProcess(
                 {**env, **extra},
                 tmp_path / f"replica{len(started) + i}.log",
-                app="tests.support.slow_app:app",
+                app=app,
             )
             for i in range(n)
         ]

@@ -61,3 +61,25 @@ def test_the_mode_and_its_timings_come_from_the_settings() -> None:
     assert (multi.multi_replica, multi.replica_problem(), multi.heartbeat_seconds) == (True, None, 1.0)
     slow = multi.model_copy(update={"heartbeat_interval": 3.0})
     assert "PARLEY_HEARTBEAT_INTERVAL" in (slow.replica_problem() or "")
+
+
+def test_a_paused_replicas_transaction_ends_before_its_leases_do() -> None:
+    """Issue 31 §3: PostgreSQL ends a transaction left idle (a process paused in it) after
+    idle_in_transaction_session_timeout: with replicas 5 s, or before a lease minus a heartbeat has
+    passed, so a paused owner's row locks are gone when its leases expire. A value that does not end
+    before the lease (or 0, never) is refused at start. One process holds up nobody: none."""
+    single = Settings(_env_file=None)
+    assert (single.idle_in_transaction_timeout_ms, single.replica_problem()) == (0, None)
+    multi = Settings(
+        _env_file=None,
+        redis_url=REDIS,
+        database_url="postgresql+psycopg://postgres@127.0.0.1/x",
+        lease_seconds=3,
+    )
+    assert multi.idle_in_transaction_timeout_ms == 2000
+    assert multi.model_copy(update={"lease_seconds": 30.0}).idle_in_transaction_timeout_ms == 5000
+    for refused in (0, 3000):
+        paused = multi.model_copy(update={"database_idle_in_transaction_timeout_ms": refused})
+        assert "PARLEY_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS" in (paused.replica_problem() or "")
+    kept = multi.model_copy(update={"database_idle_in_transaction_timeout_ms": 2500})
+    assert (kept.idle_in_transaction_timeout_ms, kept.replica_problem()) == (2500, None)

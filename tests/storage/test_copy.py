@@ -7,6 +7,7 @@ histories and events, and goes on with new turns after them. A row changed on on
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,12 +39,49 @@ def migrate_data(source: str, target: str) -> subprocess.CompletedProcess[str]:
 
 
 def counts(output: str) -> dict[str, tuple[int, int, int]]:
+    """The table's rows, by table: (in source, copied, in target), under its header."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:3] == ["table", "in", "source"])
     found = {}
-    for line in output.splitlines():
+    for line in lines[start + 1 :]:
         parts = line.split()
-        if len(parts) == 9 and parts[2:4] == ["in", "source"]:
-            found[parts[0]] = (int(parts[1]), int(parts[4]), int(parts[6]))
+        if len(parts) != 4:
+            break
+        found[parts[0]] = (int(parts[1]), int(parts[2]), int(parts[3]))
     return found
+
+
+def assert_aligned(output: str) -> None:
+    """Every row of the table ends each column where its header does (names start where `table` does)."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("table "))
+    table = [line for line in lines[start:] if len(CELL.findall(line)) == 4]
+    assert len(table) > 1, output
+    spans = [[m.span() for m in CELL.finditer(line)] for line in table]
+    header = spans[0]
+    for line, row in zip(table, spans, strict=True):
+        assert row[0][0] == header[0][0], line
+        assert [end for _, end in row[1:]] == [end for _, end in header[1:]], "\n".join(table)
+
+
+# A cell: words separated by single spaces (`in source`); columns are two spaces or more apart.
+CELL = re.compile(r"\S+(?: \S+)*")
+
+
+def test_the_report_is_aligned_however_long_a_name_or_a_count() -> None:
+    done = [
+        copy.TableCopy("chat_sessions", 3, 3, 3),
+        copy.TableCopy("pending_tool_requests", 12_345_678, 0, 12_345_678),
+        copy.TableCopy("events", 7, 7, 1_000_000_000),
+    ]
+    report = copy.copy_report(done)
+    assert report[0].split("  ")[0].rstrip() == "table"
+    assert_aligned("\n".join(report))
+    assert counts("\n".join(report)) == {
+        "chat_sessions": (3, 3, 3),
+        "pending_tool_requests": (12_345_678, 0, 12_345_678),
+        "events": (7, 7, 1_000_000_000),
+    }
 
 
 async def snapshot(base_url: str, sids: list[str]) -> dict[str, object]:
@@ -101,6 +139,7 @@ async def test_a_sqlite_database_copied_into_postgresql_serves_the_same_historie
     first = migrate_data(source, target_url)
     assert first.returncode == 0, first.stderr
     copied = counts(first.stdout)
+    assert_aligned(first.stdout)
     assert set(copied) == {
         "chat_sessions",
         "chat_messages",

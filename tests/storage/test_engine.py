@@ -18,6 +18,7 @@ from sqlalchemy.util import greenlet_spawn
 from app.storage.engine import BUSY_TIMEOUT_MS, Database, PoolOptions
 from app.storage.sql import driver, raw
 from tests.support.postgres import ScratchDatabase
+from tests.support.rows import add_sessions
 
 pytestmark = pytest.mark.anyio
 
@@ -72,6 +73,40 @@ async def test_postgres_connections_get_the_pool_bounds_and_statement_timeout(
         await database.dispose()
     assert timeout == "1234ms"
     assert threshold == 5  # psycopg's default: statements run five times are prepared on the server
+
+
+async def test_postgres_ends_a_transaction_its_client_left_idle(postgres_database: ScratchDatabase) -> None:
+    """Issue 31 §3: a process paused inside a transaction (a GC stall, a frozen VM, SIGSTOP) holds its
+    locks only until idle_in_transaction_session_timeout: then PostgreSQL ends the transaction, another
+    connection's wait for its lock ends, and the paused client's next statement fails (nothing it wrote
+    commits), as does its rollback on the connection the server closed."""
+    paused = Database(postgres_database.url, pool=PoolOptions(idle_in_transaction_timeout_ms=300))
+    other = Database(postgres_database.url)
+    await add_sessions(other, "s_1")
+    seen: dict[str, str] = {}
+    try:
+        with pytest.raises(sqlalchemy.exc.DBAPIError, match="connection is lost"):
+            await _lock_and_leave_idle(paused, other, seen)
+    finally:
+        await paused.dispose()
+        await other.dispose()
+    assert seen["timeout"] == "300ms"
+    assert "idle-in-transaction" in seen["failed"]
+
+
+async def _lock_and_leave_idle(paused: Database, other: Database, seen: dict[str, str]) -> None:
+    """Locks a row in `paused`, leaves the transaction idle until `other` got the lock, then uses it."""
+    lock = "SELECT id FROM chat_sessions WHERE id = ? FOR UPDATE"
+    async with paused.session() as held:
+        seen["timeout"] = (await held.exec(text("SHOW idle_in_transaction_session_timeout"))).scalar()  # type: ignore[call-overload]
+        assert await (await raw(held)).fetchall(lock, ("s_1",)) == [("s_1",)]
+        async with asyncio.timeout(10), other.session() as db:
+            assert await (await raw(db)).fetchall(lock, ("s_1",)) == [("s_1",)]  # once `held` was ended
+            await db.rollback()
+        try:
+            await (await raw(held)).fetchall("SELECT 1")
+        except psycopg.Error as exc:
+            seen["failed"] = str(exc)
 
 
 async def test_behind_pgbouncer_no_statement_is_prepared_on_the_server(

@@ -5,6 +5,7 @@ holder's fenced write then raises LeaseLost and leaves nothing in the database, 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,7 +17,8 @@ from app.storage import event_log, leases
 from app.storage.engine import Database
 from app.storage.tables import QueuedMessageRow
 from app.streaming.fencing import Fence, Lease, LeaseLost
-from app.turns.lease import LeaseKeeper
+from app.turns.lease import CANCEL_POLL_SECONDS, LeaseKeeper
+from tests.support.postgres import ScratchDatabase
 from tests.support.rows import add_sessions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
@@ -196,3 +198,90 @@ async def test_a_turn_that_ends_while_its_renewal_is_under_way_has_not_lost_its_
         await keeper.beat()
     assert lost == ["t_taken"]
     assert not ending.lost and taken.lost
+
+
+# Longest a statement below may take: a wait on a row lock would last the statement timeout (30 s).
+NO_WAIT_SECONDS = 5.0
+
+
+async def until_expired(database: Database, count: int) -> list[leases.LeaseRecord]:
+    """Waits (polling the leases, a read that takes no lock) until `count` of them have expired."""
+    while True:
+        async with database.session() as db:
+            found = await leases.expired(db)
+        if len(found) >= count:
+            return found
+        await asyncio.sleep(0.05)
+
+
+async def test_a_lease_row_its_owner_holds_locked_is_skipped_not_waited_for(
+    postgres_database: ScratchDatabase,
+) -> None:
+    """Issue 31 §3: the owner's write-behind checks its lease (`alive`, the fence's check) and, paused in
+    that transaction, keeps the row locked. A takeover of that lease returns at once without taking it
+    (the next sweep tries again), a takeover of another expired lease goes through, and a cancel's flag
+    is set without waiting. Once the owner's transaction is gone, the takeover goes through. Its renewal's
+    lock (FOR UPDATE) makes the flag raise LeaseBusy at once, never a wait either."""
+    database = Database(postgres_database.url)
+    await add_sessions(database, "s_1", "s_2")
+    try:
+        async with database.session() as db:
+            assert await leases.claim(db, "t_1", "s_1", "owner", 11, 1.0)
+            assert await leases.claim(db, "t_2", "s_2", "owner", 22, 1.0)
+            await db.commit()
+        async with database.session() as owner:
+            assert await leases.alive(owner, [11]) == {11}  # the write-behind's check: t_1's row locked
+            expired = {record.turn_id: record for record in await until_expired(database, 2)}
+            async with asyncio.timeout(NO_WAIT_SECONDS), database.session() as db:
+                assert await leases.take_over(db, expired["t_1"], "survivor", 33, 30.0) is None
+                assert await leases.take_over(db, expired["t_2"], "survivor", 44, 30.0) is False
+                flagged = await leases.request_cancel(db, "s_1")
+                await db.commit()
+            assert flagged == leases.LeaseRecord("t_1", "s_1", 11)
+            await owner.rollback()  # what PostgreSQL does to a paused owner's transaction
+        async with asyncio.timeout(NO_WAIT_SECONDS), database.session() as db:
+            assert await leases.take_over(db, expired["t_1"], "survivor", 33, 30.0) is True  # and flagged
+            await db.commit()
+        async with database.session() as owner:
+            assert await leases.renew(owner, [33], 30.0) == {33: True}  # the row locked FOR UPDATE
+            async with asyncio.timeout(NO_WAIT_SECONDS), database.session() as db:
+                with pytest.raises(leases.LeaseBusy):
+                    await leases.request_cancel(db, "s_1")
+    finally:
+        await database.dispose()
+
+
+async def test_a_cancels_flag_retries_a_locked_lease_instead_of_waiting_for_it(
+    postgres_database: ScratchDatabase,
+) -> None:
+    """Issue 31 §3: the owner is inside its renewal (the row locked FOR UPDATE) when a cancel comes to
+    another replica. The flag does not queue behind the lock (no connection of the database waits for
+    one, round after round of its retries); it is set once the owner's transaction ends."""
+    database = Database(postgres_database.url)
+    await add_sessions(database, "s_1")
+    keeper = LeaseKeeper(Settings(database_url=postgres_database.url), database, Fence())
+    try:
+        async with database.session() as db:
+            assert await leases.claim(db, "t_1", "s_1", "owner", 11, 30.0)
+            await db.commit()
+        async with database.session() as owner:
+            assert await leases.renew(owner, [11], 30.0) == {11: False}
+            flagging = asyncio.create_task(keeper.flag_cancel("s_1"))
+            for _ in range(5):
+                await asyncio.sleep(CANCEL_POLL_SECONDS)
+                assert _lock_waits(postgres_database) == 0
+                assert not flagging.done()
+            await owner.commit()
+        async with asyncio.timeout(NO_WAIT_SECONDS):
+            assert await flagging == leases.LeaseRecord("t_1", "s_1", 11)
+    finally:
+        await database.dispose()
+
+
+def _lock_waits(pg: ScratchDatabase) -> int:
+    """Connections of this database waiting for a lock."""
+    with pg.connect() as conn:
+        found = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchall()
+    return len(found)

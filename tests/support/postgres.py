@@ -50,7 +50,7 @@ def require_postgres() -> None:
     if reason is None:
         return
     message = (
-        f"PostgreSQL not reachable at {ADMIN_URL} ({reason}); start one (README 'PostgreSQL') or set "
+        f"PostgreSQL not reachable at {ADMIN_URL} ({reason}); start one (docs/deployment.md) or set "
         "PARLEY_TEST_POSTGRES_URL to run the PostgreSQL variants"
     )
     if os.environ.get("CI") == "true":

@@ -78,6 +78,12 @@ class ServerProcess:
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
 
+    def stopped(self) -> bool:
+        """Whether the process is stopped (SIGSTOP, by `pause` or by itself): its state in /proc."""
+        assert self.process is not None
+        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] == "T"
+
     def resume(self) -> None:
         """SIGCONT after `pause` (harmless on a process that runs)."""
         if self.process is not None and self.process.poll() is None:

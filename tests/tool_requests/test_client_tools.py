@@ -194,3 +194,32 @@ async def test_a_client_tool_may_not_shadow_a_server_tool(server: LiveServer) ->
         assert (created.status_code, created.json()["error"]["code"]) == (400, "tool_name_clash")
         twice = await session.client.post("/v1/sessions", json={"client_tools": [LOCATION, LOCATION]})
         assert twice.status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("parameters", "where"),
+    [
+        ({"type": "object", "properties": {"city": {"type": "nonsense"}}}, "parameters.properties.city.type"),
+        ({"type": "object", "required": "notalist"}, "parameters.required"),
+    ],
+)
+async def test_a_client_tool_with_an_invalid_schema_is_a_422_and_nothing_is_stored(
+    server: LiveServer, upstream: FakeUpstream, parameters: dict[str, object], where: str
+) -> None:
+    """Checked against the JSON Schema metaschema where client tools are set (a session, a message), not
+    at a provider that would then fail every turn."""
+    bad = {"name": "pick_city", "parameters": parameters}
+    async with open_session(server) as session:
+        before = (await session.client.get("/v1/sessions")).json()
+        created = await session.client.post("/v1/sessions", json={"client_tools": [LOCATION, bad]})
+        assert created.status_code == 422, created.text
+        assert f"client_tools[1].{where} is not a valid JSON Schema" in created.text
+        assert (await session.client.get("/v1/sessions")).json() == before
+        history = (await session.client.get(f"/v1/sessions/{session.id}/messages")).json()
+        posted = await session.client.post(
+            f"/v1/sessions/{session.id}/messages", json={"content": "hi", "client_tools": [bad]}
+        )
+        assert posted.status_code == 422, posted.text
+        assert f"client_tools[0].{where} is not a valid JSON Schema" in posted.text
+        assert (await session.client.get(f"/v1/sessions/{session.id}/messages")).json() == history
+    assert chat_requests(upstream) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import re
 from datetime import UTC, datetime, timedelta
@@ -63,7 +64,7 @@ def test_current_time_through_registry() -> None:
 
     bad = execute("current_time", '{"timezone": "Nowhere/Land"}')
     assert bad.is_error
-    assert bad.content.startswith("Tool 'current_time' failed: ValueError: Unknown time zone 'Nowhere/Land'")
+    assert bad.content.startswith("Tool 'current_time' refused the call: Unknown time zone 'Nowhere/Land'")
 
 
 # --- calculator: results ------------------------------------------------------------------------
@@ -188,12 +189,23 @@ def test_calculator_refusals(expression: str, message: str) -> None:
         evaluate(expression)
 
 
+def test_a_refused_call_logs_one_line_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """A refusal is the model's mistake, not the service's: one log line each time, no traceback."""
+    with caplog.at_level(logging.DEBUG, logger="app.tools"):
+        for _ in range(2):
+            assert execute("calculate", '{"expression": "1 / 0"}').is_error
+    records = [r for r in caplog.records if r.name.startswith("app.tools")]
+    assert len(records) == 2
+    assert all(r.exc_info is None and r.levelno < logging.WARNING for r in records)
+    assert all(r.getMessage().count("\n") == 0 and "division by zero" in r.getMessage() for r in records)
+
+
 def test_calculator_through_registry() -> None:
     assert execute("calculate", '{"expression": "(2 + 3) * 4"}') == ToolOutcome("20", is_error=False)
 
     refused = execute("calculate", '{"expression": "open(\'x\')"}')
     assert refused.is_error
-    assert refused.content.startswith("Tool 'calculate' failed: ValueError: function 'open' is not allowed")
+    assert refused.content.startswith("Tool 'calculate' refused the call: function 'open' is not allowed")
 
     # The length limit is also in the schema, so the model sees it and pydantic enforces it.
     too_long = execute("calculate", json.dumps({"expression": "1" * 501}))

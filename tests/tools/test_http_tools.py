@@ -1,10 +1,11 @@
 """HTTP tools (app/tools/http_tools.py) against a real local receiver on a free port that checks the
-signature the way the README tells receivers to; and the SSRF refusals, proven by the receiver never
+signature the way docs/tools.md tells receivers to; and the SSRF refusals, proven by the receiver never
 being reached (its request count) and the refusal's reason in the result the model reads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -30,6 +31,9 @@ pytestmark = pytest.mark.anyio
 SECRET = "s3cret-s3cret-s3cret"
 CTX = ToolContext(session_id="s", turn_id="t", tool_call_id="call-42")
 SCHEMA = {"type": "object", "properties": {"number": {"type": "string"}}, "required": ["number"]}
+# A JSON document of 224,011 bytes, sent in 64 KB pieces.
+BIG_JSON = json.dumps({"rows": [f"row {n:06d} " + "x" * 40 for n in range(3_900)]}).encode()
+BIG_JSON += b" " * (224_011 - len(BIG_JSON))
 
 
 @dataclass
@@ -63,8 +67,45 @@ async def receiver() -> AsyncIterator[Receiver]:
         got.requests.append({})
         raise web.HTTPFound("http://10.0.0.1/internal")
 
+    async def pieces(request: web.Request) -> web.StreamResponse:
+        # Each piece is flushed on its own, so the client receives the body in four reads.
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        for n, piece in enumerate([b"part1 ", b"part2 ", b"part3 ", b"END"]):
+            if n:
+                await asyncio.sleep(0.05)
+            await response.write(piece)
+        await response.write_eof()
+        return response
+
+    async def json_pieces(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        for start in range(0, len(BIG_JSON), 65_536):
+            await response.write(BIG_JSON[start : start + 65_536])
+            await asyncio.sleep(0.01)
+        await response.write_eof()
+        return response
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        # A body that never ends: one byte every 50 ms (slow) or 4 KB at a time (a flood).
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        while True:
+            await response.write(b"e" if request.query.get("flood") is None else b"f" * 4096)
+            await asyncio.sleep(0.05 if request.query.get("flood") is None else 0)
+
     app = web.Application()
-    app.add_routes([web.post("/tool", tool), web.post("/big", big), web.post("/redirect", redirect)])
+    app.add_routes(
+        [
+            web.post("/tool", tool),
+            web.post("/big", big),
+            web.post("/redirect", redirect),
+            web.post("/pieces", pieces),
+            web.post("/json-pieces", json_pieces),
+            web.post("/endless", endless),
+        ]
+    )
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", got.port).start()
@@ -129,6 +170,44 @@ async def test_response_cap_and_redirect_not_followed() -> None:
             assert "[truncated: the response was longer than 1000 bytes]" in content
             content, is_error, _ = await run(registry, "moved", {"number": "1"})
             assert is_error and "redirect (302): not followed" in content
+
+
+async def test_a_body_in_pieces_is_read_whole() -> None:
+    """The result is the whole body, however many reads it takes: not the first piece received."""
+    assert len(BIG_JSON) == 224_011
+    async with receiver() as got:
+        configs = {
+            "pieces": tool(got.url("/pieces")),
+            "document": tool(got.url("/json-pieces"), max_response_bytes=300_000),
+            "capped": tool(got.url("/json-pieces"), max_response_bytes=100_000),
+        }
+        async with registry_with(HttpTools(configs, ["127.0.0.1"])) as registry:
+            assert await run(registry, "pieces", {"number": "1"}) == ("part1 part2 part3 END", False, False)
+            content, is_error, truncated = await run(registry, "document", {"number": "1"})
+            assert not is_error and not truncated and content.encode() == BIG_JSON
+            content, is_error, truncated = await run(registry, "capped", {"number": "1"})
+            assert not is_error and truncated
+            assert content == BIG_JSON[:100_000].decode() + (
+                "\n[truncated: the response was longer than 100000 bytes]"
+            )
+
+
+async def test_an_endless_body_is_a_timeout_or_a_cut_never_a_partial_answer() -> None:
+    """A body that never ends is a timeout error within the tool's timeout; one that floods past the cap is
+    cut with the marker. A first piece is never taken for the whole answer."""
+    async with receiver() as got:
+        configs = {
+            "slow": tool(got.url("/endless"), timeout=1.0),
+            "flood": tool(got.url("/endless?flood=1"), max_response_bytes=50_000, timeout=10.0),
+        }
+        async with registry_with(HttpTools(configs, ["127.0.0.1"])) as registry:
+            started = time.monotonic()
+            content, is_error, _ = await run(registry, "slow", {"number": "1"})
+            assert is_error and "timed out after 1.0 s" in content, content
+            assert 0.9 < time.monotonic() - started < 5
+            content, is_error, truncated = await run(registry, "flood", {"number": "1"})
+            assert not is_error and truncated
+            assert content == "f" * 50_000 + "\n[truncated: the response was longer than 50000 bytes]"
 
 
 async def test_loopback_without_allow_list_is_refused() -> None:

@@ -1,4 +1,4 @@
-"""app.turns.prompt.rebuild: chat_messages rows → the OpenAI-format history for LiteLLM (seed 000 §2.2.2)."""
+"""app.turns.prompt.rebuild: chat_messages rows → the OpenAI-format history for LiteLLM (docs/protocol.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 // Builds the reference page into app/ui/ (committed, so the service and its image need no Node):
-// ui/main.ts with the client bundled by esbuild, the page's HTML and CSS, and Swagger UI's own assets from
+// ui/main.ts with the client bundled by esbuild, the page's HTML, CSS and icons, and Swagger UI's own assets from
 // swagger-ui-dist for /docs. `--check` builds in memory and fails if a committed file differs.
 import { build } from "esbuild";
 import { mkdirSync, readFileSync, writeFileSync, existsSync } from "node:fs";
@@ -26,6 +26,9 @@ const files = new Map([
   ["index.html", readFileSync(join(pkg, "ui", "index.html"))],
   ["assets/parley.js", Buffer.from(bundle.outputFiles[0].contents)],
   ["assets/parley.css", readFileSync(join(pkg, "ui", "style.css"))],
+  ["assets/parley.svg", readFileSync(join(pkg, "ui", "parley.svg"))],
+  // Made from parley.svg by scripts/favicon.py (chromium renders it); served at /favicon.ico.
+  ["favicon.ico", readFileSync(join(pkg, "ui", "favicon.ico"))],
   ["swagger/swagger-ui-bundle.js", readFileSync(join(swagger, "swagger-ui-bundle.js"))],
   ["swagger/swagger-ui.css", readFileSync(join(swagger, "swagger-ui.css"))],
   ["swagger/favicon-32x32.png", readFileSync(join(swagger, "favicon-32x32.png"))],

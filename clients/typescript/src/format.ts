@@ -1,4 +1,4 @@
-// The display rules of seed 000 §2.6-2.7 and seed 004 §2.3, as pure functions a page calls.
+// The display rules of docs/frontend.md (The page), as pure functions a page calls.
 import type { ChatItem, ChatState } from "./reduce";
 
 /** 328ms, 1.2s, 1m 23s. */
@@ -58,7 +58,7 @@ export function formatTokens(n: number): string {
 
 export type ContextLevel = "ok" | "warn" | "high";
 
-/** Green under 50 %, yellow to 80 %, red above (seed 004 §2.3). */
+/** Green under 50 %, yellow to 80 %, red above (docs/frontend.md). */
 export function contextLevel(percent: number): ContextLevel {
   return percent < 50 ? "ok" : percent <= 80 ? "warn" : "high";
 }
@@ -74,7 +74,7 @@ export function usageHeader(state: ChatState): { context: string; session: strin
   return { context: `Context: ${usage.context_percent.toFixed(1)}%`, session, level: contextLevel(usage.context_percent) };
 }
 
-/** The status line under the messages: hidden when idle (seed 004 §2.2). */
+/** The status line under the messages: hidden when idle (docs/frontend.md). */
 export function statusLine(state: ChatState): string | null {
   switch (state.status) {
     case "idle":
@@ -88,7 +88,7 @@ export function statusLine(state: ChatState): string | null {
   }
 }
 
-/** Whether an item opens a run of the same role (only those get the bubble's arrow, seed 000 §2.8). */
+/** Whether an item opens a run of the same role (only those get the bubble's arrow, docs/frontend.md). */
 export function startsRun(items: ChatItem[], index: number): boolean {
   const role = (i: ChatItem | undefined): string | null =>
     !i ? null : i.kind === "user" ? "user" : i.kind === "assistant" || i.kind === "tool_group" || i.kind === "error" ? "assistant" : null;

@@ -1,4 +1,4 @@
-// A pure reducer: history rows plus events in, what a chat page renders out (seed 000 §2.5: every event
+// A pure reducer: history rows plus events in, what a chat page renders out (docs/events.md: every event
 // carries the ids, times and model the page shows, so nothing is back-filled or guessed here).
 import type {
   AgentStatus,
@@ -126,7 +126,7 @@ export function emptyState(): ChatState {
   };
 }
 
-/** One history row (GET .../messages) as an item (seed 000 §2.5.2: mapped directly, ids kept). */
+/** One history row (GET .../messages) as an item (docs/protocol.md: mapped directly, ids kept). */
 export function itemFromRow(row: HistoryRow): ChatItem {
   switch (row.type) {
     case "turn_start":

@@ -16,7 +16,7 @@ export function fixture(name: string): Fixture {
   const raw = readFileSync(`${FIXTURES}${name}.sse`, "utf8");
   const history = JSON.parse(readFileSync(`${FIXTURES}${name}.history.json`, "utf8")) as HistoryPage;
   const events = raw
-    .split(/\r\n/)
+    .split(/\r?\n/)
     .filter((line) => line.startsWith("data: "))
     .map((line) => JSON.parse(line.slice(6)) as ParleyEvent);
   return { raw, history, events };
@@ -24,12 +24,14 @@ export function fixture(name: string): Fixture {
 
 /** The raw stream from the frame after `afterSeq` on (the retry hint first), as a server resuming would. */
 export function framesAfter(raw: string, afterSeq: number, upTo = Infinity): string {
-  const [head, ...frames] = raw.split("\r\n\r\n");
+  // Recorded before the service ended its lines in LF (CRLF then); a fresh recording has LF.
+  const end = raw.includes("\r\n\r\n") ? "\r\n\r\n" : "\n\n";
+  const [head, ...frames] = raw.split(end);
   const kept = frames.filter((f) => {
     const id = /^id: (\d+)/m.exec(f);
     return id === null ? f.trim() !== "" : Number(id[1]) > afterSeq && Number(id[1]) <= upTo;
   });
-  return [head, ...kept].join("\r\n\r\n") + "\r\n\r\n";
+  return [head, ...kept].join(end) + end;
 }
 
 /** A body that delivers `text` in chunks of random sizes (splitting lines, even CRLF pairs), then ends or fails. */

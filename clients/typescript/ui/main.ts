@@ -49,20 +49,44 @@ function makeClient(): ParleyClient {
   return new ParleyClient({ baseUrl: "", apiKey: sessionStorage.getItem(KEY_STORAGE) || null });
 }
 
+// The width under which the sidebar is a drawer behind ☰ (the same as style.css's @media rule).
+const NARROW = "(max-width: 720px)";
+
+/** Where the key field is, in words that hold on the screen the person has. */
+function keyField(): string {
+  return matchMedia(NARROW).matches ? "the API key field of the menu (☰ at the top left)" : "the API key field on the left";
+}
+
 function describeError(error: unknown): string {
   if (error instanceof ParleyHttpError) {
+    if (error.status === 401 && !client.apiKey) {
+      return `This server needs an API key. Enter yours in ${keyField()}, then create or pick a session.`;
+    }
     if (error.status === 401) {
-      return `The API key was refused (401 ${error.code}): ${error.body?.message ?? ""} Enter a valid key on the left.`;
+      return `The API key was refused (401 ${error.code}): ${error.body?.message ?? ""} Enter a valid key in ${keyField()}.`;
     }
     return `${error.status} ${error.code}: ${error.body?.message ?? error.message}`;
   }
   return error instanceof Error ? error.message : String(error);
 }
 
+/** Text with the service's `code` spans (its messages are written for a terminal) as <code>, never as
+ * literal backticks. */
+function withCode(text: string): Node[] {
+  return text.split(/`([^`]+)`/).map((part, i) => (i % 2 ? el("code", "", part) : document.createTextNode(part)));
+}
+
 function showError(error: unknown): void {
   const box = $("error");
-  box.textContent = error === null ? "" : describeError(error);
+  box.replaceChildren(...(error === null ? [] : withCode(describeError(error))));
   box.hidden = error === null;
+}
+
+/** The sidebar as a drawer on a narrow screen (CSS decides when; on a wide one it is always shown). */
+function setMenu(open: boolean): void {
+  document.body.classList.toggle("menu-open", open);
+  $("menu").setAttribute("aria-expanded", String(open));
+  $("backdrop").hidden = !open;
 }
 
 function el(tag: string, className?: string, text?: string): HTMLElement {
@@ -139,9 +163,17 @@ function renderItem(items: ChatItem[], index: number): HTMLElement | null {
   }
 }
 
+// Whether the conversation follows its newest message: true until the person scrolls up, so that an approval
+// card, the status line or a smaller viewport (a phone's keyboard) never hides the message that just came.
+let following = true;
+
+function follow(): void {
+  const box = $("messages");
+  if (following) box.scrollTop = box.scrollHeight;
+}
+
 function renderMessages(state: ChatState): void {
   const box = $("messages");
-  const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
   const nodes: HTMLElement[] = [];
   state.items.forEach((_, i) => {
     const node = renderItem(state.items, i);
@@ -160,7 +192,6 @@ function renderMessages(state: ChatState): void {
     nodes.push(row);
   }
   box.replaceChildren(...nodes);
-  if (atBottom) box.scrollTop = box.scrollHeight;
 }
 
 // Decisions taken on cards of the current round, sent together once every card has one (the server takes one
@@ -281,7 +312,8 @@ function render(): void {
   scheduled = false;
   if (!chat) return;
   const state = chat.state;
-  $("session-title").textContent = chat.session?.title || chat.sessionId;
+  // Until the session could be read (e.g. a refused key) its id is all the page knows of it.
+  $("session-title").textContent = chat.session ? (sessionName(chat.session.title, state) ?? "New session") : chat.sessionId;
   renderMessages(state);
   renderPending(chat);
   renderConnection(chat.connection);
@@ -300,6 +332,19 @@ function render(): void {
   // The input stays enabled; Stop shows only while the agent works (seed 004 §2.5).
   $("stop").hidden = state.status === "idle" && state.runningTurnId === null;
   if (chat.connection.status === "closed" && chat.connection.error) showError(chat.connection.error);
+  follow();
+}
+
+/** What a person recognises a session by: its title, else its first message (first line, cut). */
+function sessionName(title: string | null | undefined, state?: ChatState): string | null {
+  if (title) return title;
+  const first = state?.items.find((item) => item.kind === "user");
+  return first && first.kind === "user" ? firstLine(first.content) : null;
+}
+
+function firstLine(text: string): string {
+  const line = text.trim().split("\n", 1)[0] ?? "";
+  return line.length > 80 ? `${line.slice(0, 79)}…` : line;
 }
 
 function schedule(): void {
@@ -313,7 +358,10 @@ async function openSession(sessionId: string): Promise<void> {
   chat?.close();
   showError(null);
   $("messages").replaceChildren();
-  $("session-title").textContent = sessionId;
+  $("empty").hidden = true;
+  following = true;
+  setMenu(false);
+  $("session-title").textContent = "…";
   for (const li of document.querySelectorAll<HTMLElement>("#sessions li")) li.classList.toggle("active", li.dataset.id === sessionId);
   const session = new ChatSession({
     client,
@@ -336,6 +384,26 @@ async function openSession(sessionId: string): Promise<void> {
   }
 }
 
+// The first message of each untitled session, read once (it never changes once it exists).
+const firstMessages = new Map<string, string>();
+
+function when(iso: string): string {
+  const date = new Date(iso);
+  const today = date.toDateString() === new Date().toDateString();
+  const clock = { hour: "2-digit", minute: "2-digit", hourCycle: "h23" } as const;
+  return today ? date.toLocaleTimeString([], clock) : date.toLocaleString([], { month: "short", day: "numeric", ...clock });
+}
+
+async function firstMessage(sessionId: string): Promise<string | null> {
+  const known = firstMessages.get(sessionId);
+  if (known !== undefined) return known;
+  const page = await client.historyPage(sessionId, null, 10);
+  const row = page.chat_messages.find((r) => r.type === "text" && r.role === "user");
+  if (!row || typeof row.content !== "string") return null;
+  firstMessages.set(sessionId, firstLine(row.content));
+  return firstMessages.get(sessionId) ?? null;
+}
+
 async function loadSessions(): Promise<void> {
   const page = await client.listSessions(50);
   const list = $("sessions");
@@ -343,9 +411,20 @@ async function loadSessions(): Promise<void> {
     ...page.sessions.map((s) => {
       const li = el("li");
       li.dataset.id = s.id;
-      li.append(el("span", "", s.title || s.id), el("small", "", `${s.model} · ${new Date(s.updated_at).toLocaleString()}`));
+      const mine = s.id === chat?.sessionId ? chat.state : undefined;
+      const name = el("span", "session-name", sessionName(s.title, mine) ?? firstMessages.get(s.id) ?? "New session");
+      li.title = s.id;
+      li.append(name, el("small", "", `${when(s.updated_at)} · ${s.model}`));
       li.classList.toggle("active", s.id === chat?.sessionId);
-      li.onclick = () => (location.hash = s.id);
+      li.onclick = () => {
+        setMenu(false);
+        location.hash = s.id;
+      };
+      if (!s.title && !mine?.items.some((item) => item.kind === "user")) {
+        firstMessage(s.id)
+          .then((text) => text && (name.textContent = text))
+          .catch(() => undefined); // a name is a nicety: the session still opens
+      }
       return li;
     }),
   );
@@ -383,6 +462,18 @@ async function start(): Promise<void> {
   if (sessionId) await openSession(sessionId);
 }
 
+function wireLayout(): void {
+  $("menu").onclick = () => setMenu(!document.body.classList.contains("menu-open"));
+  $("close-menu").onclick = () => setMenu(false);
+  $("backdrop").onclick = () => setMenu(false);
+  document.addEventListener("keydown", (event) => event.key === "Escape" && setMenu(false));
+  const box = $("messages");
+  box.addEventListener("scroll", () => {
+    following = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+  });
+  new ResizeObserver(follow).observe(box);
+}
+
 function wire(): void {
   const key = $<HTMLInputElement>("key");
   key.value = sessionStorage.getItem(KEY_STORAGE) ?? "";
@@ -405,6 +496,7 @@ function wire(): void {
         ...($<HTMLInputElement>("ask-approval").checked ? { approval: ["*"] } : {}),
       });
       await loadSessions();
+      setMenu(false);
       location.hash = session.id;
     } catch (error) {
       showError(error);
@@ -445,4 +537,5 @@ function wire(): void {
 }
 
 wire();
+wireLayout();
 void start();
