@@ -42,7 +42,7 @@ PIP_COMPILE_FLAGS := --quiet --generate-hashes --strip-extras --allow-unsafe --n
 	--no-emit-index-url --no-emit-find-links --no-emit-trusted-host
 PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile
 
-.PHONY: help setup run test lint fmt migrate lock lock-upgrade clean
+.PHONY: help setup run test test-fast lint fmt migrate lock lock-upgrade clean
 
 help: ## List the targets
 	@echo "Parley make targets:"
@@ -66,13 +66,25 @@ run: $(RUN_DEPS) ## Migrate the DB and serve on HOST:PORT (runtime lock only; re
 	$(BIN)/python -m compileall -q app
 	$(BIN)/python -m app --host $(HOST) --port $(PORT)
 
-test: $(STAMP) ## ruff check and format + import contracts + mypy + the TypeScript client's tests + chromium + pytest (PYTEST_ARGS=...)
+# pytest's workers (pytest-xdist): `auto` is one per core. Each test file runs whole on one worker, so a
+# module's fixtures (a browser, a replica cluster) start once. PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
+FAST_TESTS := not browser and not container and not processes
+# pytest exits 5 when PYTEST_ARGS leave a step no test: that step has nothing to do, it did not fail.
+NO_TESTS_OK := || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; }
+
+test: $(STAMP) ## Lint + types + the TypeScript client + chromium + all of pytest: parallel workers, then the `serial` tests alone (PYTEST_ARGS=..., PYTEST_WORKERS=auto)
 	$(BIN)/ruff check app tests migrations bench clients
 	$(BIN)/ruff format --check app tests migrations bench clients
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory client-test browser-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS) $(NO_TESTS_OK)
+	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) $(NO_TESTS_OK)
+
+test-fast: $(STAMP) ## pytest without browser, container and multi-process tests, on parallel workers: the inner loop (PYTEST_ARGS=...)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "$(FAST_TESTS)" $(PYTEST_ARGS) $(NO_TESTS_OK)
 
 .PHONY: sizes
 sizes: ## List app/ modules past ~400 lines and functions past ~60 (a signal to look at, not a limit)

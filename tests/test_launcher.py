@@ -21,7 +21,7 @@ from app.settings import Settings
 from tests.support.keys import EVERY_CHARACTER_KEY, key_pieces_in
 from tests.support.server import ROOT, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 KEY = "launcher-key-0123456789abcdef"
 

@@ -24,7 +24,7 @@ from app.settings import Settings
 from app.startup import container_advice, describe
 from tests.support.server import ROOT, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 
 def _env(database_url: str, **extra: str) -> dict[str, str]:

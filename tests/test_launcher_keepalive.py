@@ -49,6 +49,7 @@ def _timer(local_port: int, remote_port: int) -> str | None:
 
 @linux_only
 @pytest.mark.slow
+@pytest.mark.processes
 def test_the_launched_server_probes_an_idle_connection(database_url: str, tmp_path: Path) -> None:
     if not Path("/proc/net/tcp").exists():
         pytest.skip("no /proc/net/tcp")

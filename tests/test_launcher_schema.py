@@ -23,7 +23,7 @@ from app.storage.schema import alembic_head, head_of_files, revisions
 from tests.support.postgres import ScratchDatabase
 from tests.support.server import ROOT, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 MIGRATED = "migrated the database"
 

@@ -64,6 +64,7 @@ print(json.dumps(sorted(m for m in ("litellm", "aiohttp", "websockets") if m in 
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_the_app_loads_without_the_model_layers_libraries(tmp_path: Path) -> None:
     """They cost seconds of imports that /healthz would wait for (litellm) or ~0.1 s (aiohttp)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_")}

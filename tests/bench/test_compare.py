@@ -31,6 +31,8 @@ def test_rows_of_a_run_hold_each_sweep_level_beside_the_raw_sdk_and_the_demo() -
 
 
 @pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.serial
 def test_two_revisions_run_alternately_and_their_worktree_goes() -> None:
     done = subprocess.run(
         [

@@ -10,6 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+# A benchmark run starts servers and an upstream: several processes, alone on the machine.
+pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.serial]
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

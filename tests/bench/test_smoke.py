@@ -23,7 +23,7 @@ from tests.support.redis import REDIS_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.serial]
 
 
 def test_smoke_run_reports_every_figure(tmp_path: Path) -> None:

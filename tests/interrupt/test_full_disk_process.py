@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.server import ROOT, free_port, migrate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 SAFETY = 60.0
 

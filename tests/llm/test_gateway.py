@@ -175,6 +175,7 @@ asyncio.run(main())
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_litellm_loads_lean(tmp_path: Path) -> None:
     """Without building tiktoken's default encoding (until it is used), with its objects frozen."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}"

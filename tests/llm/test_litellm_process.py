@@ -270,6 +270,7 @@ async def test_errors_are_mapped_in_the_child_and_the_upstreams_words_reach_only
 
 @needs_proc
 @pytest.mark.slow
+@pytest.mark.processes
 def test_a_killed_service_leaves_no_process_behind(database_url: str, tmp_path: Path) -> None:
     """`python -m uvicorn app.main:app`: no child once ready; a LiteLLM turn starts the zygote and one child;
     after kill -9 of the server both exit (their connections to it closed)."""

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.server import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 WORKER = """
 from app.observability import hooks

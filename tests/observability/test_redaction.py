@@ -49,6 +49,7 @@ async def echoing_upstream() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("adapter", ["auto", "litellm"])
 async def test_a_provider_error_echoing_the_key_is_logged_redacted(
     settings: Settings, tmp_path: Path, adapter: str

@@ -22,7 +22,7 @@ from app.storage.engine import Database
 from tests.support.client import LONG, new_session, post
 from tests.support.process import ServerProcess
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.processes]
 
 ANNOUNCED = {"turn_start": "turn_start", "tool_group": "tool_exec_start", "turn_done": "turn_done"}
 

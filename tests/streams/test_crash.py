@@ -25,7 +25,7 @@ from tests.support.client import LONG, new_session, post
 from tests.support.process import ServerProcess
 from tests.support.stream import Frame, StreamClient, assert_contiguous
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.both_backends]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.processes, pytest.mark.both_backends]
 
 SLOW_CALL = "[call:slow " + json.dumps({"seconds": 20}) + "]"
 

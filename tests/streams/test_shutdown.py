@@ -17,7 +17,7 @@ from tests.support.client import LONG, new_session, post
 from tests.support.process import ServerProcess
 from tests.support.stream import Outcome, StreamClient, assert_contiguous
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.processes]
 
 # A SIGTERM'd turn is closed the way a stop closes it (status "cancelled" today; see the report on
 # whether "interrupted" fits a server-initiated stop better).

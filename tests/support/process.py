@@ -32,8 +32,9 @@ class ServerProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Starts the child and returns once it is ready (the model layer loaded)."""
+    def start(self, timeout: float = 120.0) -> None:
+        """Starts the child and returns once it is ready (the model layer loaded): seconds on a quiet machine,
+        past 30 s on a busy 2-core one running the tests on parallel workers (make test)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(

@@ -25,7 +25,7 @@ from tests.support.process import ServerProcess
 from tests.support.sse import EventReader
 from tests.tool_requests.helpers import LOCATION, calls
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.processes]
 
 SESSION = {
     "tools": ["calculate", "slow"],

@@ -21,7 +21,7 @@ from app.settings import Settings
 from tests.support.mcp import alive, seen
 from tests.support.process import ServerProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 SCRIPT = Path(__file__).with_name("hung_mcp_server.py")
 
 

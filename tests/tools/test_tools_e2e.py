@@ -243,6 +243,7 @@ async def test_stop_during_an_mcp_call_cancels_it_at_the_server(
     assert validate_history(upstream.requests[-1].body["messages"]) == []
 
 
+@pytest.mark.processes
 def test_no_stdio_server_survives_a_sigterm(
     configured: Settings, upstream: FakeUpstream, tmp_path: Path
 ) -> None:
