@@ -76,6 +76,7 @@ def test_the_fast_path_keeps_each_messages_own_id_when_messages_alternate() -> N
 
 def test_a_frames_sse_bytes_are_sse_starlettes_encoding_built_once() -> None:
     frame = Frame(7, "text_delta", '{"text":"a\\nb"}')
-    expected = ServerSentEvent(data=frame.data, event=frame.type, id="7").encode()
+    expected = ServerSentEvent(data=frame.data, event=frame.type, id="7", sep="\n").encode()
     assert frame.sse() == expected
+    assert b"\r" not in frame.sse()
     assert frame.sse() is frame.sse()
