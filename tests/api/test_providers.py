@@ -27,6 +27,7 @@ from app.llm.litellm_child import TRIM_AT, trim_kept_chunks
 from app.settings import Settings
 from tests.fakes.upstream import FakeUpstream, Script, validate_history
 from tests.llm.procfs import connection_owners, needs_proc, running
+from tests.support.mcp import wait_for
 from tests.support.server import LiveServer, free_port, live_server
 from tests.support.sse import EventReader
 
@@ -397,7 +398,8 @@ async def test_a_read_that_waits_too_long_fails_the_turn(
     _, reader = await _turn(impatient_server, "hi")
     assert reader.of_type("error")[0]["code"] == "provider_timeout"
     assert len(upstream.requests) == requests
-    assert all(r.disconnected for r in upstream.requests)
+    # The upstream sees each hang-up when its own server notices it, just after the turn ends.
+    await wait_for(lambda: all(r.disconnected for r in upstream.requests), what="every request hung up")
 
 
 async def test_a_stall_mid_stream_is_a_timeout_that_keeps_the_partial_text(
@@ -406,7 +408,7 @@ async def test_a_stall_mid_stream_is_a_timeout_that_keeps_the_partial_text(
     upstream.enqueue(Script.text("one two three four", chunks=4, stall_after=3))  # role chunk and two pieces
     sid, reader = await _turn(impatient_server, "hi")
     [request] = upstream.requests  # text reached the client: not retried
-    assert request.disconnected
+    await wait_for(lambda: request.disconnected, what="the request hung up")
     assert reader.of_type("error")[0]["code"] == "provider_timeout"
     assert reader.of_type("turn_done")[0]["status"] == "failed"
     streamed = "".join(d["text"] for d in reader.of_type("text_delta"))
