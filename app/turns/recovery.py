@@ -47,8 +47,12 @@ async def close_open_turns(
     """Closes every turn left open, but those in `leased` (multi-replica mode: turns some replica holds a
     lease of, alive or expired; the sweeper closes the expired ones)."""
     # First, while the log holds only what was logged before the crash.
-    async with database.session() as db:
-        lost = await event_log.turn_ends_missing_from_log(db)
+    try:
+        async with database.session() as db:
+            lost = await event_log.turn_ends_missing_from_log(db)
+    except Exception:  # the repair below does not need it: a restart goes on
+        log.exception("the turn ends a crash lost from the log could not be read")
+        lost = []
     for done in lost:
         try:
             await _turn_log(writer, live, done.session_id, done.turn_id).announce_lost_end(done)
