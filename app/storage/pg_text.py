@@ -1,4 +1,4 @@
-"""Text PostgreSQL cannot hold, stored faithfully anyway (docs/deployment.md, "PostgreSQL and NUL").
+"""Text PostgreSQL cannot hold, stored faithfully anyway.
 
 PostgreSQL's `text` refuses the character U+0000, and its JSON functions (`->>`, a cast to `jsonb`) refuse
 the escape `\\u0000` anywhere in the document they parse; SQLite keeps both. What Parley stores comes from
