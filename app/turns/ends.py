@@ -283,9 +283,14 @@ class TurnLog:
     async def end_durably(self, end: Callable[[], Awaitable[None]]) -> None:
         """Runs `end` (finish_cancelled, finish_failed, close) until storage takes it. While storage
         refuses it, `stalled` says why (a cancel answers that) and the turn stays this process's: nothing
-        starts after it, and at a restart recovery closes it. Any other failure is raised."""
+        starts after it, and at a restart recovery closes it. A turn whose output the database refused
+        for its data (not storage refusing work) loses that pending output and ends failed instead, once;
+        any other failure is raised."""
         delay = END_RETRY_FIRST
         discarded = False
+        if self.writer.refused(self.session_id) is not None:
+            # Output of this turn the database refused was dropped (WriteBehind._isolate): it ends failed.
+            end = partial(self.finish_failed, "storage_error", STORAGE_ERROR_MESSAGE)
         while True:
             try:
                 await end()
