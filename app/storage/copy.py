@@ -54,11 +54,15 @@ def open_engine(url: str) -> Engine:
     # The same mapping as the service's own engine (app.storage.pg_text): a copy holds what it held.
     engine = create_engine(
         sync_url(url),
-        json_serializer=pg_text.json_serializer(),
-        json_deserializer=pg_text.json_deserializer(json.loads),
+        json_serializer=pg_text.dumps_json,
+        json_deserializer=_load_stored_json,
     )
     event.listen(engine, "connect", install_pg_text)
     return engine
+
+
+def _load_stored_json(stored: str | bytes) -> Any:
+    return json.loads(pg_text.restored_json(stored))
 
 
 def revision(connection: Connection) -> str | None:

@@ -142,8 +142,8 @@ def _postgres_engine(url: str, pool: PoolOptions) -> AsyncEngine:
         pool_size=pool.size,
         max_overflow=pool.max_overflow,
         pool_timeout=pool.timeout,
-        json_serializer=pg_text.json_serializer(),
-        json_deserializer=pg_text.json_deserializer(load_json),
+        json_serializer=pg_text.dumps_json,
+        json_deserializer=_load_stored_json,
     )
     # Text PostgreSQL cannot hold (U+0000), stored and read back faithfully: app.storage.pg_text.
     event.listen(engine.sync_engine, "connect", install_pg_text)
@@ -152,6 +152,10 @@ def _postgres_engine(url: str, pool: PoolOptions) -> AsyncEngine:
     # round trip before every transaction.
     event.listen(engine.sync_engine, "checkout", _check_alive)
     return engine
+
+
+def _load_stored_json(stored: str | bytes) -> Any:
+    return load_json(pg_text.restored_json(stored))
 
 
 def install_pg_text(_dbapi_connection: Any, record: Any) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from typing import Any
 
 from psycopg.adapt import Buffer
@@ -90,16 +89,12 @@ def install(connection: Any) -> None:
         adapters.register_loader(name, _RestoringTextBinaryLoader)
 
 
-def json_serializer(dumps: Callable[[Any], str] = json.dumps) -> Callable[[Any], str]:
-    """A JSON column's serializer for PostgreSQL: `dumps`, then the mapping."""
-    return lambda value: to_store(dumps(value))
+def dumps_json(value: Any) -> str:
+    """A JSON column's serializer for PostgreSQL: json.dumps, then the mapping. A module function, not a
+    closure: psycopg keeps a dumper per function it is given."""
+    return to_store(json.dumps(value))
 
 
-def json_deserializer(loads: Callable[[str | bytes], Any]) -> Callable[[str | bytes], Any]:
-    """A JSON column's deserializer for PostgreSQL: the mapping undone, then `loads`."""
-
-    def load(stored: str | bytes) -> Any:
-        text = stored.decode() if isinstance(stored, bytes) else stored
-        return loads(from_store(text))
-
-    return load
+def restored_json(stored: str | bytes) -> str:
+    """A JSON column's stored text with the mapping undone, for its deserializer."""
+    return from_store(stored.decode() if isinstance(stored, bytes) else stored)

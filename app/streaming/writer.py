@@ -51,6 +51,10 @@ Deliver = Callable[[Sequence[tuple[str, Frame]]], None]
 FORGOTTEN_SECONDS = 600.0
 
 
+class OutputRefused(Exception):
+    """A turn's write, after the database refused pending output of its session for its data."""
+
+
 class WriteBehind(GroupCommit):
     def __init__(
         self,
@@ -265,6 +269,10 @@ class WriteBehind(GroupCommit):
 
         `turn_id`: a turn's write, fenced by its lease in multi-replica mode (`final` releases it)."""
         async with self._lanes.session(session_id), self._lanes.exclusive():
+            refused = self._refused.get(session_id) if turn_id is not None else None
+            if refused is not None:
+                # The turn's output the database refused is gone (_isolate): it must not end as if whole.
+                raise OutputRefused(session_id) from refused
             now = time.monotonic()
             finished = self._finished[session_id] = []
             self._writing.add(session_id)
