@@ -9,18 +9,20 @@ writes to the source: rows written during the copy may be missed (the comparison
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import zip_longest
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, create_engine, func, select, text
+from sqlalchemy import Connection, Engine, Table, create_engine, event, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import SQLModel
 
 import app.storage.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
-from app.storage.engine import sync_url
+from app.storage import pg_text
+from app.storage.engine import install_pg_text, is_postgres, sync_url
 
 BATCH = 1000
 
@@ -63,7 +65,20 @@ def tables() -> list[Table]:
 
 
 def open_engine(url: str) -> Engine:
-    return create_engine(sync_url(url))
+    if not is_postgres(url):
+        return create_engine(sync_url(url))
+    # The same mapping as the service's own engine (app.storage.pg_text): a copy holds what it held.
+    engine = create_engine(
+        sync_url(url),
+        json_serializer=pg_text.dumps_json,
+        json_deserializer=_load_stored_json,
+    )
+    event.listen(engine, "connect", install_pg_text)
+    return engine
+
+
+def _load_stored_json(stored: str | bytes) -> Any:
+    return json.loads(pg_text.restored_json(stored))
 
 
 def copy_all(source: Engine, target: Engine) -> list[TableCopy]:

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from sqlalchemy.util import greenlet_spawn
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.storage import pg_text
 from app.storage.loop_writes import LoopConnection, committed
 from app.storage.sql import load_json
 
@@ -141,13 +142,24 @@ def _postgres_engine(url: str, pool: PoolOptions) -> AsyncEngine:
         pool_size=pool.size,
         max_overflow=pool.max_overflow,
         pool_timeout=pool.timeout,
-        json_deserializer=load_json,
+        json_serializer=pg_text.dumps_json,
+        json_deserializer=_load_stored_json,
     )
+    # Text PostgreSQL cannot hold (U+0000), stored and read back faithfully: app.storage.pg_text.
+    event.listen(engine.sync_engine, "connect", install_pg_text)
     # A connection the server (or a proxy) closed is replaced at checkout, so the service recovers by
     # itself once the database is back: by a look at its socket (_check_alive), not by pool_pre_ping's
     # round trip before every transaction.
     event.listen(engine.sync_engine, "checkout", _check_alive)
     return engine
+
+
+def _load_stored_json(stored: str | bytes) -> Any:
+    return load_json(pg_text.restored_json(stored))
+
+
+def install_pg_text(_dbapi_connection: Any, record: Any) -> None:
+    pg_text.install(record.driver_connection)
 
 
 def _check_alive(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:

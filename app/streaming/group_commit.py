@@ -63,6 +63,10 @@ class GroupCommit:
     def _has_events(self) -> bool:
         raise NotImplementedError
 
+    async def _isolate(self) -> None:
+        """A batch failed for its data, not for storage: the subclass sets aside the work it refuses."""
+        raise NotImplementedError
+
     def _mark_urgent(self, session_id: str) -> None:
         self._urgent_sessions.add(session_id)
         self._urgent.set()
@@ -126,6 +130,10 @@ class GroupCommit:
                     self._pending.set()  # the other sessions' events: their interval batch is still due
             except Exception as exc:
                 self._failed(exc)
+                if storage_refusal(exc) is None:
+                    # Not storage refusing work but the database refusing some work (its data): one
+                    # session's write must not hold every other session's back, retry after retry.
+                    await self._isolate()
                 self._pending.set()
                 await asyncio.sleep(self._interval)
             else:

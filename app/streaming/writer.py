@@ -23,12 +23,14 @@ waited 150-280 ms p50 at 60 sessions on one replica); on SQLite, one writer at a
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.errors import storage_refusal
 from app.storage import event_log
 from app.storage.engine import Database
 from app.streaming.commit import commit as _commit
@@ -42,9 +44,15 @@ from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBat
 from app.streaming.sqlite_batch import write_in_one_trip
 from app.streaming.texts import TextBuffer, due_texts, mark_written, write_texts
 
+log = logging.getLogger(__name__)
+
 Deliver = Callable[[Sequence[tuple[str, Frame]]], None]
 # Seconds a deleted session's drafts are still dropped (forget_session).
 FORGOTTEN_SECONDS = 600.0
+
+
+class OutputRefused(Exception):
+    """A turn's write, after the database refused pending output of its session for its data."""
 
 
 class WriteBehind(GroupCommit):
@@ -82,6 +90,9 @@ class WriteBehind(GroupCommit):
         self._writing: set[str] = set()
         # Turn writes that carried pending events.
         self.turn_commits = 0
+        # Sessions whose pending work the database refused for its data (_isolate), with the error: their
+        # running turn ends failed on it (refused).
+        self._refused: dict[str, Exception] = {}
 
     def add(self, draft: Draft) -> None:
         """A published event: numbered and logged by the next commit, delivered after it."""
@@ -136,6 +147,31 @@ class WriteBehind(GroupCommit):
         if self._retention is not None:
             self._retention.forget(session_id)
         self._sequencer.forget(session_id)
+
+    async def _isolate(self) -> None:
+        """Commits each session's pending work alone; a session whose work the database refuses for its
+        data (not storage refusing work: that stops here, every session waits for it) loses its pending
+        events and text writes, and its turn ends failed (`refused`): the others' work commits."""
+        sessions = set(self._events.sessions()) | {b.session_id for b in self._texts.values()}
+        for session_id in sorted(sessions):
+            try:
+                await self.flush(scope={session_id})
+            except Exception as exc:
+                if storage_refusal(exc) is not None:
+                    return
+                log.exception("write-behind: the database refused the pending work of session %s", session_id)
+                self.discard(session_id)
+                self._refused[session_id] = exc
+
+    def refused(self, session_id: str) -> Exception | None:
+        """The error the database refused the session's pending work with (_isolate), once."""
+        return self._refused.pop(session_id, None)
+
+    def discard(self, session_id: str) -> None:
+        """Drops the session's pending events and text writes: the database refuses them for their data,
+        and the turn's end must not be refused with them."""
+        self._events.drop_session(session_id)
+        self._drop_texts({session_id})
 
     def _drop_texts(self, session_ids: set[str]) -> None:
         for key in [k for k, b in self._texts.items() if b.session_id in session_ids]:
@@ -233,6 +269,10 @@ class WriteBehind(GroupCommit):
 
         `turn_id`: a turn's write, fenced by its lease in multi-replica mode (`final` releases it)."""
         async with self._lanes.session(session_id), self._lanes.exclusive():
+            refused = self._refused.get(session_id) if turn_id is not None else None
+            if refused is not None:
+                # The turn's output the database refused is gone (_isolate): it must not end as if whole.
+                raise OutputRefused(session_id) from refused
             now = time.monotonic()
             finished = self._finished[session_id] = []
             self._writing.add(session_id)

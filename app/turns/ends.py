@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 TOOL_INTERRUPTED_BY_USER = "[Tool execution interrupted by user]"
 TOOL_INTERRUPTED_BY_ERROR = "[Tool execution interrupted by an error]"
 TOOL_INTERRUPTED_BY_RESTART = "[Tool execution interrupted by server restart]"
+# A turn whose output the database refused for its data (not storage refusing work) ends with this.
+REFUSED_MESSAGE = "The database refused part of this turn's output."
+STORAGE_ERROR_MESSAGE = f"The turn stopped because the server could not store it: {REFUSED_MESSAGE}"
 # Seconds between attempts to write a turn's end while storage refuses it: doubling, up to the most.
 END_RETRY_FIRST, END_RETRY_MOST = 0.05, 1.0
 
@@ -285,8 +289,14 @@ class TurnLog:
     async def end_durably(self, end: Callable[[], Awaitable[None]]) -> None:
         """Runs `end` (finish_cancelled, finish_failed, close) until storage takes it. While storage
         refuses it, `stalled` says why (a cancel answers that) and the turn stays this process's: nothing
-        starts after it, and at a restart recovery closes it. Any other failure is raised."""
+        starts after it, and at a restart recovery closes it. A turn whose output the database refused
+        for its data (not storage refusing work) loses that pending output and ends failed instead, once;
+        any other failure is raised."""
         delay = END_RETRY_FIRST
+        discarded = False
+        if self.writer.refused(self.session_id) is not None:
+            # Output of this turn the database refused was dropped (WriteBehind._isolate): it ends failed.
+            end = partial(self.finish_failed, "storage_error", STORAGE_ERROR_MESSAGE)
         while True:
             try:
                 await end()
@@ -297,7 +307,19 @@ class TurnLog:
             except Exception as exc:
                 refusal = storage_refusal(exc)
                 if refusal is None:
-                    raise
+                    if discarded:
+                        raise
+                    # The database refuses something of the turn for its data (the end commits the
+                    # session's pending events and text with it): that goes, and the turn ends failed.
+                    log.exception(
+                        "turn %s: its end was refused; ending it failed without its pending output",
+                        self.turn_id,
+                    )
+                    discarded = True
+                    self.writer.discard(self.session_id)
+                    self.writer.refused(self.session_id)
+                    end = partial(self.finish_failed, "storage_error", STORAGE_ERROR_MESSAGE)
+                    continue
                 if self.stalled is None:
                     log.error(
                         "turn %s: its end cannot be written (%s: %s); retrying until storage works",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.errors import storage_refusal
+from app.errors import STORAGE_FULL_RETRY_AFTER, StorageUnavailable, storage_refusal
 from app.llm.types import ProviderError
 from app.protocol.clock import now_iso
 from app.protocol.events import (
@@ -57,7 +57,7 @@ from app.turns.agent import (
     ToolStarted,
 )
 from app.turns.calls import ApprovedStarting, InputAnswered, InputRequested
-from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART, OpenTool
+from app.turns.ends import REFUSED_MESSAGE, TOOL_INTERRUPTED_BY_RESTART, OpenTool
 from app.turns.wait_log import WaitLog
 
 log = logging.getLogger(__name__)
@@ -215,6 +215,11 @@ class TurnRecorder(WaitLog):
             if self.writer.failure is not None:
                 # Storage refuses the batches: stop the model rather than stream on into memory.
                 raise self.writer.failure
+            refused = self.writer.refused(self.session_id)
+            if refused is not None:
+                raise StorageUnavailable(
+                    REFUSED_MESSAGE, code="storage_error", retry_after=STORAGE_FULL_RETRY_AFTER
+                ) from refused
             text = clean_text(event.text)
             buffer = self._text
             if buffer is None:

@@ -25,8 +25,6 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from sqlmodel.ext.asyncio.session import AsyncSession
-
 from app.errors import storage_refusal
 from app.storage import event_log, pending, repository
 from app.storage.engine import Database
@@ -146,10 +144,22 @@ async def close_open_turns(
     """Closes every turn left open, but those in `leased` (multi-replica mode: turns some replica holds a
     lease of, alive or expired; the sweeper closes the expired ones)."""
     # First, while the log holds only what was logged before the crash.
-    async with database.session() as db:
-        lost = await event_log.turn_ends_missing_from_log(db)
+    try:
+        async with database.session() as db:
+            lost = await event_log.turn_ends_missing_from_log(db)
+    except Exception as exc:  # the repair below does not need it: a restart goes on
+        _unless_storage_refuses(exc)
+        log.exception("the turn ends a crash lost from the log could not be read")
+        lost = []
     for done in lost:
-        await _turn_log(writer, live, done.session_id, done.turn_id).announce_lost_end(done)
+        try:
+            await _turn_log(writer, live, done.session_id, done.turn_id).announce_lost_end(done)
+        except (
+            Exception
+        ) as exc:  # one turn's rows never stop a restart: the others are repaired, this one logged
+            _unless_storage_refuses(exc)
+            log.exception("the lost end of turn %s could not be announced", done.turn_id)
+            continue
         log.warning("announced the end of turn %s, whose event a crash lost", done.turn_id)
     async with database.session() as db:
         suspended = set(await pending.suspended_turns(db))
@@ -158,10 +168,17 @@ async def close_open_turns(
             for t in await repository.open_turns(db)
             if t.turn_id not in suspended and t.turn_id not in leased
         ]
+    closed = 0
     for start in open_turns:
-        await close_left_turn(database, writer, live, start.session_id, start.turn_id)
+        try:
+            await close_left_turn(database, writer, live, start.session_id, start.turn_id)
+        except Exception as exc:
+            _unless_storage_refuses(exc)
+            log.exception("turn %s of session %s could not be closed", start.turn_id, start.session_id)
+            continue
+        closed += 1
         log.warning("closed turn %s of session %s left open by a restart", start.turn_id, start.session_id)
-    return len(open_turns)
+    return closed
 
 
 async def close_left_turn(
@@ -179,7 +196,7 @@ async def close_left_turn(
     releases it."""
     async with database.session() as db:
         rows = await repository.turn_messages(db, turn_id)
-        seen = {row.id: await _seen_text(db, row) for row in rows if _streaming(row)}
+    seen = {row.id: await _seen_text(database, row) for row in rows if _streaming(row)}
     if not rows or any(row.type == "turn_done" for row in rows):
         return False
     closing = _turn_log(writer, live, session_id, turn_id)
@@ -195,7 +212,13 @@ async def resume_suspended(database: Database, runner: Runner) -> int:
         turn_ids = await pending.suspended_turns(db)
     resumed = 0
     for turn_id in turn_ids:
-        if await resume_turn(database, runner, turn_id):
+        try:
+            again = await resume_turn(database, runner, turn_id)
+        except Exception as exc:
+            _unless_storage_refuses(exc)
+            log.exception("turn %s could not be resumed after a restart", turn_id)
+            continue
+        if again:
             resumed += 1
             log.warning("turn %s waits again for answers after a restart", turn_id)
     return resumed
@@ -219,17 +242,38 @@ async def resume_waiting(database: Database, runner: Runner) -> None:
     async with database.read() as db:
         session_ids = await repository.sessions_with_queue(db)
     for session_id in session_ids:
-        await runner.take_waiting(session_id)
+        try:
+            await runner.take_waiting(session_id)
+        except Exception as exc:
+            _unless_storage_refuses(exc)
+            log.exception("the waiting messages of session %s could not start after a restart", session_id)
+
+
+def _unless_storage_refuses(exc: Exception) -> None:
+    """Re-raises what says storage refuses every write (busy, full, unreachable): then the whole repair
+    waits and is retried (StartupRepair). Anything else is one row's or one turn's problem: the caller logs
+    it and repairs the rest."""
+    if storage_refusal(exc) is not None:
+        raise exc
 
 
 def _streaming(row: ChatMessageRow) -> bool:
     return row.type == "text" and row.role == "assistant" and row.duration_ms is None
 
 
-async def _seen_text(db: AsyncSession, row: ChatMessageRow) -> str:
-    """The longer of the flushed text and the logged deltas, when the log holds the message from its start."""
+async def _seen_text(database: Database, row: ChatMessageRow) -> str:
+    """The longer of the flushed text and the logged deltas, when the log holds the message from its start.
+    The flushed text when the log cannot be read (an event an older version logged that PostgreSQL's JSON
+    functions refuse, such as a `\\u0000` escape): the turn is closed with what its row holds."""
     flushed = row.content or ""
-    deltas = [json.loads(event.data) for event in await event_log.message_deltas(db, row.session_id, row.id)]
+    try:
+        async with database.session() as db:
+            logged_events = await event_log.message_deltas(db, row.session_id, row.id)
+    except Exception as exc:
+        _unless_storage_refuses(exc)
+        log.exception("the logged deltas of message %s could not be read; keeping its flushed text", row.id)
+        return flushed
+    deltas = [json.loads(event.data) for event in logged_events]
     # Only the first delta of a message carries its timestamp: without it, retention cut the beginning.
     if not deltas or "timestamp" not in deltas[0]:
         return flushed

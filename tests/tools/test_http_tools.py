@@ -26,10 +26,13 @@ from app.tools.context import ToolContext
 from app.tools.http_tools import HttpTools
 from app.tools.registry import ToolRegistry, build_default_registry
 from tests.support.server import free_port, live_server
+from tests.support.sse import EventReader
 
 pytestmark = pytest.mark.anyio
 SECRET = "s3cret-s3cret-s3cret"
 CTX = ToolContext(session_id="s", turn_id="t", tool_call_id="call-42")
+# A NUL byte, the JSON escape PostgreSQL's JSON refuses, and the character the storage escapes with.
+NUL_BODY = "a\x00b \\u0000 \ufdd0 end".encode()
 SCHEMA = {"type": "object", "properties": {"number": {"type": "string"}}, "required": ["number"]}
 # A JSON document of 224,011 bytes, sent in 64 KB pieces.
 BIG_JSON = json.dumps({"rows": [f"row {n:06d} " + "x" * 40 for n in range(3_900)]}).encode()
@@ -46,7 +49,7 @@ class Receiver:
 
 
 @asynccontextmanager
-async def receiver() -> AsyncIterator[Receiver]:
+async def receiver() -> AsyncIterator[Receiver]:  # noqa: C901 (a fake tool server: one handler per behaviour)
     got = Receiver(free_port())
 
     async def tool(request: web.Request) -> web.Response:
@@ -62,6 +65,10 @@ async def receiver() -> AsyncIterator[Receiver]:
     async def big(request: web.Request) -> web.Response:
         got.requests.append({})
         return web.Response(text="y" * 5000)
+
+    async def nul(request: web.Request) -> web.Response:
+        got.requests.append({})
+        return web.Response(body=NUL_BODY, content_type="application/octet-stream")
 
     async def redirect(request: web.Request) -> web.Response:
         got.requests.append({})
@@ -104,6 +111,7 @@ async def receiver() -> AsyncIterator[Receiver]:
             web.post("/pieces", pieces),
             web.post("/json-pieces", json_pieces),
             web.post("/endless", endless),
+            web.post("/nul", nul),
         ]
     )
     runner = web.AppRunner(app)
@@ -269,3 +277,29 @@ async def test_through_a_real_server_the_stream_says_http(settings: Settings, tm
         assert row["source"] == "http" and row["is_error"] is False
         assert json.loads(row["result"]) == {"order": "A-7", "status": "shipped"}
         assert got.requests == [{"id": row["tool_call_id"], "body": {"number": "A-7"}}]
+
+
+@pytest.mark.both_backends
+async def test_a_body_with_a_nul_byte_is_the_result_on_both_databases(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The receiver answers a NUL byte: the turn completes, and the stream and the history hold the body."""
+    async with receiver() as got:
+        tools = tmp_path / "tools.json"
+        entry = {"url": got.url("/nul"), "description": "Odd.", "parameters": SCHEMA, "secret": SECRET}
+        tools.write_text(json.dumps({"http_tools": {"odd": entry}, "allow_private_hosts": ["127.0.0.1"]}))
+        with live_server(settings.model_copy(update={"tools_file": tools})) as server:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+                sid = (await client.post("/v1/sessions", json={"tools": ["odd"]})).json()["id"]
+                content = '[call:odd {"number": "A-7"}]'
+                done = await client.post(
+                    f"/v1/sessions/{sid}/messages", params={"wait": "true"}, json={"content": content}
+                )
+                assert done.json()["status"] == "completed", done.text
+                history = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
+                async with EventReader(client, f"/v1/sessions/{sid}/events?after=0") as reader:
+                    [end] = await reader.wait_type("tool_exec_end")
+    [row] = [m for m in history if m["type"] == "tool_group"]
+    assert (row["result"], row["is_error"]) == (NUL_BODY.decode(), False)
+    assert end.data["tool_result"]["content"] == NUL_BODY.decode()
+    assert len(got.requests) == 1

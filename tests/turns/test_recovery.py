@@ -9,9 +9,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
 
 from app.storage import event_log, repository
-from app.storage.engine import Database
+from app.storage.engine import Database, sync_url
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.frames import Frame
 from app.streaming.writer import WriteBehind
@@ -216,3 +217,33 @@ async def test_a_turn_whose_start_left_the_log_is_not_announced_again(database_u
         assert await _recover(database) == []
     finally:
         await database.dispose()
+
+
+INSERT_EVENT = "INSERT INTO events (session_id, seq, type, data) VALUES (:session_id, :seq, :type, :data)"
+
+
+@pytest.mark.both_backends
+async def test_an_event_postgresql_json_refuses_does_not_stop_the_repair(database_url: str) -> None:
+    """An event an older version logged with the escape `\\u0000` (PostgreSQL's JSON functions refuse it,
+    and the repair reads the log with them): the turn is still closed, with its flushed text at least."""
+    database = Database(database_url)
+    await seed(database)
+    old = event(6, "text_delta", id="m_000000text", text="\x00!")
+    assert "\\u0000" in str(old["data"])
+    plain = create_engine(sync_url(database_url))  # no app.storage.pg_text mapping: the bytes as they were
+    try:
+        with plain.begin() as connection:
+            connection.execute(text(INSERT_EVENT), old)
+    finally:
+        plain.dispose()
+    writer = WriteBehind(database)
+    try:
+        assert await close_open_turns(database, writer, LocalLiveStatus()) == 1
+        await writer.flush()
+        async with database.session() as db:
+            rows = await repository.list_messages(db, SID)
+    finally:
+        await database.dispose()
+    closed = {r.id: r for r in rows}["m_000000text"]
+    assert closed.interrupted is True and (closed.content or "").startswith("Hel")
+    assert rows[-1].type == "turn_done" and rows[-1].status == "interrupted"
