@@ -218,6 +218,36 @@ async def test_the_model_calls_mcp_tools_over_http_and_stdio(
     assert reader.of_type("turn_done")[0]["status"] == "completed"
 
 
+@pytest.mark.both_backends
+async def test_mcp_output_holding_nul_is_stored_and_restored(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    """U+0000, the JSON escape `\\u0000` and U+FDD0 in what MCP servers give back (over HTTP and stdio)
+    reach the stream, the history and the model's next prompt as the server gave them, on both databases
+    (issue 31 §2; PostgreSQL stores them through app.storage.pg_text)."""
+    odd = "a\x00b \ufdd0 \\u0000 \x00 end"
+    arguments = json.dumps({"text": odd})
+    upstream.enqueue(
+        Script.tool_calls([("call_h", "demo__echo", arguments), ("call_s", "local__echo", arguments)]),
+        Script.text("Done."),
+    )
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        await connected_listing(client)
+        sid = (await client.post("/v1/sessions", json={"tools": ["demo", "local"]})).json()["id"]
+        reader = await run_turn(client, sid, "echo it")
+        history = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
+    assert reader.of_type("turn_done")[0]["status"] == "completed"
+    ends = {e["tool_result"]["tool_call_id"]: e["tool_result"] for e in reader.of_type("tool_exec_end")}
+    assert {call: ends[call]["content"] for call in ("call_h", "call_s")} == {"call_h": odd, "call_s": odd}
+    rows = {m["tool_call_id"]: m for m in history if m["type"] == "tool_group"}
+    assert {call: (r["arguments"], r["result"]) for call, r in rows.items()} == {
+        "call_h": ({"text": odd}, odd),
+        "call_s": ({"text": odd}, odd),
+    }
+    second = upstream.requests[1].body["messages"]
+    assert [m["content"] for m in second if m["role"] == "tool"] == [odd, odd]
+
+
 async def test_stop_during_an_mcp_call_cancels_it_at_the_server(
     server: LiveServer, upstream: FakeUpstream, mcp_http: McpHttpServer
 ) -> None:
