@@ -4,6 +4,7 @@ file; PostgreSQL's bounded pool, statement timeout and PgBouncer mode."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import psycopg
 import pytest
@@ -56,14 +57,18 @@ async def test_postgres_connections_get_the_pool_bounds_and_statement_timeout(
     postgres_database: ScratchDatabase,
 ) -> None:
     database = Database(
-        postgres_database.url, pool=PoolOptions(size=3, max_overflow=1, statement_timeout_ms=1234)
+        postgres_database.url,
+        pool=PoolOptions(size=3, max_overflow=1, timeout=0.2, statement_timeout_ms=1234),
     )
     try:
         async with database.session() as db:
             timeout = (await db.exec(text("SHOW statement_timeout"))).scalar()  # type: ignore[call-overload]
             threshold = (await driver(db)).prepare_threshold
-        pool = database.engine.pool
-        assert (pool.size(), pool._max_overflow) == (3, 1)  # type: ignore[attr-defined]
+        async with contextlib.AsyncExitStack() as held:
+            for _ in range(3 + 1):  # the pool's size and its one overflow connection
+                await held.enter_async_context(database.engine.connect())
+            with pytest.raises(sqlalchemy.exc.TimeoutError):
+                await database.engine.connect().start()
     finally:
         await database.dispose()
     assert timeout == "1234ms"
