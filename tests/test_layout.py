@@ -168,5 +168,6 @@ def test_no_code_touches_a_librarys_private_names() -> None:
             if root in ("self", "cls") and not attributes & LIBRARY_HANDLES:
                 continue
             if root in libraries or attributes & LIBRARY_HANDLES or name not in own:
-                found.append(f"{path.relative_to(APP.parent)}:{node.lineno}: {ast.unparse(target)}.{name}")
+                line = getattr(node, "lineno", 0)
+                found.append(f"{path.relative_to(APP.parent)}:{line}: {ast.unparse(target)}.{name}")
     assert found == []
