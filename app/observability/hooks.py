@@ -14,7 +14,6 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -301,11 +300,6 @@ def fenced_write(what: str) -> None:
     """A turn write the lease fence refused (`turn_done`, `turn_write`, `stream_batch`)."""
     if _active.metrics is not None:
         _active.metrics.fenced_writes.labels(what).inc()
-
-
-# The kind of the write-behind's commit made in the current task (streaming.commit.in_caller): the commit
-# counter's origin for a commit whose task is not the write-behind's (observability.monitor).
-COMMIT_KIND: ContextVar[str | None] = ContextVar("parley_commit_kind", default=None)
 
 
 def commit_observed(kind: str, seconds: float) -> None:

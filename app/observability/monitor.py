@@ -35,8 +35,6 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.observability.hooks import COMMIT_KIND
-
 TICK_SECONDS = 0.01
 LAG_SAMPLES = 60_000  # ten minutes of 10 ms ticks
 COMMIT_SAMPLES = 200_000
@@ -211,9 +209,6 @@ def commit_origin() -> str:
         task = asyncio.current_task()
     except RuntimeError:
         return "other"
-    kind = COMMIT_KIND.get()
-    if kind in ("batch", "urgent"):
-        return kind
     name = task.get_name() if task is not None else ""
     if name == "write-behind":
         return "batch"

@@ -6,31 +6,25 @@ PgBouncer in transaction mode)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import select
-import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
-from sqlalchemy.util import greenlet_spawn
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.storage import pg_text
-from app.storage.loop_writes import LoopConnection, committed
 from app.storage.sql import load_json
 
 if TYPE_CHECKING:
     from app.settings import Settings
-
-T = TypeVar("T")
 
 # How long a write waits for SQLite's one write lock before it fails with "database is locked".
 BUSY_TIMEOUT_MS = 10_000
@@ -181,47 +175,6 @@ def _check_alive(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
         raise DisconnectionError("the server closed the connection, or sent on it while idle")
 
 
-async def _until_done(connection: Any, outcome: list[tuple[bool, Any]]) -> None:
-    """Until the trip a cancellation interrupted has ended: a trip of nothing behind it through the same
-    thread, which runs its calls in order (further cancellations meanwhile wait too)."""
-    while not outcome:
-        with contextlib.suppress(asyncio.CancelledError):
-            await connection._execute(_nothing)
-
-
-def _nothing() -> None:
-    return None
-
-
-async def _trip(connection: Any, work: Callable[[sqlite3.Connection], T]) -> T:
-    """`work` committed in one trip to aiosqlite's thread, its outcome known to a cancelled caller
-    (Database.in_driver_thread)."""
-    # (committed, result), set in the thread before the trip's reply: what a cancelled caller reads.
-    outcome: list[tuple[bool, Any]] = []
-
-    def trip() -> T:
-        try:
-            result = committed(connection._conn, work)
-        except BaseException:
-            outcome.append((False, None))
-            raise
-        outcome.append((True, result))
-        return result
-
-    try:
-        return await connection._execute(trip)  # type: ignore[no-any-return]
-    except asyncio.CancelledError:
-        await _until_done(connection, outcome)
-        ok, done = outcome[0]
-        if not ok:
-            raise
-        caller = asyncio.current_task()
-        if caller is not None:  # the cancellation again, at the caller's next await
-            caller.uncancel()
-            caller.cancel()
-        return done  # type: ignore[no-any-return]
-
-
 class Database:
     """Owns the engine and hands out short-lived database sessions (`db`)."""
 
@@ -229,8 +182,6 @@ class Database:
         self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS, pool: PoolOptions | None = None
     ) -> None:
         self.engine = create_engine(url, busy_timeout_ms=busy_timeout_ms, pool=pool)
-        # SQLite: the connection of the commits made on the loop's own thread (in_driver_thread's `on_loop`).
-        self.loop_connection = LoopConnection(self.engine, busy_timeout_ms)
         self.dialect = self.engine.dialect.name
         self._factory = async_sessionmaker(self.engine, class_=AsyncSession, expire_on_commit=False)
         # PostgreSQL's reads in autocommit: the same snapshots as in a transaction (READ COMMITTED takes one
@@ -254,43 +205,6 @@ class Database:
         async with self._read_factory() as db:
             yield db
 
-    async def in_driver_thread(self, work: Callable[[sqlite3.Connection], T], *, on_loop: bool = False) -> T:
-        """SQLite: `work(connection)` and then its commit in one trip to a pooled connection's own thread
-        (rolled back there if `work` raises), where each aiosqlite call is a trip of its own: the call
-        queued, the thread woken, the result handed back through the event loop, behind whatever else is
-        ready there. aiosqlite runs a function only through `_execute`, the method every one of its public
-        calls is made of (the version is pinned; tests/streaming/test_writer.py counts the trips).
-
-        Its outcome is known even when the caller is cancelled meanwhile, without a task of its own (a
-        task and a shield around it cost three more turns of the event loop on the first token's path):
-        the thread finishes a trip whatever happens here, so a cancellation that comes during it waits for
-        its end (`_until_done`); a trip that committed returns, and the cancellation is delivered again at the
-        caller's next await; one that failed raises the cancellation.
-
-        `on_loop` (small work only: it holds the event loop): first tried right here, on the loop's own
-        thread, when SQLite's write lock is free at once (storage.loop_writes); that saves the trip and
-        the checkout. Where the lock is held, the trip as above; every LOOP_COMMITS_PER_TRIP-th such
-        commit takes the trip too, whose commit checkpoints the WAL (the loop's commits never do).
-
-        SQLAlchemy did not make this commit, so its `commit` event is fired for it here: its listeners
-        (observability.monitor's commit counter) see every commit of the engine. No SQLAlchemy connection
-        made it: the event's connection is None."""
-        assert self.dialect == "sqlite", "in_driver_thread is SQLite's"
-        loop = self.loop_connection
-        done = await loop.commit(work) if on_loop and not loop.due_for_a_trip else None
-        if done is None:
-            loop.commits_since_trip = 0
-            pooled = await self.engine.raw_connection()
-            try:
-                done = (await _trip(pooled.driver_connection, work),)
-            finally:
-                # Back to the pool (it resets nothing: create_engine). In a greenlet: a full pool closes
-                # what it takes back, which awaits aiosqlite's close (outside one, the connection and its
-                # thread were left open, "Exception closing connection").
-                await greenlet_spawn(pooled.close)
-        self.engine.sync_engine.dispatch.commit(None)
-        return done[0]
-
     async def ping(self, timeout: float = 2.0) -> bool:
         """Whether a statement runs within `timeout` seconds (a pooled connection, or a new one)."""
         try:
@@ -301,5 +215,4 @@ class Database:
         return True
 
     async def dispose(self) -> None:
-        await self.loop_connection.close()
         await self.engine.dispose()

@@ -1,6 +1,5 @@
 """A commit whose outcome is known even when the task awaiting it is cancelled meanwhile (the
-write-behind's batches and a turn's writes): in a task of its own (`settled`), or in the caller's task for
-work that knows its outcome itself (`in_caller`)."""
+write-behind's batches and a turn's writes), in a task of its own (`settled`)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Any, TypeVar
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.observability.hooks import COMMIT_KIND, commit_observed
+from app.observability.hooks import commit_observed
 
 T = TypeVar("T")
 
@@ -53,17 +52,3 @@ async def settled(work: Coroutine[Any, Any, T], kind: str) -> T:
             caller.uncancel()
             caller.cancel()
         return task.result()
-
-
-async def in_caller(work: Coroutine[Any, Any, T], kind: str) -> T:
-    """A commit awaited in the caller's own task, for work that knows its outcome itself when the caller
-    is cancelled meanwhile (storage's Database.in_driver_thread, the one-trip batch on SQLite): as
-    `settled` without its task, whose start and whose end each cost a turn of the event loop. The
-    commit counts as the write-behind's `kind` whichever task makes it (observability.monitor)."""
-    token = COMMIT_KIND.set(kind)
-    started = time.monotonic()
-    try:
-        return await work
-    finally:
-        COMMIT_KIND.reset(token)
-        commit_observed(kind, time.monotonic() - started)

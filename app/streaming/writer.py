@@ -5,7 +5,7 @@ batch, inserts the rows of assistant messages that started streaming, updates th
 streaming (at most every `text_interval`), and trims the logs of sessions that outgrew `retention` by a
 tenth. Only after that commit are the events handed to the broker for delivery: a client never sees an
 event the log could lose. The statements go to the driver in one executemany each, whatever the number
-of sessions in the batch; on SQLite, with the commit, in one trip to its thread (streaming.sqlite_batch).
+of sessions in the batch, through the drivers' public API (storage.sql).
 
 When batches commit (at once for urgent work, else at most once per `interval`) is streaming.group_commit.
 
@@ -41,7 +41,6 @@ from app.streaming.lanes import Lanes
 from app.streaming.pending_events import PendingEvents
 from app.streaming.retention import Retention
 from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
-from app.streaming.sqlite_batch import write_in_one_trip
 from app.streaming.texts import TextBuffer, due_texts, mark_written, write_texts
 
 log = logging.getLogger(__name__)
@@ -73,9 +72,6 @@ class WriteBehind(GroupCommit):
         self.fence = fence
         self._sequencer = sequencer or LocalSequencer()
         self._retention = Retention(retention) if retention is not None else None
-        # SQLite with this process's numbers: a batch is one trip to the driver's thread (sqlite_batch).
-        local = self._sequencer if isinstance(self._sequencer, LocalSequencer) else None
-        self._local = local if database.dialect == "sqlite" and fence is None else None
         self._deliver = deliver
         # Published events not committed yet, by session, each session's in publication order.
         self._events = PendingEvents()
@@ -207,15 +203,6 @@ class WriteBehind(GroupCommit):
     async def _batch(self, sessions: set[str], texts: list[TextBuffer], now: float, *, urgent: bool) -> None:
         """One batch's transaction: the pending work of `sessions`, which it holds."""
         kind = "urgent" if urgent else "batch"
-        if self._local is not None:
-            mine = self._events.of(sessions)
-            drafts = [d for d in mine if d.session_id not in self._forgotten]
-            retention, local = self._retention, self._local.begin()
-            done = await write_in_one_trip(self._database, local, drafts, texts, retention, kind)
-            if done is not None:
-                local.committed()  # no await since the commit: see sqlite_batch
-                self._batch_committed(mine, done[1], done[0], now, urgent=urgent)
-                return
         forgotten = self._forgotten
         numbers = self._sequencer.begin()
         async with self._database.session() as db:

@@ -118,8 +118,9 @@ async def test_without_redis_the_limits_count_in_the_process_and_say_so_once(
                 lease.release()
         warnings = [r.getMessage() for r in caplog.records if "Redis unreachable" in r.getMessage()]
         assert len(warnings) == 1
-        assert metrics.limits_without_redis.labels("messages")._value.get() == 4
-        assert metrics.limits_without_redis.labels("streams")._value.get() == 3
+        away = "parley_limits_redis_unavailable_total"
+        assert metrics.registry.get_sample_value(away, {"limit": "messages"}) == 4
+        assert metrics.registry.get_sample_value(away, {"limit": "streams"}) == 3
         await streams.close()
     finally:
         activate(None)

@@ -4,16 +4,12 @@ file; PostgreSQL's bounded pool, statement timeout and PgBouncer mode."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-import threading
-import time
-from typing import Any
+import contextlib
 
 import psycopg
 import pytest
 import sqlalchemy.exc
 from sqlalchemy import create_engine, text
-from sqlalchemy.util import greenlet_spawn
 
 from app.storage.engine import BUSY_TIMEOUT_MS, Database, PoolOptions
 from app.storage.sql import driver, raw
@@ -61,14 +57,18 @@ async def test_postgres_connections_get_the_pool_bounds_and_statement_timeout(
     postgres_database: ScratchDatabase,
 ) -> None:
     database = Database(
-        postgres_database.url, pool=PoolOptions(size=3, max_overflow=1, statement_timeout_ms=1234)
+        postgres_database.url,
+        pool=PoolOptions(size=3, max_overflow=1, timeout=0.2, statement_timeout_ms=1234),
     )
     try:
         async with database.session() as db:
             timeout = (await db.exec(text("SHOW statement_timeout"))).scalar()  # type: ignore[call-overload]
             threshold = (await driver(db)).prepare_threshold
-        pool = database.engine.pool
-        assert (pool.size(), pool._max_overflow) == (3, 1)  # type: ignore[attr-defined]
+        async with contextlib.AsyncExitStack() as held:
+            for _ in range(3 + 1):  # the pool's size and its one overflow connection
+                await held.enter_async_context(database.engine.connect())
+            with pytest.raises(sqlalchemy.exc.TimeoutError):
+                await database.engine.connect().start()
     finally:
         await database.dispose()
     assert timeout == "1234ms"
@@ -227,38 +227,3 @@ async def test_statements_prepared_on_the_server_outlive_read_sessions(
     finally:
         await database.dispose()
     assert prepared == [(1,)]
-
-
-async def test_a_trip_returning_a_connection_to_a_full_pool_closes_it(
-    database_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """in_driver_thread's connection comes back to a pool that is full (its checkout was one beyond the
-    pool's size, and the others came back meanwhile): the pool closes it, which awaits aiosqlite's close.
-    Outside a greenlet that failed ("Exception closing connection") and left the connection and its
-    thread open."""
-    database = Database(database_url)
-    pool: Any = database.engine.sync_engine.pool
-    held = [await database.engine.raw_connection() for _ in range(pool.size())]
-    started = threading.Event()
-
-    def slow(connection: sqlite3.Connection) -> int:
-        started.set()
-        time.sleep(0.2)
-        return int(connection.execute("SELECT 1").fetchone()[0])
-
-    try:
-        trip = asyncio.create_task(database.in_driver_thread(slow))
-        await asyncio.to_thread(started.wait, 5)
-        for pooled in held:  # the pool is full again before the trip's connection comes back
-            await greenlet_spawn(pooled.close)
-        threads = threading.active_count()
-        assert await trip == 1
-        assert pool.checkedin() == pool.size()
-        for _ in range(50):  # the closed connection's thread ends
-            if threading.active_count() < threads:
-                break
-            await asyncio.sleep(0.02)
-        assert threading.active_count() == threads - 1
-    finally:
-        await database.dispose()
-    assert not [r for r in caplog.records if "closing connection" in r.getMessage()]

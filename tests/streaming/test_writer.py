@@ -1,7 +1,7 @@
 """The write-behind against a real migrated SQLite file: its group commit (urgent work at once, streamed
 deltas at most once per interval; a response's first delta committed by the turn's task that opened it
 when no batch is under way, left to the next urgent batch when one is, and left pending on a refusal or a
-cancel), a batch on SQLite in one trip to the driver's thread, and a turn's own transaction that commits
+cancel), a batch's writes in one commit, and a turn's own transaction that commits
 and delivers its session's pending events with its rows."""
 
 from __future__ import annotations
@@ -10,13 +10,10 @@ import asyncio
 import itertools
 import json
 import sqlite3
-import threading
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
 
-import aiosqlite
 import pytest
+from sqlalchemy import text
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -24,15 +21,13 @@ from app.errors import StorageUnavailable
 from app.observability import hooks
 from app.observability.monitor import CommitCounter
 from app.protocol.events import TextDelta
-from app.storage import event_log, one_trip, repository
+from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, EventRow
 from app.streaming import commit as commit_module
 from app.streaming import writer as writer_module
 from app.streaming.frames import Draft, Frame
 from app.streaming.group_commit import GroupCommit
-from app.streaming.sequencing import LocalSequencer
-from app.streaming.sqlite_batch import write_in_one_trip
 from app.streaming.texts import TextBuffer
 from app.streaming.writer import WriteBehind
 from tests.support.rows import T0, add_sessions
@@ -98,8 +93,7 @@ async def logged(database: Database) -> list[tuple[str, int]]:
 
 
 def count_commits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """When each of the writer's commits returned: every one goes through commit.settled, the long way's
-    and the one trip's alike."""
+    """When each of the writer's commits returned: every one goes through commit.settled."""
     times: list[float] = []
     loop = asyncio.get_running_loop()
     observed = hooks.commit_observed
@@ -455,14 +449,21 @@ async def test_numbers_are_taken_in_the_logging_transaction_and_continue_from_th
     ]
 
 
+@pytest.mark.parametrize("known", [False, True], ids=["first-batch", "number-known"])
 async def test_a_batch_cancelled_while_it_commits_is_accounted_for_once(
-    database: Database, monkeypatch: pytest.MonkeyPatch
+    database: Database, monkeypatch: pytest.MonkeyPatch, known: bool
 ) -> None:
     """The driver finishes a commit whatever happens to the awaiting task: a flush cancelled meanwhile
-    must still count its events as logged, or the next batch would log them again (a duplicate number)."""
+    must still count its events as logged, or the next batch would log them again (a duplicate number);
+    so too once the session's last number is known to this process."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=60.0, deliver=delivered)
     sink = sink_of(writer)
+    first = 1
+    if known:
+        sink("s_a", frame(1))
+        await writer.flush()
+        first = 2
     original = AsyncSession.commit
     committing = asyncio.Event()
 
@@ -472,17 +473,17 @@ async def test_a_batch_cancelled_while_it_commits_is_accounted_for_once(
         await original(self)
 
     monkeypatch.setattr(AsyncSession, "commit", slow_commit)
-    sink("s_a", frame(1))
+    sink("s_a", frame(first))
     flush = asyncio.create_task(writer.flush())
     await committing.wait()
     flush.cancel()
     with pytest.raises(asyncio.CancelledError):
         await flush
     monkeypatch.setattr(AsyncSession, "commit", original)
-    sink("s_a", frame(2))
+    sink("s_a", frame(first + 1))
     await writer.flush()
-    assert delivered.seqs == [("s_a", 1), ("s_a", 2)]
-    assert await logged(database) == [("s_a", 1), ("s_a", 2)]
+    assert delivered.seqs == [("s_a", n) for n in range(1, first + 2)]
+    assert await logged(database) == [("s_a", n) for n in range(1, first + 2)]
 
 
 @pytest.mark.parametrize("by", ["batch", "transaction"])
@@ -522,44 +523,28 @@ async def test_a_streamed_message_whose_id_is_taken_takes_a_fresh_one_with_its_d
     assert logged == [buffer.message_id, buffer.message_id]
 
 
-class Trips:
-    """Counts the calls queued to aiosqlite's threads: each is a trip there and back through the loop."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        original: Any = aiosqlite.Connection._execute
-
-        async def counted(connection: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            return await original(connection, fn, *args, **kwargs)
-
-        monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
-
-
-async def test_a_batch_on_sqlite_is_one_trip_to_the_driver_thread(
-    database: Database, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A batch's new row, text update, events, trim and commit go to SQLite's thread as one call
-    (storage.one_trip): counted at aiosqlite, where the long way makes a trip of each and one more for
-    the commit. The session's first batch, whose last number this process does not know yet, takes the
-    long way and reads it."""
+async def test_a_batch_writes_its_rows_texts_events_and_trim_in_one_commit(database: Database) -> None:
+    """A batch's new row, text update, events and the log's trim are one transaction: one commit, after
+    which its events are delivered in order."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=60.0, deliver=delivered, retention=4)
     sink = sink_of(writer)
     open_one = first_text("s_a", "m_open")
     writer.track(open_one)
     sink("s_a", delta(1))
-    trips = Trips(monkeypatch)
     await writer.flush()
-    assert trips.count > 1  # the long way: the log's head read, then a trip per statement
     open_one.parts.append(" there")
     for n in range(2, 8):
         sink("s_a", delta(n))
     writer.track(first_text("s_a", "m_new"))
     sink("s_a", delta(8))
-    trips.count = 0
-    await writer.flush()
-    assert trips.count == 1
+    counter = CommitCounter()
+    counter.attach(database.engine)
+    try:
+        await writer.flush()
+    finally:
+        counter.detach()
+    assert counter.total == 1
     assert delivered.seqs == [("s_a", n) for n in range(1, 9)]
     # The trim kept the newest four events; the rows and texts are there.
     assert await logged(database) == [("s_a", n) for n in range(5, 9)]
@@ -568,91 +553,55 @@ async def test_a_batch_on_sqlite_is_one_trip_to_the_driver_thread(
     assert stored == [("m_open", "Hi there"), ("m_new", "Hi")]
 
 
-async def test_a_one_trip_batch_cancelled_while_it_runs_is_accounted_for_once(
-    database: Database, monkeypatch: pytest.MonkeyPatch
+async def test_a_batch_that_fails_after_some_statements_ran_writes_nothing_and_its_work_stays_pending(
+    database: Database,
 ) -> None:
-    """As for the long way (above): the trip runs to its end in SQLite's thread whatever happens to the
-    awaiting task; the cancelled flush still counts its events as logged, so none is logged twice."""
+    """The batch's new row is inserted, then the events' insert fails (a trigger stands for a disk that
+    refuses): the row is rolled back with the rest, nothing is delivered, and the next batch writes the
+    same work, numbered the same."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=60.0, deliver=delivered)
     sink = sink_of(writer)
     sink("s_a", frame(1))
-    await writer.flush()  # the session's last number is known from here: the next batch is one trip
-    started = threading.Event()
-    write = one_trip._write
-
-    def slow_write(*args: Any) -> None:
-        started.set()
-        time.sleep(0.2)
-        write(*args)
-
-    monkeypatch.setattr(one_trip, "_write", slow_write)
-    sink("s_a", frame(2))
-    flush = asyncio.create_task(writer.flush())
-    await asyncio.to_thread(started.wait, 5)
-    flush.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await flush
-    monkeypatch.setattr(one_trip, "_write", write)
-    sink("s_a", frame(3))
-    await writer.flush()
-    assert delivered.seqs == [("s_a", 1), ("s_a", 2), ("s_a", 3)]
-    assert await logged(database) == [("s_a", 1), ("s_a", 2), ("s_a", 3)]
-
-
-async def test_a_one_trip_batch_that_fails_writes_nothing_and_its_work_stays_pending(
-    database: Database, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The trip fails after its statements ran (here an I/O error raised after them): they are rolled back
-    in the same trip, nothing is delivered, and the next batch writes the same work, numbered the same."""
-    delivered = Delivered()
-    writer = WriteBehind(database, interval=60.0, deliver=delivered)
-    sink = sink_of(writer)
-    sink("s_a", frame(1))
-    await writer.flush()
-    write = one_trip._write
-
-    def failing(*args: Any) -> None:
-        write(*args)
-        raise sqlite3.OperationalError("disk I/O error")
-
-    monkeypatch.setattr(one_trip, "_write", failing)
+    await writer.flush()  # the session's last number is known from here
+    async with database.session() as db:
+        await db.exec(  # type: ignore[call-overload]
+            text(
+                "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.seq = 2 "
+                "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
+            )
+        )
+        await db.commit()
     writer.track(first_text("s_a", "m_new"))
     sink("s_a", delta(2))
-    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+    with pytest.raises(sqlite3.DatabaseError, match="disk I/O error"):
         await writer.flush()
     assert delivered.seqs == [("s_a", 1)]
     assert await logged(database) == [("s_a", 1)]
-    monkeypatch.setattr(one_trip, "_write", write)
+    assert await stored(database, "s_a") == []
+    async with database.session() as db:
+        await db.exec(text("DROP TRIGGER refuse"))  # type: ignore[call-overload]
+        await db.commit()
     await writer.flush()
     assert delivered.seqs == [("s_a", 1), ("s_a", 2)]
     assert await logged(database) == [("s_a", 1), ("s_a", 2)]
-    async with database.session() as db:
-        assert [r.id for r in await repository.list_messages(db, "s_a")] == ["m_new"]
+    assert await stored(database, "s_a") == ["m_new"]
 
 
-async def test_a_one_trip_batch_leaves_a_session_it_cannot_number_to_the_long_way(database: Database) -> None:
-    """This process has not numbered an event of s_b yet (its last number is in the log only): the one
-    trip writes nothing and says so, and the long way reads the number and goes on from it."""
+async def test_a_sessions_first_batch_in_this_process_goes_on_from_the_logs_last_number(
+    database: Database,
+) -> None:
+    """This process has not numbered an event of s_b yet (its last number is in the log only): the batch
+    reads it and goes on from it, with the session's new row."""
     async with database.session() as db:
         await event_log.log_events(db, [("s_b", n, "agent_status", "{}") for n in (1, 2, 3)])
         await db.commit()
-    sequencer = LocalSequencer()
-    numbers = sequencer.begin()
-    drafts = [Draft("s_b", "agent_status", ',"expected":4}')]
-    buffer = first_text("s_b", "m_b")
-    done = await write_in_one_trip(database, numbers, drafts, [buffer], None, "urgent")
-    assert done is None
-    assert buffer.row is not None
-    async with database.session() as db:
-        assert await repository.list_messages(db, "s_b") == []
-    writer = WriteBehind(database, interval=60.0, deliver=(delivered := Delivered()), sequencer=sequencer)
-    writer.track(buffer)
-    writer.add(drafts[0])
+    writer = WriteBehind(database, interval=60.0, deliver=(delivered := Delivered()))
+    writer.track(first_text("s_b", "m_b"))
+    writer.add(Draft("s_b", "agent_status", ',"expected":4}'))
     await writer.flush()
     assert delivered.seqs == [("s_b", 4)]
-    async with database.session() as db:
-        assert [r.id for r in await repository.list_messages(db, "s_b")] == ["m_b"]
+    assert await stored(database, "s_b") == ["m_b"]
 
 
 # --- a first delta committed by the task that opened it (group_commit.opened) ---------------------------
@@ -694,20 +643,16 @@ async def test_a_first_delta_is_committed_by_the_task_that_opened_it(database: D
         await writer.stop()
 
 
-async def test_a_first_delta_committed_in_one_trip_by_a_turns_task_counts_as_urgent(
-    database: Database, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The one trip runs in the task that asks for it, without a task of its own (storage's
-    in_driver_thread), here a turn's, and a small urgent one runs on the loop's own thread with no trip
-    at all: the commit counter (the bench's "write-behind commits in any 100 ms") still counts it as the
-    write-behind's urgent commit, not as the turn's own write."""
+async def test_a_first_delta_committed_by_a_turns_task_counts_as_urgent(database: Database) -> None:
+    """The turn's task asks for the commit of its first delta: the commit counter (the bench's
+    "write-behind commits in any 100 ms") counts it as the write-behind's urgent commit, not as the
+    turn's own write."""
     delivered = Delivered()
     writer = WriteBehind(database, interval=60.0, deliver=delivered)
     writer.add(Draft("s_a", "agent_status", ',"status":"idle"}'))
-    await writer.flush(force_text=False)  # the session's last number is known: one trip from here
+    await writer.flush(force_text=False)
     counter = CommitCounter()
     counter.attach(database.engine)
-    trips = Trips(monkeypatch)
     writer.start()
     try:
 
@@ -716,9 +661,10 @@ async def test_a_first_delta_committed_in_one_trip_by_a_turns_task_counts_as_urg
             await writer.opened("s_a")
 
         await asyncio.create_task(turn(), name="turn:t_000000000001")
-        assert (trips.count, delivered.seqs) == (0, [("s_a", 1), ("s_a", 2)])
+        assert delivered.seqs == [("s_a", 1), ("s_a", 2)]
         assert counter.snapshot(window=60.0)["by_origin"] == {"urgent": 1}
     finally:
+        counter.detach()
         await writer.stop()
 
 
