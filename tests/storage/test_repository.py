@@ -485,7 +485,7 @@ async def test_the_event_log_and_streamed_text_keep_every_byte(database: Databas
     async with database.session() as db:
         logged = await event_log.events_between(db, "s_a", 0, len(AWKWARD) + 1)
         stored = {row.id: row.content for row in await repository.list_messages(db, "s_a")}
-    assert logged == [(seq, f"type {seq}", data) for seq, data in enumerate(AWKWARD, start=1)]
+    assert logged == [(seq, f"type {seq}", data, None) for seq, data in enumerate(AWKWARD, start=1)]
     assert [stored[row.id] for row in rows] == AWKWARD
 
 

@@ -95,7 +95,7 @@ async def reconnected(relay: RedisRelay, within: float = 5.0) -> None:
     raise AssertionError(f"the relay did not reconnect within {within} s")
 
 
-async def logged(database: Database) -> list[tuple[int, str, str]]:
+async def logged(database: Database) -> list[tuple[int, str, str, str | None]]:
     async with database.session() as db:
         return await event_log.events_between(db, SID, 0, 1_000_000)
 
@@ -115,16 +115,16 @@ async def test_events_written_on_one_replica_stream_on_another_as_logged(
     rest = await resumed.until(40)
     everything = await live.until(50)
     rows = await logged(b.database)
-    assert [(f.seq, f.type, f.data) for f in everything] == rows
+    assert [(f.seq, f.type, f.data, f.turn) for f in everything] == rows
     assert [f.seq for f in first] == list(range(1, 31))
-    assert [(f.seq, f.data) for f in rest] == [(s, d) for s, _, d in rows[10:]]
+    assert [(f.seq, f.data) for f in rest] == [(s, d) for s, _, d, _ in rows[10:]]
     client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         key = f"{redis_prefix}:events:{SID}"
         entries: list[tuple[str, dict[str, str]]] = await client.xrange(key) or []  # type: ignore[assignment]
         # One entry per run of consecutive events, its id the run's last seq: 50 events, fewer entries.
         unpacked = [f for id_, fields in entries for f in unpack(id_, fields)]
-        assert [(f.seq, f.type, f.data) for f in unpacked] == rows
+        assert [(f.seq, f.type, f.data, f.turn) for f in unpacked] == rows
         assert [f.seq for f in unpacked] == list(range(1, 51))
         assert len(entries) < 50
         assert 0 < await client.ttl(key) <= STREAM_TTL
@@ -149,7 +149,7 @@ async def test_a_hole_in_what_redis_brings_is_filled_from_the_log(
     b.publish(3)
     frames = await live.until(10, within=2.0)
     assert [f.seq for f in frames] == list(range(1, 11))
-    assert [(f.seq, f.type, f.data) for f in frames] == await logged(a.database)
+    assert [(f.seq, f.type, f.data, f.turn) for f in frames] == await logged(a.database)
 
 
 async def test_a_slow_sweep_of_the_log_holds_up_no_live_frame(database_url: str, redis_prefix: str) -> None:
@@ -209,7 +209,7 @@ async def test_without_redis_streams_poll_the_log_and_recover(
         b.publish(5)
         frames = await live.until(15, within=5.0)
         assert [f.seq for f in frames] == list(range(1, 16))
-        assert [(f.seq, f.type, f.data) for f in frames] == await logged(a.database)
+        assert [(f.seq, f.type, f.data, f.turn) for f in frames] == await logged(a.database)
     finally:
         await a.close()
         await b.close()
