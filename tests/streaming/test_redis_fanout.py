@@ -224,3 +224,24 @@ def test_a_batch_packs_into_one_entry_per_run_of_consecutive_events() -> None:
     entries = list(pack(frames))
     assert [seq for seq, _ in entries] == [5, 6, 9]
     assert [f for seq, fields in entries for f in unpack(f"{seq}-0", fields)] == frames
+
+
+def test_a_turns_edges_keep_their_turn_through_an_entry() -> None:
+    """A turn_start or turn_done keeps its `turn` through Redis, alone or within a run (the other frames
+    of the run keep None); a run without an edge carries no turn field at all (text deltas pay nothing),
+    and an entry written without one (an older replica) unpacks with no turn."""
+    frames = [
+        Frame(1, "turn_start", '{"a":1}', "t_1"),
+        Frame(2, "text_delta", '{"b":2}'),
+        Frame(3, "turn_done", '{"c":3}', "t_1"),
+        Frame(4, "other", "x\ny"),
+        Frame(5, "turn_start", '{"d":5}', "t_2"),
+        Frame(7, "text_delta", '{"e":7}'),
+    ]
+    entries = list(pack(frames))
+    assert [f for seq, fields in entries for f in unpack(f"{seq}-0", fields)] == frames
+    assert [("u" in fields) for _, fields in entries] == [True, False, True, False]
+    assert unpack("3-0", {"t": "turn_start\nturn_done", "d": "{}\n{}"}) == [
+        Frame(2, "turn_start", "{}"),
+        Frame(3, "turn_done", "{}"),
+    ]
