@@ -121,9 +121,10 @@ class Channel:
         # Shared mode only: frames after a hole, by seq, until the hole is filled (from the log).
         self._on_gap = on_gap
         self.held: dict[int, Frame] = {}
-        # Recent frames as plain (seq, type, data, turn) tuples: a tuple of strings, None and an int is not
-        # tracked by the garbage collector, and a hundred busy sessions keep a hundred thousand of them; as Frame
-        # objects each full collection walked them all (tens of milliseconds with the event loop stopped).
+        # Recent frames as plain (seq, type, data, turn) tuples: a tuple of strings, None and an int is
+        # not tracked by the garbage collector, and a hundred busy sessions keep a hundred thousand of
+        # them; as Frame objects each full collection walked them all (tens of milliseconds with the event
+        # loop stopped).
         self._ring: deque[tuple[int, str, str, str | None]] = deque(maxlen=ring_size)
         self.subscribers: set[Subscriber] = set()
         # Since when nobody watches it (None while somebody does); `joining`: streams on their way in.

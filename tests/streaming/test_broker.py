@@ -117,8 +117,12 @@ async def test_a_replay_from_the_ring_keeps_each_frames_turn() -> None:
     log = Log()
     broker = make(log, ring=8)
     await broker.channel(SID)
-    edges = [Frame(1, "turn_start", "{}", "t_1"), Frame(2, "text_delta", "{}"), Frame(3, "turn_done", "{}", "t_1")]
-    broker.deliver([(SID, frame) for frame in edges])
+    start, delta, done = (
+        Frame(1, "turn_start", "{}", "t_1"),
+        Frame(2, "text_delta", "{}"),
+        Frame(3, "turn_done", "{}", "t_1"),
+    )
+    broker.deliver([(SID, start), (SID, delta), (SID, done)])
     subscription = await broker.subscribe(SID, 0)
     assert [(f.seq, f.type, f.turn) for f in subscription.replay] == [
         (1, "turn_start", "t_1"),
