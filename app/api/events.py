@@ -273,7 +273,6 @@ async def _until_idle(
         yield batch
 
 
-
 async def _body(
     batches: AsyncIterator[list[Frame]],
     end: Callable[[], None],

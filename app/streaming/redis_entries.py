@@ -107,8 +107,7 @@ def unpack(entry_id: str, fields: dict[str, str]) -> list[Frame]:
         return [Frame(first + i, t, d) for i, (t, d) in enumerate(zip(types, datas, strict=True))]
     each = turns.split("\n")
     return [
-        Frame(first + i, t, d, u or None)
-        for i, (t, d, u) in enumerate(zip(types, datas, each, strict=True))
+        Frame(first + i, t, d, u or None) for i, (t, d, u) in enumerate(zip(types, datas, each, strict=True))
     ]
 
 

@@ -265,7 +265,7 @@ async def test_waits_and_idle_streams_on_both_replicas_end_exactly_at_the_turns_
         turn = response.json()
         assert turn["status"] == "completed"
         assert turn["final_answer"].startswith(forged)
-    assert waits[2:] == ["ended", "ended", "ended"]
+    assert list(waits[2:]) == ["ended", "ended", "ended"]
     for stream in streams:
         assert stream.types().count("text_delta") >= 1, "opened after the turn's end: no proof"
         assert stream.types().count("turn_done") == 1
