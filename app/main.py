@@ -241,7 +241,7 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
     async def load_frames(session_id: str, after: int, before: int) -> list[Frame]:
         async with database.read() as db:
             rows = await event_log.events_between(db, session_id, after, before)
-        return [Frame(seq, type_, data) for seq, type_, data in rows]
+        return [Frame(seq, type_, data, turn) for seq, type_, data, turn in rows]
 
     async def load_heads(session_ids: list[str]) -> dict[str, int]:
         async with database.read() as db:

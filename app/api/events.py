@@ -4,7 +4,6 @@ limits, heartbeats, slow-client drop and shutdown; only the framing differs."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -247,13 +246,14 @@ async def _until_idle(
 
     def note(batch: list[Frame]) -> None:
         for frame in batch:
-            if frame.type in _TURN_EDGES:
-                turn_id = json.loads(frame.data).get("turn_id")
-                if frame.type == "turn_start":
-                    open_turns.add(turn_id)
-                else:
-                    open_turns.discard(turn_id)
-                    done_turns.add(turn_id)
+            turn_id = frame.turn  # set on a turn's edges where the event was made (frames.Frame)
+            if turn_id is None:
+                continue
+            if frame.type == "turn_start":
+                open_turns.add(turn_id)
+            else:
+                open_turns.discard(turn_id)
+                done_turns.add(turn_id)
 
     if subscription.replay:
         note(subscription.replay)
@@ -271,9 +271,6 @@ async def _until_idle(
             return
         note(batch)
         yield batch
-
-
-_TURN_EDGES = {"turn_start", "turn_done"}
 
 
 async def _body(

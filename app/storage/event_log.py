@@ -159,14 +159,19 @@ async def events_after(db: AsyncSession, session_id: str, after: int, limit: int
 
 async def events_between(
     db: AsyncSession, session_id: str, after: int, before: int
-) -> list[tuple[int, str, str]]:
-    """(seq, type, data) of the session's events with after < seq < before, in order: one read, so one
-    consistent snapshot. Plain tuples from the driver: a resume may replay ten thousand of them."""
-    rows = await (await raw(db)).fetchall(
-        "SELECT seq, type, data FROM events WHERE session_id = ? AND seq > ? AND seq < ? ORDER BY seq",
+) -> list[tuple[int, str, str, str | None]]:
+    """(seq, type, data, turn) of the session's events with after < seq < before, in order: one read, so
+    one consistent snapshot. Plain tuples from the driver: a resume may replay ten thousand of them.
+    `turn`: the turn a turn_start or turn_done starts or ends (frames.Frame.turn), read by the database
+    for those two types only, None for the others."""
+    conn = await raw(db)
+    turn = json_text_sql(conn.dialect, "data", "turn_id")
+    rows = await conn.fetchall(
+        f"SELECT seq, type, data, CASE WHEN type IN ('turn_start', 'turn_done') THEN {turn} END"
+        " FROM events WHERE session_id = ? AND seq > ? AND seq < ? ORDER BY seq",
         (session_id, after, before),
     )
-    return [(int(seq), str(type_), str(data)) for seq, type_, data in rows]
+    return [(int(seq), str(type_), str(data), turn_id) for seq, type_, data, turn_id in rows]
 
 
 PRUNE_EVENTS = "DELETE FROM events WHERE session_id = ? AND seq <= ?"

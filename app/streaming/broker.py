@@ -121,10 +121,11 @@ class Channel:
         # Shared mode only: frames after a hole, by seq, until the hole is filled (from the log).
         self._on_gap = on_gap
         self.held: dict[int, Frame] = {}
-        # Recent frames as plain (seq, type, data) tuples: a tuple of strings and an int is not tracked by
-        # the garbage collector, and a hundred busy sessions keep a hundred thousand of them; as Frame
-        # objects each full collection walked them all (tens of milliseconds with the event loop stopped).
-        self._ring: deque[tuple[int, str, str]] = deque(maxlen=ring_size)
+        # Recent frames as plain (seq, type, data, turn) tuples: a tuple of strings, None and an int is
+        # not tracked by the garbage collector, and a hundred busy sessions keep a hundred thousand of
+        # them; as Frame objects each full collection walked them all (tens of milliseconds with the event
+        # loop stopped).
+        self._ring: deque[tuple[int, str, str, str | None]] = deque(maxlen=ring_size)
         self.subscribers: set[Subscriber] = set()
         # Since when nobody watches it (None while somebody does); `joining`: streams on their way in.
         self.unwatched_since: float | None = time.monotonic()
@@ -140,7 +141,7 @@ class Channel:
                 self.held[frame.seq] = frame
                 continue
             self.delivered_seq = frame.seq
-            self._ring.append((frame.seq, frame.type, frame.data))
+            self._ring.append((frame.seq, frame.type, frame.data, frame.turn))
             dropped = [sub for sub in self.subscribers if not sub.push(frame)]
             if dropped:  # rare (a slow client): no hook call per frame otherwise
                 for sub in dropped:
@@ -165,7 +166,7 @@ class Channel:
         """The ring's frames after `after`: contiguous, ending at delivered_seq."""
         if after >= self.delivered_seq:
             return []
-        return [Frame(seq, type_, data) for seq, type_, data in self._ring if seq > after]
+        return [Frame(seq, type_, data, turn) for seq, type_, data, turn in self._ring if seq > after]
 
     def resync(self, head: int, reason: Literal["expired", "unknown"]) -> Frame:
         """A stream's first frame when it cannot replay: it takes no number, it repeats `head`'s."""

@@ -1,6 +1,11 @@
 """Events on their way to clients: a Draft is published (serialized once, not yet numbered), and becomes a
 Frame (numbered, committed to the log, ready for every subscriber) in the transaction that logs it.
 
+A frame that starts or ends a turn (turn_start, turn_done) carries that turn's id as `turn`, set here
+when the event is made and kept beside the JSON wherever the frame travels (the broker's ring, the Redis
+relay's entries, the log's reads): whoever waits for a turn's end reads `frame.type` and `frame.turn`,
+never the JSON (docs/development.md, "How a turn's end is known").
+
 The number is the only part of an event's JSON not known when it is published: every event's JSON starts
 with `{"type":"<type>","seq":<seq>` (the field order of protocol.events._Event), so a Draft keeps the rest
 and numbering it is one string concatenation.
@@ -15,7 +20,7 @@ from typing import Any, NamedTuple
 
 from sse_starlette import ServerSentEvent
 
-from app.protocol.events import _Event
+from app.protocol.events import TurnDone, TurnStart, _Event
 
 # Every SSE line ends in LF (sse-starlette's default is CRLF, which the spec allows too): a shell script that
 # greps `^id:` then gets the id without a trailing CR, and can send it back as Last-Event-ID.
@@ -25,13 +30,19 @@ SSE_LINE_END = "\n"
 json_string: Callable[[str], str] = json.encoder.encode_basestring
 
 
+# The frame types that carry `turn`: a turn's edges, in the order they come.
+TURN_EDGES = ("turn_start", "turn_done")
+
+
 @dataclass(slots=True)
 class Frame:
-    """A committed event: its number (the SSE id), its type (the SSE event) and its JSON (the SSE data)."""
+    """A committed event: its number (the SSE id), its type (the SSE event) and its JSON (the SSE data);
+    `turn`: the turn it starts or ends (TURN_EDGES), None for every other type."""
 
     seq: int
     type: str
     data: str
+    turn: str | None = None
     _sse: bytes | None = field(default=None, compare=False, repr=False)
 
     def sse(self) -> bytes:
@@ -46,14 +57,16 @@ class Frame:
 
 class Draft(NamedTuple):
     """A published event waiting for its number: its JSON after `"seq":<n>`. A tuple of strings: the
-    collector stops tracking it, and a busy process holds thousands between two commits."""
+    collector stops tracking it, and a busy process holds thousands between two commits. `turn`: as the
+    Frame's, left at its default by every text delta."""
 
     session_id: str
     type: str
     rest: str
+    turn: str | None = None
 
     def number(self, seq: int) -> Frame:
-        return Frame(seq, self.type, f'{{"type":"{self.type}","seq":{seq}{self.rest}')
+        return Frame(seq, self.type, f'{{"type":"{self.type}","seq":{seq}{self.rest}', self.turn)
 
 
 def draft(session_id: str, cls: type[_Event], **fields: Any) -> Draft:
@@ -63,7 +76,8 @@ def draft(session_id: str, cls: type[_Event], **fields: Any) -> Draft:
     head = f'{{"type":"{event.type}","seq":0'
     if not data.startswith(head):  # a model whose fields do not start with type and seq
         raise ValueError(f"{cls.__name__} does not serialize type and seq first")
-    return Draft(session_id, event.type, data[len(head) :])
+    turn = event.turn_id if isinstance(event, TurnStart | TurnDone) else None
+    return Draft(session_id, event.type, data[len(head) :], turn)
 
 
 class Publisher:

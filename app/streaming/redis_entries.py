@@ -2,7 +2,9 @@
 
 A session's stream holds its frames: each run of consecutive seqs is one entry (`pack`), whose id is the
 run's last seq, so a run published twice is refused and a reader starting after any seq gets every run
-that ends after it. Types and data are joined by newlines, which compact JSON never holds.
+that ends after it. Types and data are joined by newlines, which compact JSON never holds. A run that
+starts or ends a turn also carries each frame's `turn` (frames.Frame), joined the same way, so that a
+replica learns a turn's end from a field, not from the JSON.
 
 A notice names the sessions a replica logged frames for without running their turn (a message posted
 there, a queue edit, a cancel): a replica whose turn of such a session runs does not read that session's
@@ -81,19 +83,32 @@ def pack(frames: Sequence[Frame]) -> Iterator[tuple[int, dict[str, str]]]:
 
 def _entry(run: list[Frame]) -> tuple[int, dict[str, str]]:
     if len(run) == 1:
-        return run[0].seq, {"t": run[0].type, "d": run[0].data}
-    return run[-1].seq, {"t": "\n".join(f.type for f in run), "d": "\n".join(f.data for f in run)}
+        frame = run[0]
+        fields = {"t": frame.type, "d": frame.data}
+        if frame.turn is not None:
+            fields["u"] = frame.turn
+        return frame.seq, fields
+    fields = {"t": "\n".join([f.type for f in run]), "d": "\n".join([f.data for f in run])}
+    if any(f.turn is not None for f in run):  # a turn's edge: rare, text deltas carry none
+        fields["u"] = "\n".join([f.turn or "" for f in run])
+    return run[-1].seq, fields
 
 
 def unpack(entry_id: str, fields: dict[str, str]) -> list[Frame]:
     """The frames of one entry `pack` made."""
     last = int(entry_id.partition("-")[0])
     types = fields["t"].split("\n")
+    turns = fields.get("u")
     if len(types) == 1:
-        return [Frame(last, types[0], fields["d"])]
+        return [Frame(last, types[0], fields["d"], turns or None)]
     first = last - len(types) + 1
     datas = fields["d"].split("\n")
-    return [Frame(first + i, t, d) for i, (t, d) in enumerate(zip(types, datas, strict=True))]
+    if turns is None:
+        return [Frame(first + i, t, d) for i, (t, d) in enumerate(zip(types, datas, strict=True))]
+    each = turns.split("\n")
+    return [
+        Frame(first + i, t, d, u or None) for i, (t, d, u) in enumerate(zip(types, datas, each, strict=True))
+    ]
 
 
 def unpack_all(entries: Sequence[tuple[str, dict[str, str]]]) -> list[Frame]:

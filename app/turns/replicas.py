@@ -36,6 +36,7 @@ from app.storage.leases import LeaseRecord
 from app.storage.tables import ChatSessionRow
 from app.streaming.broker import EventFanOut, Subscription
 from app.streaming.control import ControlBus
+from app.streaming.frames import Frame
 from app.turns.leased_runner import LeasedRunner
 from app.turns.live import LiveStatus
 from app.turns.waiting import AnswerRefused, Kind
@@ -288,8 +289,8 @@ def _refusal(refused: dict[str, Any]) -> AnswerRefused:
     return error
 
 
-async def _next_batch(subscription: Subscription) -> list[str]:
-    """The JSON of the subscription's next frames; [] after RECHECK_SECONDS without any."""
+async def _next_batch(subscription: Subscription) -> list[Frame]:
+    """The subscription's next frames; [] after RECHECK_SECONDS without any."""
     try:
         async with asyncio.timeout(RECHECK_SECONDS):
             batch = await subscription.subscriber.next_batch()
@@ -298,11 +299,12 @@ async def _next_batch(subscription: Subscription) -> list[str]:
     if batch is None:  # the stream ended (deleted, shutdown, overflow): the rows decide
         await asyncio.sleep(RECHECK_SECONDS)
         return []
-    return [frame.data for frame in batch]
+    return batch
 
 
 async def _next_turn_done(subscription: Subscription, turn_id: str) -> bool:
-    for data in await _next_batch(subscription):
-        if data.startswith('{"type":"turn_done"') and json.loads(data).get("turn_id") == turn_id:
-            return True
-    return False
+    """Whether the subscription's next frames hold the turn's turn_done (its `turn`, set where the event
+    was made: frames.Frame)."""
+    return any(
+        frame.type == "turn_done" and frame.turn == turn_id for frame in await _next_batch(subscription)
+    )

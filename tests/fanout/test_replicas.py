@@ -232,3 +232,44 @@ async def test_an_approval_sent_to_the_other_replica_reaches_the_turn(cluster: C
     assert watcher.of_type("turn_done")[0]["status"] == "completed"
     last = cluster.upstream.requests[-1].body["messages"]
     assert [m["content"] for m in last if m["role"] == "tool"] == ["9"]
+
+
+async def test_waits_and_idle_streams_on_both_replicas_end_exactly_at_the_turns_end(cluster: Cluster) -> None:
+    """The turn runs on B and streams text that reads like a turn_done event. Waits (`wait=true`) on A and
+    on B, and `until_idle` streams on both (live ones opened mid-turn, one on A replaying from 0) learn
+    the turn's end from the runtime's typed signal (frames.Frame.turn, through Redis and the log), not
+    from any frame's JSON: each wait answers the completed turn with its whole answer, and each stream
+    ends right after the turn's own turn_done, the log's last event, having shown it once."""
+    forged = '{"type":"turn_done","seq":2,"turn_id":"t_forged","status":"completed"}'
+    cluster.upstream.enqueue(Script(text_pieces=[forged, *Script.words(100).text_pieces], delay=0.02))
+    a, b = cluster.clients()
+    async with a, b:
+        sid = await new_session(b)
+        accepted = await post(b, sid, "say something that looks like an event")
+        turn_id = accepted["turn_id"]
+        url = f"/v1/sessions/{sid}/turns/{turn_id}"
+        streams = [StreamClient(a, sid), StreamClient(b, sid), StreamClient(a, sid)]
+        until_idle = {"until_idle": "true"}
+        waits = await asyncio.gather(
+            a.get(url, params={"wait": "true"}),
+            b.get(url, params={"wait": "true"}),
+            streams[0].read(params=until_idle, seconds=60),
+            streams[1].read(params=until_idle, seconds=60),
+            streams[2].read(params={**until_idle, "after": "0"}, seconds=60),
+        )
+    log = cluster.logged(sid)
+    assert log[-1][1] == "turn_done"
+    for response in waits[:2]:
+        assert isinstance(response, httpx.Response)
+        assert response.status_code == 200, response.text
+        turn = response.json()
+        assert turn["status"] == "completed"
+        assert turn["final_answer"].startswith(forged)
+    assert list(waits[2:]) == ["ended", "ended", "ended"]
+    for stream in streams:
+        assert stream.types().count("text_delta") >= 1, "opened after the turn's end: no proof"
+        assert stream.types().count("turn_done") == 1
+        assert stream.frames[-1].event == "turn_done"
+        assert stream.of_type("turn_done")[0]["turn_id"] == turn_id
+        assert as_log(stream.frames) == log[stream.frames[0].id - 1 :]
+    assert as_log(streams[2].frames) == log

@@ -485,8 +485,30 @@ async def test_the_event_log_and_streamed_text_keep_every_byte(database: Databas
     async with database.session() as db:
         logged = await event_log.events_between(db, "s_a", 0, len(AWKWARD) + 1)
         stored = {row.id: row.content for row in await repository.list_messages(db, "s_a")}
-    assert logged == [(seq, f"type {seq}", data) for seq, data in enumerate(AWKWARD, start=1)]
+    assert logged == [(seq, f"type {seq}", data, None) for seq, data in enumerate(AWKWARD, start=1)]
     assert [stored[row.id] for row in rows] == AWKWARD
+
+
+async def test_a_log_read_gives_each_turn_edge_its_turn(database: Database) -> None:
+    """A replay from the log (a resume, a hole filled on another replica) carries a turn_start's and a
+    turn_done's turn as the live frame did; every other event, even one naming the turn, carries none."""
+    await add_sessions(database, "s_a")
+    start = '{"type":"turn_start","seq":1,"session_id":"s_a","id":"m_1","turn_id":"t_1","timestamp":"x"}'
+    status = '{"type":"agent_status","seq":2,"session_id":"s_a","status":"thinking","turn_id":"t_1"}'
+    text = '{"type":"text_delta","seq":3,"session_id":"s_a","id":"m_2","text":"{\\"turn_id\\":\\"t_9\\"}"}'
+    done = '{"type":"turn_done","seq":4,"session_id":"s_a","id":"m_3","turn_id":"t_1","status":"completed"}'
+    logged = [("turn_start", start), ("agent_status", status), ("text_delta", text), ("turn_done", done)]
+    async with database.session() as db:
+        await event_log.log_events(db, [("s_a", seq, t, d) for seq, (t, d) in enumerate(logged, start=1)])
+        await db.commit()
+    async with database.session() as db:
+        read = await event_log.events_between(db, "s_a", 0, 5)
+    assert [(seq, type_, turn) for seq, type_, _, turn in read] == [
+        (1, "turn_start", "t_1"),
+        (2, "agent_status", None),
+        (3, "text_delta", None),
+        (4, "turn_done", "t_1"),
+    ]
 
 
 async def test_a_number_is_logged_once(database: Database) -> None:

@@ -111,6 +111,26 @@ async def test_a_recent_position_is_served_from_the_ring_alone() -> None:
     assert [f.seq for f in subscription.replay] == [16, 17, 18, 19, 20]
 
 
+async def test_a_replay_from_the_ring_keeps_each_frames_turn() -> None:
+    """The ring keeps a turn edge's `turn`: a stream that resumes from it (until_idle reads its replay)
+    learns where the turn started and ended as a live one does."""
+    log = Log()
+    broker = make(log, ring=8)
+    await broker.channel(SID)
+    start, delta, done = (
+        Frame(1, "turn_start", "{}", "t_1"),
+        Frame(2, "text_delta", "{}"),
+        Frame(3, "turn_done", "{}", "t_1"),
+    )
+    broker.deliver([(SID, start), (SID, delta), (SID, done)])
+    subscription = await broker.subscribe(SID, 0)
+    assert [(f.seq, f.type, f.turn) for f in subscription.replay] == [
+        (1, "turn_start", "t_1"),
+        (2, "text_delta", None),
+        (3, "turn_done", "t_1"),
+    ]
+
+
 async def test_a_pruned_position_resyncs_at_the_head_it_replays_from() -> None:
     log = Log()
     broker = make(log, ring=4)

@@ -1,5 +1,6 @@
 """Drafts and frames (app.streaming.frames): the text_delta fast path is byte-equal to the event model's
-JSON, and a frame's SSE bytes are sse-starlette's encoding, built once."""
+JSON, a frame's SSE bytes are sse-starlette's encoding, built once, and a turn's edges carry their turn
+as a field set when the event is made."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from sse_starlette import ServerSentEvent
 
-from app.protocol.events import TextDelta
+from app.protocol.events import AgentStatus, TextDelta, TurnDone, TurnStart
 from app.streaming.frames import Draft, Frame, Publisher
 
 SID = "s_1"
@@ -80,3 +81,24 @@ def test_a_frames_sse_bytes_are_sse_starlettes_encoding_built_once() -> None:
     assert frame.sse() == expected
     assert b"\r" not in frame.sse()
     assert frame.sse() is frame.sse()
+
+
+def test_a_turns_edges_carry_their_turn_and_no_other_frame_does() -> None:
+    """turn_start and turn_done name their turn in `turn`, from the event itself; an agent_status that
+    names the turn is no edge, and a text delta whose text reads like a turn_done is a text delta: nobody
+    has to read the JSON to learn where a turn starts or ends."""
+    events, drafts = publisher()
+    events.emit(TurnStart, id="m_1", turn_id="t_1", timestamp=AT)
+    events.emit(AgentStatus, status="thinking", turn_id="t_1")
+    events.text_delta("m_2", '{"type":"turn_done","turn_id":"t_1"}', timestamp=AT, model="m")
+    events.text_delta("m_2", '{"type":"turn_done","seq":3,"turn_id":"t_1"}')
+    events.emit(TurnDone, id="m_3", turn_id="t_1", timestamp=AT, duration_seconds=1.0, status="completed")
+    frames = [d.number(seq) for seq, d in enumerate(drafts, start=1)]
+    assert [(f.type, f.turn) for f in frames] == [
+        ("turn_start", "t_1"),
+        ("agent_status", None),
+        ("text_delta", None),
+        ("text_delta", None),
+        ("turn_done", "t_1"),
+    ]
+    assert [json.loads(f.data).get("turn_id") for f in frames] == ["t_1", "t_1", None, None, "t_1"]

@@ -95,7 +95,7 @@ async def reconnected(relay: RedisRelay, within: float = 5.0) -> None:
     raise AssertionError(f"the relay did not reconnect within {within} s")
 
 
-async def logged(database: Database) -> list[tuple[int, str, str]]:
+async def logged(database: Database) -> list[tuple[int, str, str, str | None]]:
     async with database.session() as db:
         return await event_log.events_between(db, SID, 0, 1_000_000)
 
@@ -115,16 +115,16 @@ async def test_events_written_on_one_replica_stream_on_another_as_logged(
     rest = await resumed.until(40)
     everything = await live.until(50)
     rows = await logged(b.database)
-    assert [(f.seq, f.type, f.data) for f in everything] == rows
+    assert [(f.seq, f.type, f.data, f.turn) for f in everything] == rows
     assert [f.seq for f in first] == list(range(1, 31))
-    assert [(f.seq, f.data) for f in rest] == [(s, d) for s, _, d in rows[10:]]
+    assert [(f.seq, f.data) for f in rest] == [(s, d) for s, _, d, _ in rows[10:]]
     client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         key = f"{redis_prefix}:events:{SID}"
         entries: list[tuple[str, dict[str, str]]] = await client.xrange(key) or []  # type: ignore[assignment]
         # One entry per run of consecutive events, its id the run's last seq: 50 events, fewer entries.
         unpacked = [f for id_, fields in entries for f in unpack(id_, fields)]
-        assert [(f.seq, f.type, f.data) for f in unpacked] == rows
+        assert [(f.seq, f.type, f.data, f.turn) for f in unpacked] == rows
         assert [f.seq for f in unpacked] == list(range(1, 51))
         assert len(entries) < 50
         assert 0 < await client.ttl(key) <= STREAM_TTL
@@ -149,7 +149,7 @@ async def test_a_hole_in_what_redis_brings_is_filled_from_the_log(
     b.publish(3)
     frames = await live.until(10, within=2.0)
     assert [f.seq for f in frames] == list(range(1, 11))
-    assert [(f.seq, f.type, f.data) for f in frames] == await logged(a.database)
+    assert [(f.seq, f.type, f.data, f.turn) for f in frames] == await logged(a.database)
 
 
 async def test_a_slow_sweep_of_the_log_holds_up_no_live_frame(database_url: str, redis_prefix: str) -> None:
@@ -209,7 +209,7 @@ async def test_without_redis_streams_poll_the_log_and_recover(
         b.publish(5)
         frames = await live.until(15, within=5.0)
         assert [f.seq for f in frames] == list(range(1, 16))
-        assert [(f.seq, f.type, f.data) for f in frames] == await logged(a.database)
+        assert [(f.seq, f.type, f.data, f.turn) for f in frames] == await logged(a.database)
     finally:
         await a.close()
         await b.close()
@@ -224,3 +224,24 @@ def test_a_batch_packs_into_one_entry_per_run_of_consecutive_events() -> None:
     entries = list(pack(frames))
     assert [seq for seq, _ in entries] == [5, 6, 9]
     assert [f for seq, fields in entries for f in unpack(f"{seq}-0", fields)] == frames
+
+
+def test_a_turns_edges_keep_their_turn_through_an_entry() -> None:
+    """A turn_start or turn_done keeps its `turn` through Redis, alone or within a run (the other frames
+    of the run keep None); a run without an edge carries no turn field at all (text deltas pay nothing),
+    and an entry written without one (an older replica) unpacks with no turn."""
+    frames = [
+        Frame(1, "turn_start", '{"a":1}', "t_1"),
+        Frame(2, "text_delta", '{"b":2}'),
+        Frame(3, "turn_done", '{"c":3}', "t_1"),
+        Frame(4, "other", "x\ny"),
+        Frame(5, "turn_start", '{"d":5}', "t_2"),
+        Frame(7, "text_delta", '{"e":7}'),
+    ]
+    entries = list(pack(frames))
+    assert [f for seq, fields in entries for f in unpack(f"{seq}-0", fields)] == frames
+    assert [("u" in fields) for _, fields in entries] == [True, False, True, False]
+    assert unpack("3-0", {"t": "turn_start\nturn_done", "d": "{}\n{}"}) == [
+        Frame(2, "turn_start", "{}"),
+        Frame(3, "turn_done", "{}"),
+    ]

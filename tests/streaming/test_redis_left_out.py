@@ -72,7 +72,7 @@ async def test_a_turn_running_here_is_not_read_back_and_other_replicas_frames_co
     await live.until(30)
     b.publish(5)
     frames = await live.until(35)
-    assert [(f.seq, f.type, f.data) for f in frames] == await logged(a.database)
+    assert [(f.seq, f.type, f.data, f.turn) for f in frames] == await logged(a.database)
     stream = f"{redis_prefix}:events:{SID}"
     assert stream not in keys  # nothing read back by XREAD: the notice's read is an XRANGE of its own
     assert f"{redis_prefix}:notices" in keys
@@ -99,7 +99,7 @@ async def test_once_the_turn_is_over_here_the_reader_takes_the_stream_in_again(
     relay_of(a).turn_over(SID)
     b.publish(4)
     frames = await live.until(7)
-    assert [(f.seq, f.type, f.data) for f in frames] == await logged(a.database)
+    assert [(f.seq, f.type, f.data, f.turn) for f in frames] == await logged(a.database)
 
 
 def test_a_notice_names_its_sessions() -> None:

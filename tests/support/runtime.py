@@ -75,7 +75,7 @@ async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
     async def load_frames(session_id: str, after: int, before: int) -> list[Frame]:
         async with database.session() as db:
             rows = await event_log.events_between(db, session_id, after, before)
-        return [Frame(seq, type_, data) for seq, type_, data in rows]
+        return [Frame(seq, type_, data, turn) for seq, type_, data, turn in rows]
 
     broker = Broker(last_seq, settings.subscriber_queue_size, load_frames=load_frames)
     writer.deliver_to(broker.deliver)

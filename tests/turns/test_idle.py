@@ -117,7 +117,7 @@ async def rt(settings: Settings) -> AsyncIterator[Runtime]:
 async def _seqs(rt: Runtime, session_id: str) -> list[int]:
     await rt.writer.flush()
     async with rt.database.session() as db:
-        return [seq for seq, _, _ in await event_log.events_between(db, session_id, 0, 10**9)]
+        return [seq for seq, *_ in await event_log.events_between(db, session_id, 0, 10**9)]
 
 
 async def test_a_session_whose_state_went_numbers_its_events_on_from_the_log(rt: Runtime) -> None:
