@@ -269,7 +269,9 @@ async def test_a_replica_starting_while_a_turn_runs_elsewhere_leaves_it_alone(
     turn, it leaves that turn running (no turn_done, the lease still its owner's), and the turn then ends
     normally on its owner."""
     [owner] = await replicas(1)
-    upstream.enqueue(Script.words(1500, delay=0.01))
+    # Long enough (40 s) to outlast the late replica's start on a loaded machine (it took over 15 s there,
+    # and the turn had ended before the replica came up).
+    upstream.enqueue(Script.words(4000, delay=0.01))
     async with clients(owner) as (a,):
         sid = await new_session(a)
         turn_id = (await post(a, sid, "tell me a story"))["turn_id"]
@@ -280,6 +282,6 @@ async def test_a_replica_starting_while_a_turn_runs_elsewhere_leaves_it_alone(
         assert rows(pg, "SELECT owner, state FROM turn_leases WHERE turn_id = %s", turn_id) == [
             (owner_id, "running")
         ]
-        assert await until(lambda: _status(pg, turn_id), seconds=30) == "completed"
+        assert await until(lambda: _status(pg, turn_id), seconds=90) == "completed"
     assert "closed turn" not in late.log()
     assert_strictly_valid(upstream)
