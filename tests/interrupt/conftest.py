@@ -16,8 +16,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import event
+from sqlalchemy.pool import Pool
 
 from app.settings import Settings
 from tests.fakes.upstream import FakeUpstream
@@ -71,3 +74,26 @@ def strict_settings(
 def server(strict_settings: Settings, slow_tool: SlowTool) -> Iterator[LiveServer]:
     with live_server(strict_settings, tools=build_registry(slow_tool)) as running:
         yield running
+
+
+# SQLite's own default and largest page count: what a connection gets back once the disk has room.
+UNCAPPED = 4294967294
+
+
+@pytest.fixture
+def full_disk() -> Iterator[list[bool]]:
+    """A disk that fills on demand: while `full[0]`, every connection the pool hands out gets
+    `PRAGMA max_page_count` of 1 (never below the file's size, so it cannot grow by a page), and SQLite
+    answers SQLITE_FULL exactly as on a full disk; cleared, connections get SQLite's default back."""
+    full = [False]
+
+    def cap(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA max_page_count = {1 if full[0] else UNCAPPED}")
+        cursor.close()
+
+    event.listen(Pool, "checkout", cap)
+    try:
+        yield full
+    finally:
+        event.remove(Pool, "checkout", cap)

@@ -11,13 +11,10 @@ seeds it), so that closing it needs pages the full disk does not have."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import event
-from sqlalchemy.pool import Pool
 
 from app.settings import Settings
 from app.storage import event_log, repository
@@ -29,25 +26,7 @@ from tests.turns.test_recovery import event as logged
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-# SQLite's own default and largest page count: what a connection gets back once the disk has room.
-UNCAPPED = 4294967294
 SAFETY = 30.0
-
-
-@pytest.fixture
-def full_disk() -> Iterator[list[bool]]:
-    full = [False]
-
-    def cap(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA max_page_count = {1 if full[0] else UNCAPPED}")
-        cursor.close()
-
-    event.listen(Pool, "checkout", cap)
-    try:
-        yield full
-    finally:
-        event.remove(Pool, "checkout", cap)
 
 
 # What clients saw of the answer before the crash: far more than fits in the pages the database has.

@@ -15,12 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import event
-from sqlalchemy.pool import Pool
 
 from app.storage import repository
 from tests.fakes.script import Script
@@ -29,26 +26,6 @@ from tests.interrupt.session import assert_strictly_valid, open_session, request
 from tests.support.server import LiveServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
-
-# SQLite's own default and largest page count: what a connection gets back once the disk has room.
-UNCAPPED = 4294967294
-
-
-@pytest.fixture
-def full_disk() -> Iterator[list[bool]]:
-    full = [False]
-
-    def cap(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        # Never below the current size: the file may not grow by one page while full.
-        cursor.execute(f"PRAGMA max_page_count = {1 if full[0] else UNCAPPED}")
-        cursor.close()
-
-    event.listen(Pool, "checkout", cap)
-    try:
-        yield full
-    finally:
-        event.remove(Pool, "checkout", cap)
 
 
 async def _eventually(check: Any, timeout: float = 20.0) -> Any:
