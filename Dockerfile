@@ -38,6 +38,6 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
 
-# Migrations run at every start (a no-op when the database is current), then the launcher takes over PID 1:
-# it checks the access configuration, then runs uvicorn.
-CMD ["sh", "-c", "alembic upgrade head && exec python -m app --host 0.0.0.0 --port 8000"]
+# The launcher is PID 1: it checks the configuration, migrates the database to the latest schema (a no-op
+# when it is current; PARLEY_MIGRATE=0 only checks), then runs uvicorn.
+CMD ["python", "-m", "app", "--host", "0.0.0.0", "--port", "8000"]

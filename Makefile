@@ -60,9 +60,8 @@ $(RUN_STAMP): $(LOCK)
 	@PYTHON="$(PYTHON)" VENV="$(VENV)" LOCK="$(LOCK)" STAMP="$(RUN_STAMP)" \
 		bash scripts/ensure-venv.sh
 
-run: $(RUN_DEPS) ## Migrate the DB and serve on HOST:PORT (runtime lock only; refuses a keyless non-loopback bind)
+run: $(RUN_DEPS) ## Serve on HOST:PORT; the server migrates the DB first (runtime lock only; refuses a keyless non-loopback bind)
 	mkdir -p data
-	$(BIN)/alembic upgrade head
 	$(BIN)/python -m compileall -q app
 	$(BIN)/python -m app --host $(HOST) --port $(PORT)
 
