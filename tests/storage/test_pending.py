@@ -11,8 +11,8 @@ from app.storage import pending
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, PendingToolRequestRow
 from app.tools.registry import build_default_registry
-from app.turns.recorder import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.recorder.round import OpenRound
+from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.resume import edit_problem, last_round, resumed_round, turn_client_tools
 from tests.support.rows import T0, add_sessions
 
