@@ -1,6 +1,6 @@
 """Records one running turn: agent events become chat_messages rows (docs/protocol.md) and enriched
-wire events. It is the only writer of a turn's rows and events, and it is made of parts, each with its
-own state (docs/architecture.md, The recorder):
+wire events. It is the only writer of a turn's rows and events, and it is made of parts, each with one
+job and its own state:
 
 - TurnRows (rows): the turn's identity, its transaction and publisher, its rows, its opening;
 - OpenRound (round): the response that streams and the calls of the current tool round;
@@ -8,10 +8,12 @@ own state (docs/architecture.md, The recorder):
 - TurnStop (stop): the stop protocol, a stop taking effect only between the recorder's writes;
 - TurnEnds (ends): every way the turn ends, one transaction each (also used alone by recovery).
 
-This class runs the agent's events through them. Text is accumulated in memory and persisted by the
-write-behind (at most every second), then written for good at response_done, at a stop and at the turn's
-end (a turn's last response by the transaction that ends the turn: one write for both). Tool rows are
-written when the tool starts and when it ends, so a crash never loses a result that was announced.
+This class runs the agent's events through them. Text is accumulated in memory: the row this class
+builds at a response's first text is inserted by the write-behind's next commit, with the first delta's
+event (no transaction per delta), and its text refreshed there at most every second; this class writes
+it for good at response_done, at a stop and at the turn's end (a turn's last response by the transaction
+that ends the turn: one write for both). Tool rows are written when the tool starts and when it ends, so
+a crash never loses a result that was announced.
 """
 
 from __future__ import annotations
