@@ -4,7 +4,7 @@ with a valid history.
 For each turn_start without a turn_done: the streamed text is kept and marked interrupted (as much of it
 as clients saw: the event log, written more often than the text, may hold more than the last text flush),
 tool calls without a result get TOOL_INTERRUPTED_BY_RESTART as an error result, and a turn_done with
-status interrupted closes the turn (TurnLog.close_after_restart).
+status interrupted closes the turn (TurnEnds.close_after_restart).
 
 When storage refuses the repair at startup (SQLite's disk still full), the server serves anyway
 (`StartupRepair`): reads work, writes get storage's 503, no turn starts (a post only queues its
@@ -30,8 +30,9 @@ from app.storage import event_log, pending, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
 from app.streaming.writer import WriteBehind
-from app.turns.ends import TurnLog
 from app.turns.live import LiveStatusBoard
+from app.turns.recorder.ends import TurnEnds
+from app.turns.recorder.rows import TurnRows
 from app.turns.resume import last_round
 from app.turns.runner import Runner
 
@@ -127,8 +128,9 @@ def _log_failure(task: asyncio.Task[None]) -> None:
         log.error("taking the messages queued during the repair failed: %s", task.exception())
 
 
-def _turn_log(writer: WriteBehind, live: LiveStatusBoard, session_id: str, turn_id: str) -> TurnLog:
-    return TurnLog(
+def _turn_ends(writer: WriteBehind, live: LiveStatusBoard, session_id: str, turn_id: str) -> TurnEnds:
+    """The recorder's ends alone, over the turn's rows: all a turn whose process is gone needs."""
+    rows = TurnRows(
         writer=writer,
         events=writer.publisher(session_id),
         live=live,
@@ -136,6 +138,7 @@ def _turn_log(writer: WriteBehind, live: LiveStatusBoard, session_id: str, turn_
         turn_id=turn_id,
         model="",
     )
+    return TurnEnds(rows)
 
 
 async def close_open_turns(
@@ -153,7 +156,7 @@ async def close_open_turns(
         lost = []
     for done in lost:
         try:
-            await _turn_log(writer, live, done.session_id, done.turn_id).announce_lost_end(done)
+            await _turn_ends(writer, live, done.session_id, done.turn_id).announce_lost_end(done)
         except (
             Exception
         ) as exc:  # one turn's rows never stop a restart: the others are repaired, this one logged
@@ -190,7 +193,7 @@ async def close_left_turn(
     *,
     cancelled: bool = False,
 ) -> bool:
-    """Closes one turn whose process is gone, as a stop by the server would have (TurnLog.
+    """Closes one turn whose process is gone, as a stop by the server would have (TurnEnds.
     close_after_restart; as the user's stop would have, if `cancelled`); False when it was closed
     already. In multi-replica mode the caller holds the turn's lease (taken over), and the close
     releases it."""
@@ -199,7 +202,7 @@ async def close_left_turn(
     seen = {row.id: await _seen_text(database, row) for row in rows if _streaming(row)}
     if not rows or any(row.type == "turn_done" for row in rows):
         return False
-    closing = _turn_log(writer, live, session_id, turn_id)
+    closing = _turn_ends(writer, live, session_id, turn_id)
     await closing.close_after_restart(rows[0].timestamp, rows, seen, cancelled=cancelled)
     return True
 

@@ -19,7 +19,7 @@ from app.storage import pending
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.tools.registry import Tool, ToolOutcome, ToolRegistry
 from app.turns.calls import CallRequest, arguments_text
-from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART
+from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.rounds import ResumedRound
 from app.turns.waiting import Kind, Waiting
 

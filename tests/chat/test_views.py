@@ -8,7 +8,7 @@ from typing import Any
 from app.chat.views import build_turns
 from app.protocol.turns import LlmNode, ToolNode
 from app.storage.tables import ChatMessageRow
-from app.turns.ends import TOOL_INTERRUPTED_BY_USER
+from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_USER
 
 
 def _row(position: int, turn_id: str, type: str, **values: Any) -> ChatMessageRow:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.turns.ends import TOOL_INTERRUPTED_BY_USER
+from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_USER
 from tests.fakes.upstream import FakeUpstream, Script
 from tests.interrupt.session import assert_strictly_valid, chat_requests
 from tests.replicas.conftest import LEASE_SECONDS, Replicas, clients, rows, until

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART
+from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART
 from tests.fakes.upstream import FakeUpstream, Script, validate_history
 from tests.interrupt.session import assert_strictly_valid, chat_requests
 from tests.replicas.conftest import LEASE_SECONDS, Replicas, clients, rows, until

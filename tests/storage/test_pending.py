@@ -11,9 +11,9 @@ from app.storage import pending
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, PendingToolRequestRow
 from app.tools.registry import build_default_registry
-from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART
+from app.turns.recorder.round import OpenRound
+from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.resume import edit_problem, last_round, resumed_round, turn_client_tools
-from app.turns.wait_log import WaitLog
 from tests.support.rows import T0, add_sessions
 
 pytestmark = pytest.mark.anyio
@@ -122,9 +122,9 @@ async def test_a_resumed_round_from_rows(database: Database) -> None:
         "ran": TOOL_INTERRUPTED_BY_RESTART,
         "server": TOOL_INTERRUPTED_BY_RESTART,
     }
-    log = WaitLog.__new__(WaitLog)
-    WaitLog.adopt_round(log, last_round(rows, "t_1"))
-    assert sorted(log._open_tools) == ["ok", "ran", "server", "wait"]
+    adopted = OpenRound()
+    adopted.adopt(last_round(rows, "t_1"))
+    assert sorted(adopted.tools) == ["ok", "ran", "server", "wait"]
 
 
 def test_edited_arguments_are_checked_against_the_tool() -> None:

@@ -18,8 +18,8 @@ import pytest
 
 from app.storage import repository
 from app.storage.engine import Database
-from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.prompt import rebuild
+from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART
 from tests.fakes.strict import validate_history
 from tests.support.client import LONG, new_session, post
 from tests.support.process import ServerProcess

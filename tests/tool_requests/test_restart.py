@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART
+from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART
 from tests.fakes.upstream import FakeUpstream, Script
 from tests.interrupt.conftest import MODEL, write_models_file
 from tests.interrupt.session import assert_strictly_valid, chat_requests

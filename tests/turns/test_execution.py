@@ -30,7 +30,7 @@ from app.tools.registry import build_default_registry
 from app.turns.agent import AgentRun, ResponseFinished, ResponseStarted, TextChunk
 from app.turns.execution import AgentFactory, run_turn
 from app.turns.live import LocalLiveStatus
-from app.turns.recorder import TurnRecorder
+from app.turns.recorder.recorder import TurnRecorder
 
 pytestmark = pytest.mark.anyio
 

@@ -16,9 +16,9 @@ from app.storage.engine import Database, sync_url
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.frames import Frame
 from app.streaming.writer import WriteBehind
-from app.turns.ends import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.live import LocalLiveStatus
 from app.turns.prompt import rebuild
+from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.recovery import close_open_turns
 from tests.fakes.strict import validate_history
 

@@ -1,10 +1,6 @@
-"""A turn's rows and events from its writes to its end: the base of the recorder.
-
-It holds the turn's state and writes its rows with their events (one transaction each), and closes the
-turn every way a turn can end, each end one transaction: completed (with its last response), failed,
-stopped (its partial state committed, docs/api.md, Stop), or left open by a crash (recovery hands it
-the turn).
-The running part, agent events to rows, is turns.recorder.TurnRecorder, which extends it.
+"""The ways a turn ends, each one transaction: completed (with its last response), failed, stopped (its
+partial state committed, docs/api.md, Stop), or left open by a crash (recovery and the sweeper close it
+with this part alone, close_after_restart).
 
 Storage that refuses a write (a full disk, a lock held past the busy timeout, an I/O error) must not
 leave a turn half closed: every step of an end changes the turn's state only once its transaction has
@@ -18,42 +14,32 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.errors import StorageUnavailable, storage_refusal
 from app.observability.context import current_trace_id
 from app.protocol.clock import now_iso
-from app.protocol.events import (
-    AgentCancelled,
-    AgentState,
-    AgentStatus,
-    ErrorEvent,
-    TurnDone,
-    TurnStatus,
-)
+from app.protocol.events import AgentCancelled, ErrorEvent, TurnDone, TurnStatus
 from app.protocol.ids import new_message_id
 from app.storage import repository
-from app.storage.tables import ChatMessageRow, new_message
+from app.storage.tables import ChatMessageRow
 from app.streaming.fencing import LeaseLost
-from app.streaming.frames import Publisher
-from app.streaming.texts import TextBuffer
-from app.streaming.writer import WriteBehind
-from app.turns.agent import (
-    CallRequest,
+from app.turns.recorder.requests import ToolRequests
+from app.turns.recorder.round import OpenRound
+from app.turns.recorder.rows import TurnRows
+from app.turns.recorder.stop import (
+    TOOL_INTERRUPTED_BY_ERROR,
+    TOOL_INTERRUPTED_BY_RESTART,
+    TOOL_INTERRUPTED_BY_USER,
+    TurnStop,
 )
-from app.turns.live import LiveStatus, LiveStatusBoard
 
 log = logging.getLogger(__name__)
 
-TOOL_INTERRUPTED_BY_USER = "[Tool execution interrupted by user]"
-TOOL_INTERRUPTED_BY_ERROR = "[Tool execution interrupted by an error]"
-TOOL_INTERRUPTED_BY_RESTART = "[Tool execution interrupted by server restart]"
 # A turn whose output the database refused for its data (not storage refusing work) ends with this.
 REFUSED_MESSAGE = "The database refused part of this turn's output."
 STORAGE_ERROR_MESSAGE = f"The turn stopped because the server could not store it: {REFUSED_MESSAGE}"
@@ -62,93 +48,23 @@ END_RETRY_FIRST, END_RETRY_MOST = 0.05, 1.0
 
 
 @dataclass
-class OpenTool:
-    row_id: str
-    name: str
-    source: str = "builtin"
-
-
-@dataclass
-class TurnLog:
-    writer: WriteBehind
-    events: Publisher
-    live: LiveStatusBoard
-    session_id: str
-    turn_id: str
-    model: str
-    context_window: int | None = None
-    taken_ids: frozenset[str] = frozenset()
-    # How a stop is recorded: by a user (cancelled), or by the server shutting down (interrupted).
-    stop_status: TurnStatus = "cancelled"
-    stop_tool_result: str = TOOL_INTERRUPTED_BY_USER
+class TurnEnds:
+    rows: TurnRows
+    # What a stop or a failure closes; the requests of calls that wait, when the turn ran here.
+    round: OpenRound = field(default_factory=OpenRound)
+    stop: TurnStop = field(default_factory=TurnStop)
+    requests: ToolRequests | None = None
     started: float = field(default_factory=time.monotonic)
     closed: bool = False
     closed_status: TurnStatus | None = None  # how close() ended it (metrics, the turn's span)
-    _response_id: str | None = None
-    _text: TextBuffer | None = None
-    _text_timestamp: str = ""
-    # The last agent_status this turn announced (settle_status announces only a change).
-    _status: tuple[AgentState, str | None] | None = None
-    _open_tools: dict[str, OpenTool] = field(default_factory=dict)
-    # The calls of the current tool round, so a stop can give the ones not started yet their result.
-    _round_calls: list[CallRequest] = field(default_factory=list)
-    _started_calls: set[str] = field(default_factory=set)
     interrupted_message_ids: list[str] = field(default_factory=list)
     interrupted_tool_call_ids: list[str] = field(default_factory=list)
-    # Stop control. A stop cancels the turn's task only between the recorder's writes, never inside
-    # one: a write cut in half would leave a row without its result, or state that disagrees with the
-    # database (a call noted as not started whose row exists, a text rolled back but detached).
-    task: asyncio.Task[None] | None = None
-    _writing: int = 0
-    _stop_requested: bool = False
-    _finishing: bool = False
-    # A completed turn's end waits for its turn to write: a stop is taken, and that end records it.
-    _ending: bool = False
-    # The task has taken its first step: before it, a cancel would end it without running its body (and
-    # the turn would never close), so a stop is only noted and the task acts on it when it begins.
-    _begun: bool = False
-    # The turn's last response, written by the end's transaction (turns.recorder): the agent ends right
+    # The turn's last response, written by the end's transaction (TurnRecorder): the agent ends right
     # after it, and one commit instead of two is one write less for every turn.
     deferred: Callable[[AsyncSession], Awaitable[None]] | None = None
     # What storage answered while the end cannot be written; None when it is not stuck.
     stalled: StorageUnavailable | None = None
     _stall: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def _row(self, type_: str, timestamp: str, **fields: Any) -> ChatMessageRow:
-        return new_message(
-            id=fields.pop("id", None) or new_message_id(),
-            session_id=self.session_id,
-            turn_id=self.turn_id,
-            type=type_,
-            timestamp=timestamp,
-            **fields,
-        )
-
-    def _transaction(self, *, final: bool = False) -> AbstractAsyncContextManager[AsyncSession]:
-        """A write of the turn; events emitted inside it commit with it and are delivered right after. In
-        multi-replica mode it goes through only under the turn's lease; `final` (turn_done) releases it."""
-        return self.writer.transaction(self.session_id, turn_id=self.turn_id, final=final)
-
-    def _tool_row(self, call: CallRequest, timestamp: str, **fields: Any) -> ChatMessageRow:
-        return self._row(
-            "tool_group",
-            timestamp,
-            role="assistant",
-            model=self.model,
-            response_id=self._response_id,
-            tool_call_id=call.id,
-            tool_name=call.name,
-            arguments=call.arguments,
-            **fields,
-        )
-
-    def _emit(self, cls: Any, **fields: Any) -> None:
-        self.events.emit(cls, **fields)
-
-    def set_status(self, status: AgentState, tool_name: str | None = None) -> None:
-        self._status = (status, tool_name)
-        self.live.set(self.session_id, LiveStatus(status, None if status == "idle" else self.turn_id))
-        self._emit(AgentStatus, status=status, tool_name=tool_name, turn_id=self.turn_id)
 
     # --- ends ----------------------------------------------------------------------------------------
 
@@ -160,15 +76,18 @@ class TurnLog:
         call of the interrupted round ends with exactly one result (finished calls keep theirs).
         `announce` emits the events that go out with it. The state is cleared by `_end`, once the
         transaction committed."""
-        buffer, open_tools = self._text, self._open_tools
-        unstarted = [c for c in self._round_calls if c.id not in self._started_calls]
+        buffer, open_tools = self.round.text, self.round.tools
+        unstarted = [c for c in self.round.calls if c.id not in self.round.started]
         at = now_iso()
+        response_id = self.round.response_id
         rows = [
-            self._tool_row(call, at, result=tool_result, is_error=True, duration_ms=0) for call in unstarted
+            self.rows.tool_row(call, response_id, at, result=tool_result, is_error=True, duration_ms=0)
+            for call in unstarted
         ]
-        await self._abandon_waiting(db, tool_result)
+        if self.requests is not None:
+            await self.requests.abandon(db, tool_result)
         if buffer is not None:
-            self.writer.untrack(buffer)
+            self.rows.writer.untrack(buffer)
             await repository.update_message(
                 db, buffer.message_id, {"content": buffer.text(), "interrupted": True}
             )
@@ -187,17 +106,14 @@ class TurnLog:
         if announce is not None:
             announce()
 
-    async def _abandon_waiting(self, db: AsyncSession, tool_result: str) -> None:
-        """Closes the requests of calls that wait for an answer (turns.wait_log); none wait here."""
-
     async def finish_cancelled(self) -> None:
-        await self._end(self.stop_status, partial=self.stop_tool_result, announce=self._announce_cancelled)
+        await self._end(self.stop.status, partial=self.stop.tool_result, announce=self._announce_cancelled)
 
     def _announce_cancelled(self) -> None:
-        self.set_status("idle")
-        self._emit(
+        self.rows.set_status("idle")
+        self.rows.emit(
             AgentCancelled,
-            turn_id=self.turn_id,
+            turn_id=self.rows.turn_id,
             interrupted_message_ids=self.interrupted_message_ids,
             interrupted_tool_call_ids=self.interrupted_tool_call_ids,
         )
@@ -206,15 +122,17 @@ class TurnLog:
         await self._end("failed", partial=TOOL_INTERRUPTED_BY_ERROR, error=(code, message))
 
     def _error_row(self, code: str, message: str) -> ChatMessageRow:
-        return self._row("error", now_iso(), role="assistant", content=message, code=code, model=self.model)
+        return self.rows.row(
+            "error", now_iso(), role="assistant", content=message, code=code, model=self.rows.model
+        )
 
     def _announce_error(self, row: ChatMessageRow) -> None:
-        self._emit(
+        self.rows.emit(
             ErrorEvent,
             id=row.id,
             message=row.content or "",
             code=row.code or "",
-            model=self.model,
+            model=self.rows.model,
             timestamp=row.timestamp,
             trace_id=current_trace_id(),
         )
@@ -222,13 +140,13 @@ class TurnLog:
     async def close(self, status: TurnStatus) -> None:
         await self._end(status)
 
-    async def _write_deferred(self) -> None:
+    async def write_deferred(self) -> None:
         """A last response that waits for the turn's end, followed after all by another event: written
         now, before it (defensive: the agent yields nothing after a response without calls)."""
         write, self.deferred = self.deferred, None
         if write is not None:
             try:
-                async with self._transaction() as db:
+                async with self.rows.transaction() as db:
                     await write(db)
             except BaseException:
                 self.deferred = write
@@ -253,16 +171,16 @@ class TurnLog:
         # transaction, as it was when the last response was a write of its own (recorder.request_stop).
         completing = status == "completed"
         if completing:
-            self._ending = True
+            self.stop.ending = True
         else:
-            self._finishing = True
+            self.stop.finishing = True
         # The live status goes idle with the end's events; if they do not commit, the turn is still live.
-        live = self.live.get(self.session_id)
+        live = self.rows.live.get(self.rows.session_id)
         try:
-            async with self._transaction(final=True) as db:
-                self._finishing = True
-                if completing and self._stop_requested:
-                    status, partial = self.stop_status, self.stop_tool_result
+            async with self.rows.transaction(final=True) as db:
+                self.stop.finishing = True
+                if completing and self.stop.requested:
+                    status, partial = self.stop.status, self.stop.tool_result
                     announce = self._announce_cancelled
                 if self.deferred is not None:
                     await self.deferred(db)
@@ -271,18 +189,18 @@ class TurnLog:
                 failure = [self._error_row(*error)] if error is not None else []
                 # Stamped last, as it comes last: a turn's entries are stamped in their order.
                 duration = round(time.monotonic() - self.started, 3)
-                done = self._row("turn_done", now_iso(), duration_seconds=duration, status=status)
+                done = self.rows.row("turn_done", now_iso(), duration_seconds=duration, status=status)
                 # Inserted first: a row whose id was taken gets a fresh one, which its event must carry.
                 await repository.insert_messages(db, [*failure, done], new_message_id)
                 for row in failure:
                     self._announce_error(row)
                 self._announce_end(done)
         except BaseException:
-            self.live.set(self.session_id, live)
+            self.rows.live.set(self.rows.session_id, live)
             raise
         self.deferred = None
         if partial is not None:
-            self._text, self._open_tools, self._round_calls = None, {}, []
+            self.round.text, self.round.tools, self.round.calls = None, {}, []
         self.closed = True
         self.closed_status = status
 
@@ -294,7 +212,7 @@ class TurnLog:
         any other failure is raised."""
         delay = END_RETRY_FIRST
         discarded = False
-        if self.writer.refused(self.session_id) is not None:
+        if self.rows.writer.refused(self.rows.session_id) is not None:
             # Output of this turn the database refused was dropped (WriteBehind._isolate): it ends failed.
             end = partial(self.finish_failed, "storage_error", STORAGE_ERROR_MESSAGE)
         while True:
@@ -302,7 +220,7 @@ class TurnLog:
                 await end()
             except LeaseLost:
                 # Another replica owns the turn now (or will, once the lease expires): it closes it.
-                log.warning("turn %s: not closed here, this replica lost its lease", self.turn_id)
+                log.warning("turn %s: not closed here, this replica lost its lease", self.rows.turn_id)
                 return
             except Exception as exc:
                 refusal = storage_refusal(exc)
@@ -313,17 +231,17 @@ class TurnLog:
                     # session's pending events and text with it): that goes, and the turn ends failed.
                     log.exception(
                         "turn %s: its end was refused; ending it failed without its pending output",
-                        self.turn_id,
+                        self.rows.turn_id,
                     )
                     discarded = True
-                    self.writer.discard(self.session_id)
-                    self.writer.refused(self.session_id)
+                    self.rows.writer.discard(self.rows.session_id)
+                    self.rows.writer.refused(self.rows.session_id)
                     end = partial(self.finish_failed, "storage_error", STORAGE_ERROR_MESSAGE)
                     continue
                 if self.stalled is None:
                     log.error(
                         "turn %s: its end cannot be written (%s: %s); retrying until storage works",
-                        self.turn_id,
+                        self.rows.turn_id,
                         refusal.code,
                         exc,
                     )
@@ -333,7 +251,7 @@ class TurnLog:
                 delay = min(delay * 2, END_RETRY_MOST)
             else:
                 if self.stalled is not None:
-                    log.warning("turn %s: its end is written, storage works again", self.turn_id)
+                    log.warning("turn %s: its end is written, storage works again", self.rows.turn_id)
                     self.stalled = None
                     self._stall.clear()
                 return
@@ -347,12 +265,12 @@ class TurnLog:
             self._stall.clear()
 
     def _announce_end(self, done: ChatMessageRow) -> None:
-        if self.live.get(self.session_id).agent_status != "idle":
-            self.set_status("idle")
-        self._emit(
+        if self.rows.live.get(self.rows.session_id).agent_status != "idle":
+            self.rows.set_status("idle")
+        self.rows.emit(
             TurnDone,
             id=done.id,
-            turn_id=self.turn_id,
+            turn_id=self.rows.turn_id,
             timestamp=done.timestamp,
             duration_seconds=done.duration_seconds or 0.0,
             status=done.status or "completed",
@@ -374,12 +292,14 @@ class TurnLog:
         the process died is not recorded). `cancelled`: a user's cancel was asked for before its process
         died (multi-replica mode: the flag on its lease), so it closes as that cancel would have:
         TOOL_INTERRUPTED_BY_USER, and a turn_done cancelled."""
-        self._finishing = True
+        self.stop.finishing = True
         at = now_iso()
         status = "cancelled" if cancelled else "interrupted"
         result = TOOL_INTERRUPTED_BY_USER if cancelled else TOOL_INTERRUPTED_BY_RESTART
-        done = self._row("turn_done", at, duration_seconds=_seconds_between(started_at, at), status=status)
-        async with self._transaction(final=True) as db:
+        done = self.rows.row(
+            "turn_done", at, duration_seconds=_seconds_between(started_at, at), status=status
+        )
+        async with self.rows.transaction(final=True) as db:
             for row in rows:
                 if row.type == "tool_group" and row.result is None:
                     values = {"result": result, "is_error": True, "interrupted": True}
@@ -398,9 +318,9 @@ class TurnLog:
     async def announce_lost_end(self, done: ChatMessageRow) -> None:
         """Announces a turn_done row whose event was lost (a log written by a version that committed a
         turn's end before its event)."""
-        self._finishing = True
-        async with self._transaction():
-            self.set_status("idle")
+        self.stop.finishing = True
+        async with self.rows.transaction():
+            self.rows.set_status("idle")
             self._announce_end(done)
         self.closed = True
 

@@ -1,24 +1,27 @@
 """Records one running turn: agent events become chat_messages rows (docs/protocol.md) and enriched
-wire events. With its base (turns.ends.TurnLog) it is the only writer of a turn's rows and events.
+wire events. It is the only writer of a turn's rows and events, and it is made of parts, each with one
+job and its own state:
 
-It opens the turn (turn_start and the user messages it takes), keeps the live status, and turns the
-agent's events into rows and events; every row change is written in one transaction with the events
-that announce it, so a client never misses what the history holds. A stop takes effect only between
-its writes (request_stop).
+- TurnRows (rows): the turn's identity, its transaction and publisher, its rows, its opening;
+- OpenRound (round): the response that streams and the calls of the current tool round;
+- ToolRequests (requests): calls that wait for a person or a client, their requests and answers;
+- TurnStop (stop): the stop protocol, a stop taking effect only between the recorder's writes;
+- TurnEnds (ends): every way the turn ends, one transaction each (also used alone by recovery).
 
-Text is accumulated in memory and persisted by the write-behind (at most every second), then written
-for good at response_done, at a stop and at the turn's end (a turn's last response by the transaction
-that ends the turn: one write for both). Tool rows are written when the tool starts
-and when it ends, so a crash never loses a result that was announced.
+This class runs the agent's events through them. Text is accumulated in memory: the row this class
+builds at a response's first text is inserted by the write-behind's next commit, with the first delta's
+event (no transaction per delta), and its text refreshed there at most every second; this class writes
+it for good at response_done, at a stop and at the turn's end (a turn's last response by the transaction
+that ends the turn: one write for both). Tool rows are written when the tool starts and when it ends, so
+a crash never loses a result that was announced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable, Sequence
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -27,7 +30,6 @@ from app.llm.types import ProviderError
 from app.protocol.clock import now_iso
 from app.protocol.events import (
     QueuedItem,
-    QueueUpdated,
     ResponseDone,
     ResponseInfo,
     TokenUsage,
@@ -35,16 +37,18 @@ from app.protocol.events import (
     ToolExecEnd,
     ToolExecStart,
     ToolResult,
-    TurnStart,
+    TurnStatus,
     Usage,
-    UserMessage,
     clean_text,
 )
 from app.protocol.ids import new_message_id
 from app.protocol.schemas import QueuedMessage
 from app.storage import repository
+from app.storage.tables import ChatMessageRow
 from app.streaming.fencing import LeaseLost
+from app.streaming.frames import Publisher
 from app.streaming.texts import TextBuffer
+from app.streaming.writer import WriteBehind
 from app.turns.agent import (
     AgentError,
     AgentEvent,
@@ -57,8 +61,12 @@ from app.turns.agent import (
     ToolStarted,
 )
 from app.turns.calls import ApprovedStarting, InputAnswered, InputRequested
-from app.turns.ends import REFUSED_MESSAGE, TOOL_INTERRUPTED_BY_RESTART, OpenTool
-from app.turns.wait_log import WaitLog
+from app.turns.live import LiveStatusBoard
+from app.turns.recorder.ends import REFUSED_MESSAGE, TurnEnds
+from app.turns.recorder.requests import ToolRequests
+from app.turns.recorder.round import OpenRound, OpenTool
+from app.turns.recorder.rows import Claim, TurnRows
+from app.turns.recorder.stop import TurnStop
 
 log = logging.getLogger(__name__)
 
@@ -77,98 +85,135 @@ def failure_of(
     return refusal.code, f"The turn stopped because the server could not store it: {refusal.message}"
 
 
-@dataclass
-class TurnRecorder(WaitLog):
-    # A shutdown while calls wait: the task ends without closing the turn, which resumes after the
-    # restart from its rows (turns.resume).
-    _detach: bool = False
-    # Multi-replica mode: claims the turn's lease, first thing in the transaction that opens it
-    # (turns.leased_runner); raises TurnBusy when another turn of the session runs.
-    claim: Callable[[AsyncSession], Awaitable[None]] | None = None
+class TurnRecorder:
+    """One turn's recorder: its parts, and the agent's events run through them (see the module)."""
+
+    def __init__(
+        self,
+        writer: WriteBehind,
+        events: Publisher,
+        live: LiveStatusBoard,
+        session_id: str,
+        turn_id: str,
+        model: str,
+        *,
+        context_window: int | None = None,
+        taken_ids: frozenset[str] = frozenset(),
+        started: float | None = None,
+        claim: Claim | None = None,
+    ) -> None:
+        self.rows = TurnRows(writer, events, live, session_id, turn_id, model)
+        self.round = OpenRound()
+        self.requests = ToolRequests(self.rows, self.round)
+        self.stop = TurnStop()
+        self.ends = TurnEnds(
+            self.rows,
+            self.round,
+            self.stop,
+            self.requests,
+            started=time.monotonic() if started is None else started,
+        )
+        # The hot path (a text delta) reads these directly: the same objects as the rows'.
+        self.writer, self.events = writer, events
+        self.context_window = context_window
+        # The ids of the messages the turn took (the runner answers a message's waiters with its turn).
+        self.taken_ids = taken_ids
+        # Multi-replica mode: claims the turn's lease, first thing in the transaction that opens it
+        # (turns.leased_runner); raises TurnBusy when another turn of the session runs.
+        self.claim = claim
+
+    # --- what the runner and the API read ------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self.rows.session_id
+
+    @property
+    def turn_id(self) -> str:
+        return self.rows.turn_id
+
+    @property
+    def model(self) -> str:
+        return self.rows.model
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self.stop.task
+
+    @task.setter
+    def task(self, task: asyncio.Task[None] | None) -> None:
+        self.stop.task = task
+
+    @property
+    def closed(self) -> bool:
+        return self.ends.closed
+
+    @property
+    def closed_status(self) -> TurnStatus | None:
+        return self.ends.closed_status
+
+    @property
+    def stalled(self) -> StorageUnavailable | None:
+        return self.ends.stalled
+
+    @property
+    def interrupted_message_ids(self) -> list[str]:
+        return self.ends.interrupted_message_ids
+
+    @property
+    def interrupted_tool_call_ids(self) -> list[str]:
+        return self.ends.interrupted_tool_call_ids
+
+    @property
+    def suspended(self) -> bool:
+        return self.requests.suspended
 
     @property
     def detached(self) -> bool:
         """A shutdown ended the task while the turn waits for answers: it is not closed, it goes on after
         the restart (or, with several replicas, on the first replica whose sweeper takes it over)."""
-        return self._detach and self.suspended
+        return self.stop.detach and self.requests.suspended
+
+    # --- the stop protocol (TurnStop) and the ends (TurnEnds) ----------------------------------------
 
     def request_stop(self, *, by_server: bool = False) -> bool:
         """Stops the turn as soon as no write is in progress. False when it is already ending by itself.
         A stop `by_server` (shutdown) records the turn as interrupted rather than cancelled, or leaves it
         suspended when it waits for answers."""
-        if by_server:
-            self.stop_status = "interrupted"
-            self.stop_tool_result = TOOL_INTERRUPTED_BY_RESTART
-            self._detach = self.suspended
-        if self._finishing:
-            return False
-        if not self._stop_requested:
-            self._stop_requested = True
-            if self._begun and not self._writing and not self._ending and self.task is not None:
-                self.task.cancel()
-        return True
+        return self.stop.request(by_server=by_server, suspended=self.requests.suspended)
 
     def begin(self) -> bool:
         """Called first by the turn's task: from now on a stop cancels it. True when a stop came before."""
-        self._begun = True
-        return self._stop_requested
+        return self.stop.begin()
 
-    @contextmanager
-    def _atomic(self) -> Iterator[None]:
-        self._writing += 1
-        try:
-            yield
-        finally:
-            self._writing -= 1
-        if self._stop_requested and not self._writing and not self._finishing:
-            # The stop that arrived during the write takes effect now, where the state is whole.
-            raise asyncio.CancelledError
+    async def finish_cancelled(self) -> None:
+        await self.ends.finish_cancelled()
+
+    async def finish_failed(self, code: str, message: str) -> None:
+        await self.ends.finish_failed(code, message)
+
+    async def close(self, status: TurnStatus) -> None:
+        await self.ends.close(status)
+
+    async def end_durably(self, end: Callable[[], Awaitable[None]]) -> None:
+        await self.ends.end_durably(end)
+
+    async def stall(self) -> StorageUnavailable:
+        return await self.ends.stall()
 
     # --- the turn ------------------------------------------------------------------------------------
+
+    def adopt_round(self, rows: Sequence[ChatMessageRow]) -> None:
+        """A turn resumed after a restart: its last round's calls without a result are open again."""
+        self.round.adopt(rows)
 
     async def open(
         self, messages: Sequence[QueuedMessage], *, waiting: list[QueuedItem] | None = None
     ) -> None:
         """Starts the turn: its turn_start and the user messages it takes, with their events, in one
-        transaction. `waiting` is the waiting line once the messages left it, when they come from it."""
-        at = now_iso()
-        start = self._row("turn_start", at)
-        users = [
-            self._row(
-                "text",
-                m.timestamp,
-                id=m.id,
-                role="user",
-                content=m.content,
-                sender=m.sender,
-                client_message_id=m.client_message_id,
-                client_tools=[t.model_dump(mode="json") for t in m.client_tools] if m.client_tools else None,
-            )
-            for m in messages
-        ]
-        async with self._transaction() as db:
-            if self.claim is not None:
-                await self.claim(db)
-            if waiting is not None:
-                await repository.dequeue(db, [m.id for m in messages])
-            renamed = await repository.insert_messages(db, [start, *users], new_message_id)
-            for m in messages:  # a message whose id another row held: the row's fresh id is its id now
-                m.id = renamed.get(m.id, m.id)
-            if waiting is not None:
-                self.events.emit(QueueUpdated, queue=waiting)
-            self.events.emit(TurnStart, id=start.id, turn_id=self.turn_id, timestamp=at)
-            for m in messages:
-                self.events.emit(
-                    UserMessage,
-                    id=m.id,
-                    text=m.content,
-                    timestamp=m.timestamp,
-                    turn_id=self.turn_id,
-                    model=self.model,
-                    sender=m.sender,
-                    client_message_id=m.client_message_id,
-                )
-            self.set_status("thinking")
+        transaction (TurnRows.open, under `claim`). `waiting` is the waiting line once the messages left
+        it, when they come from it."""
+        await self.rows.open(messages, waiting=waiting, claim=self.claim)
 
     async def record(self, agent: AgentRun) -> None:
         """Runs the agent to the end of the turn; every way out closes the turn exactly once, and every
@@ -179,30 +224,30 @@ class TurnRecorder(WaitLog):
             async for event in events:
                 await self._on(event)
         except asyncio.CancelledError:
-            self._finishing = True
+            self.stop.finishing = True
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
             # Close the agent first: that closes the provider stream and cancels running tools.
             await events.aclose()
-            if self._detach and self.suspended:
-                self.closed = True  # not here: the turn goes on after the restart
+            if self.stop.detach and self.requests.suspended:
+                self.ends.closed = True  # not here: the turn goes on after the restart
                 return
             await self.end_durably(self.finish_cancelled)
             return
         except LeaseLost:
             # Stopped by a write the fence refused: the turn is another replica's to close.
-            self._finishing = True
+            self.stop.finishing = True
             await events.aclose()
             return
         except (ProviderError, AgentError) as exc:
-            self._finishing = True
+            self.stop.finishing = True
             await events.aclose()
             failed = (exc.code, exc.message)
             await self.end_durably(lambda: self.finish_failed(*failed))
             return
         except Exception as exc:
-            self._finishing = True
+            self.stop.finishing = True
             await events.aclose()
             code, message = failure_of(exc, self.turn_id)
             await self.end_durably(lambda: self.finish_failed(code, message))
@@ -221,7 +266,7 @@ class TurnRecorder(WaitLog):
                     REFUSED_MESSAGE, code="storage_error", retry_after=STORAGE_FULL_RETRY_AFTER
                 ) from refused
             text = clean_text(event.text)
-            buffer = self._text
+            buffer = self.round.text
             if buffer is None:
                 self._on_first_text(text)
                 await self.writer.opened(self.session_id)
@@ -229,28 +274,28 @@ class TurnRecorder(WaitLog):
                 buffer.parts.append(text)
                 self.events.text_delta(buffer.message_id, text)
             return
-        with self._atomic():
+        with self.stop.atomic():
             await self._dispatch(event)
 
     async def _dispatch(self, event: AgentEvent) -> None:
-        if self.deferred is not None:
-            await self._write_deferred()
+        if self.ends.deferred is not None:
+            await self.ends.write_deferred()
         if isinstance(event, ResponseStarted):
-            self._response_id = new_message_id()
-            self._text = None
+            self.round.response_id = new_message_id()
+            self.round.text = None
         elif isinstance(event, ResponseFinished):
-            self._round_calls, self._started_calls = list(event.calls), set()
+            self.round.calls, self.round.started = list(event.calls), set()
             await self._on_response_done(event)
         elif isinstance(event, ToolStarted):
             await self._on_tool_start(event)
         elif isinstance(event, ToolFinished):
             await self._on_tool_end(event)
         elif isinstance(event, InputRequested):
-            await self.on_input_requested(event)
+            await self.requests.on_input_requested(event)
         elif isinstance(event, InputAnswered):
-            await self.on_input_answered(event)
+            await self.requests.on_input_answered(event)
         elif isinstance(event, ApprovedStarting):
-            await self.on_approved_starting(event)
+            await self.requests.on_approved_starting(event)
         elif isinstance(event, BreakpointReached):
             pass
 
@@ -260,23 +305,24 @@ class TurnRecorder(WaitLog):
         """Opens the message: its row is inserted by the next commit (the write-behind's batch, or this
         turn's next write), which also commits this first delta's event, so neither is seen without
         the other."""
-        assert self._response_id is not None
-        self._text_timestamp = now_iso()
-        row = self._row(
+        response_id = self.round.response_id
+        assert response_id is not None
+        at = now_iso()
+        row = self.rows.row(
             "text",
-            self._text_timestamp,
-            id=self._response_id,
+            at,
+            id=response_id,
             role="assistant",
             content=text,
             model=self.model,
-            response_id=self._response_id,
+            response_id=response_id,
         )
-        buffer = self._text = TextBuffer(row)
-        self.events.text_delta(buffer.message_id, text, timestamp=self._text_timestamp, model=self.model)
+        buffer = self.round.text = TextBuffer(row)
+        self.events.text_delta(buffer.message_id, text, timestamp=at, model=self.model)
         self.writer.track(buffer)
 
     async def _on_response_done(self, event: ResponseFinished) -> None:
-        buffer, self._text = self._text, None
+        buffer, self.round.text = self.round.text, None
         usage = event.usage
         at = now_iso()
 
@@ -307,16 +353,16 @@ class TurnRecorder(WaitLog):
         if not event.calls:
             # The turn's last response (the agent ends after a response without calls): written by the
             # transaction that ends the turn, whichever end it is, so a turn costs one write less.
-            self.deferred = write
+            self.ends.deferred = write
             return
-        async with self._transaction() as db:
+        async with self.rows.transaction() as db:
             await write(db)
 
     def _announce_response(
         self, buffer: TextBuffer | None, event: ResponseFinished, totals: tuple[int, int] | None
     ) -> None:
         usage = event.usage
-        self._emit(
+        self.rows.emit(
             ResponseDone,
             id=buffer.message_id if buffer is not None else None,
             duration_ms=event.duration_ms,
@@ -337,7 +383,7 @@ class TurnRecorder(WaitLog):
         if totals is not None:
             total, used = totals
             window = self.context_window
-            self._emit(
+            self.rows.emit(
                 TokenUsage,
                 context_used=used,
                 context_window=window,
@@ -351,15 +397,16 @@ class TurnRecorder(WaitLog):
 
     async def _on_tool_start(self, event: ToolStarted) -> None:
         call = event.call
-        row = self._tool_row(
+        row = self.rows.tool_row(
             call,
+            self.round.response_id,
             now_iso(),
             source=event.source,
             executed_by="client" if event.waits_for == "client" else "server",
         )
-        async with self._transaction() as db:
+        async with self.rows.transaction() as db:
             await repository.insert_messages(db, [row], new_message_id)
-            self._emit(
+            self.rows.emit(
                 ToolExecStart,
                 id=row.id,
                 tool_call=ToolCall(id=call.id, name=call.name, arguments=row.arguments),
@@ -368,15 +415,15 @@ class TurnRecorder(WaitLog):
                 source=event.source,
             )
             if event.waits_for is None:
-                self.set_status("tool_calling", call.name)
-        self._open_tools[call.id] = OpenTool(row.id, call.name, event.source)
-        self._started_calls.add(call.id)
+                self.rows.set_status("tool_calling", call.name)
+        self.round.tools[call.id] = OpenTool(row.id, call.name, event.source)
+        self.round.started.add(call.id)
 
     async def _on_tool_end(self, event: ToolFinished) -> None:
-        tool = self._open_tools.pop(event.call.id)
+        tool = self.round.tools.pop(event.call.id)
         outcome = event.outcome
         values = {"result": outcome.content, "is_error": outcome.is_error, "duration_ms": event.duration_ms}
-        async with self._transaction() as db:
+        async with self.rows.transaction() as db:
             await repository.update_message(
                 db,
                 tool.row_id,
@@ -384,7 +431,7 @@ class TurnRecorder(WaitLog):
                 | {"truncated": outcome.truncated}
                 | ({"interrupted": True} if event.interrupted else {}),
             )
-            self._emit(
+            self.rows.emit(
                 ToolExecEnd,
                 id=tool.row_id,
                 tool_result=ToolResult(
@@ -395,4 +442,4 @@ class TurnRecorder(WaitLog):
                 source=tool.source,
                 truncated=outcome.truncated,
             )
-            self.settle_status()
+            self.requests.settle_status()

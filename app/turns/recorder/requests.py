@@ -3,12 +3,12 @@ tool_group rows' decision and waiting time, and the events that announce them (d
 tool_group row says who ran it, the person's decision, and the wait apart from the execution).
 
 Every answer is committed with its events before the request that gave it gets its reply; a stop gives
-every call still waiting its interrupted result and closes its request.
+every call still waiting its interrupted result and closes its request (`abandon`, in the end's
+transaction).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,51 +25,45 @@ from app.protocol.events import (
     ToolResult,
 )
 from app.storage import pending, repository
-from app.storage.tables import ChatMessageRow, PendingToolRequestRow
-from app.turns.calls import ApprovedStarting, CallRequest, InputAnswered, InputRequested
-from app.turns.ends import OpenTool, TurnLog
+from app.storage.tables import PendingToolRequestRow
+from app.turns.calls import ApprovedStarting, InputAnswered, InputRequested
+from app.turns.recorder.round import OpenRound
+from app.turns.recorder.rows import TurnRows
 from app.turns.waiting import DECISIONS, Answer, Waiting
 
 
 @dataclass
-class WaitLog(TurnLog):
+class ToolRequests:
+    rows: TurnRows
+    round: OpenRound
     # Calls of the round that wait for an answer (their tool_group rows are open tools too).
-    _waiting: dict[str, Waiting] = field(default_factory=dict)
+    waiting: dict[str, Waiting] = field(default_factory=dict)
     # Their tool_group rows (a stop takes the open tools before it closes the requests).
-    _wait_rows: dict[str, str] = field(default_factory=dict)
-
-    def adopt_round(self, rows: Sequence[ChatMessageRow]) -> None:
-        """A turn resumed after a restart: its last round's calls without a result are open again."""
-        self._response_id = rows[0].response_id if rows else None
-        self._round_calls = [CallRequest(r.tool_call_id or "", r.tool_name or "", "") for r in rows]
-        self._started_calls = {call.id for call in self._round_calls}
-        self._open_tools = {
-            r.tool_call_id or "": OpenTool(r.id, r.tool_name or "") for r in rows if r.result is None
-        }
+    wait_rows: dict[str, str] = field(default_factory=dict)
 
     @property
     def suspended(self) -> bool:
-        return bool(self._waiting)
+        return bool(self.waiting)
 
     def settle_status(self) -> None:
         """tool_calling while a server tool of the round runs, else awaiting_input while calls wait, else
         thinking; announced only when it changed (an approval's answer and the approved call's start both
         settle it, and a round's tools end one by one)."""
-        running = [t for call_id, t in self._open_tools.items() if call_id not in self._waiting]
+        running = [t for call_id, t in self.round.tools.items() if call_id not in self.waiting]
         status: tuple[AgentState, str | None]
         if running:
             status = ("tool_calling", running[0].name)
-        elif self._waiting:
+        elif self.waiting:
             status = ("awaiting_input", None)
         else:
             status = ("thinking", None)
-        if status != self._status:
-            self.set_status(*status)
+        if status != self.rows.status:
+            self.rows.set_status(*status)
 
     async def on_input_requested(self, event: InputRequested) -> None:
-        self._waiting.update({w.call_id: w for w in event.waiting})
-        self._wait_rows.update({w.call_id: self._open_tools[w.call_id].row_id for w in event.waiting})
-        async with self._transaction() as db:
+        self.waiting.update({w.call_id: w for w in event.waiting})
+        self.wait_rows.update({w.call_id: self.round.tools[w.call_id].row_id for w in event.waiting})
+        async with self.rows.transaction() as db:
             if not event.resumed:
                 await pending.insert(db, [self._request_row(w) for w in event.waiting])
                 for w in event.waiting:
@@ -78,10 +72,10 @@ class WaitLog(TurnLog):
 
     def _request_row(self, w: Waiting) -> PendingToolRequestRow:
         return PendingToolRequestRow(
-            session_id=self.session_id,
-            turn_id=self.turn_id,
+            session_id=self.rows.session_id,
+            turn_id=self.rows.turn_id,
             tool_call_id=w.call_id,
-            message_id=self._wait_rows[w.call_id],
+            message_id=self.wait_rows[w.call_id],
             kind=w.kind,
             tool_name=w.name,
             arguments=w.arguments,
@@ -91,21 +85,21 @@ class WaitLog(TurnLog):
 
     def _announce_request(self, w: Waiting) -> None:
         common: dict[str, Any] = {
-            "id": self._wait_rows[w.call_id],
-            "turn_id": self.turn_id,
+            "id": self.wait_rows[w.call_id],
+            "turn_id": self.rows.turn_id,
             "tool_call_id": w.call_id,
             "name": w.name,
             "arguments": w.arguments,
             "expires_at": w.expires_at,
         }
         if w.kind == "client":
-            self._emit(ClientToolRequested, **common)
+            self.rows.emit(ClientToolRequested, **common)
         else:
-            self._emit(ApprovalRequested, **common, decisions=DECISIONS)
+            self.rows.emit(ApprovalRequested, **common, decisions=DECISIONS)
 
     async def on_input_answered(self, event: InputAnswered) -> None:
         at = now_iso()
-        async with self._transaction() as db:
+        async with self.rows.transaction() as db:
             for answer, waiting in zip(event.answers, event.waiting, strict=True):
                 await self._record_answer(db, answer, waiting, at)
             self.settle_status()
@@ -115,18 +109,18 @@ class WaitLog(TurnLog):
     async def _record_answer(self, db: AsyncSession, answer: Answer, w: Waiting, at: str) -> None:
         state = "expired" if answer.resolution == "expired" else "answered"
         values = {"state": state, "decision": answer.resolution, "answer": answer.given, "answered_at": at}
-        await pending.update_request(db, self.turn_id, w.call_id, values)
-        row_id = self._wait_rows[w.call_id]
+        await pending.update_request(db, self.rows.turn_id, w.call_id, values)
+        row_id = self.wait_rows[w.call_id]
         row: dict[str, Any] = {}
         if w.kind == "approval":
             row = {"decision": answer.resolution, "wait_ms": answer.wait_ms}
             arguments = answer.given.get("arguments") if answer.given else None
             if arguments is not None:
                 await pending.set_tool_arguments(db, row_id, arguments)
-            self._emit(
+            self.rows.emit(
                 ApprovalResolved,
                 id=row_id,
-                turn_id=self.turn_id,
+                turn_id=self.rows.turn_id,
                 tool_call_id=w.call_id,
                 decision=answer.resolution,
                 arguments=arguments if arguments is not None else w.arguments,
@@ -134,10 +128,10 @@ class WaitLog(TurnLog):
                 wait_ms=answer.wait_ms,
             )
         else:
-            self._emit(
+            self.rows.emit(
                 ClientToolResolved,
                 id=row_id,
-                turn_id=self.turn_id,
+                turn_id=self.rows.turn_id,
                 tool_call_id=w.call_id,
                 resolution=answer.resolution,
                 is_error=answer.outcome is None or answer.outcome.is_error,
@@ -149,8 +143,8 @@ class WaitLog(TurnLog):
             duration_ms = answer.wait_ms if w.kind == "client" else 0
             row |= {"result": outcome.content, "is_error": outcome.is_error, "duration_ms": duration_ms}
             row |= {"truncated": outcome.truncated}
-            tool = self._open_tools.pop(w.call_id, None)
-            self._emit(
+            tool = self.round.tools.pop(w.call_id, None)
+            self.rows.emit(
                 ToolExecEnd,
                 id=row_id,
                 tool_result=ToolResult(
@@ -164,34 +158,34 @@ class WaitLog(TurnLog):
             )
         if row:
             await repository.update_message(db, row_id, row)
-        del self._waiting[w.call_id]
+        del self.waiting[w.call_id]
 
     async def on_approved_starting(self, event: ApprovedStarting) -> None:
-        async with self._transaction() as db:
+        async with self.rows.transaction() as db:
             for call_id in event.call_ids:
-                await pending.update_request(db, self.turn_id, call_id, {"state": pending.RUNNING})
+                await pending.update_request(db, self.rows.turn_id, call_id, {"state": pending.RUNNING})
             self.settle_status()
 
-    async def _abandon_waiting(self, db: AsyncSession, tool_result: str) -> None:
+    async def abandon(self, db: AsyncSession, tool_result: str) -> None:
         """A stop, a failure or a shutdown that ends the turn: every call still waiting is closed with
         the result the stop gives the round's open calls (written by the caller)."""
         at = now_iso()
-        for w in list(self._waiting.values()):
+        for w in list(self.waiting.values()):
             await pending.update_request(
                 db,
-                self.turn_id,
+                self.rows.turn_id,
                 w.call_id,
                 {"state": "interrupted", "decision": "interrupted", "answered_at": at},
             )
-            row_id = self._wait_rows[w.call_id]
+            row_id = self.wait_rows[w.call_id]
             if w.kind == "approval":
                 await repository.update_message(
                     db, row_id, {"decision": "interrupted", "wait_ms": w.waited_ms()}
                 )
-                self._emit(
+                self.rows.emit(
                     ApprovalResolved,
                     id=row_id,
-                    turn_id=self.turn_id,
+                    turn_id=self.rows.turn_id,
                     tool_call_id=w.call_id,
                     decision="interrupted",
                     arguments=w.arguments,
@@ -199,15 +193,15 @@ class WaitLog(TurnLog):
                     wait_ms=w.waited_ms(),
                 )
             else:
-                self._emit(
+                self.rows.emit(
                     ClientToolResolved,
                     id=row_id,
-                    turn_id=self.turn_id,
+                    turn_id=self.rows.turn_id,
                     tool_call_id=w.call_id,
                     resolution="interrupted",
                     is_error=True,
                     wait_ms=w.waited_ms(),
                 )
-        self._waiting.clear()
+        self.waiting.clear()
         # Also what this process never took up (a resumed turn that failed before its round went on).
-        await pending.close_turn_requests(db, self.turn_id, at)
+        await pending.close_turn_requests(db, self.rows.turn_id, at)

@@ -1,0 +1,127 @@
+"""The turn every part of the recorder writes: who it is (session, turn, model), where its writes go (a
+transaction of the write-behind, whose events commit with it) and its events (the session's publisher),
+and the agent status it announced last. It builds the turn's chat_messages rows (docs/protocol.md) and
+writes the first of them: the turn's opening.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.protocol.clock import now_iso
+from app.protocol.events import AgentState, AgentStatus, QueuedItem, QueueUpdated, TurnStart, UserMessage
+from app.protocol.ids import new_message_id
+from app.protocol.schemas import QueuedMessage
+from app.storage import repository
+from app.storage.tables import ChatMessageRow, new_message
+from app.streaming.frames import Publisher
+from app.streaming.writer import WriteBehind
+from app.turns.agent import CallRequest
+from app.turns.live import LiveStatus, LiveStatusBoard
+
+# Claims the turn's lease, first thing in the transaction that opens it (multi-replica mode).
+Claim = Callable[[AsyncSession], Awaitable[None]]
+
+
+@dataclass
+class TurnRows:
+    writer: WriteBehind
+    events: Publisher
+    live: LiveStatusBoard
+    session_id: str
+    turn_id: str
+    model: str
+    # The last agent_status this turn announced (ToolRequests.settle_status announces only a change).
+    status: tuple[AgentState, str | None] | None = None
+
+    def row(self, type_: str, timestamp: str, **fields: Any) -> ChatMessageRow:
+        return new_message(
+            id=fields.pop("id", None) or new_message_id(),
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            type=type_,
+            timestamp=timestamp,
+            **fields,
+        )
+
+    def tool_row(
+        self, call: CallRequest, response_id: str | None, timestamp: str, **fields: Any
+    ) -> ChatMessageRow:
+        return self.row(
+            "tool_group",
+            timestamp,
+            role="assistant",
+            model=self.model,
+            response_id=response_id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            arguments=call.arguments,
+            **fields,
+        )
+
+    def transaction(self, *, final: bool = False) -> AbstractAsyncContextManager[AsyncSession]:
+        """A write of the turn; events emitted inside it commit with it and are delivered right after. In
+        multi-replica mode it goes through only under the turn's lease; `final` (turn_done) releases it."""
+        return self.writer.transaction(self.session_id, turn_id=self.turn_id, final=final)
+
+    def emit(self, cls: Any, **fields: Any) -> None:
+        self.events.emit(cls, **fields)
+
+    def set_status(self, status: AgentState, tool_name: str | None = None) -> None:
+        self.status = (status, tool_name)
+        self.live.set(self.session_id, LiveStatus(status, None if status == "idle" else self.turn_id))
+        self.emit(AgentStatus, status=status, tool_name=tool_name, turn_id=self.turn_id)
+
+    async def open(
+        self,
+        messages: Sequence[QueuedMessage],
+        *,
+        waiting: list[QueuedItem] | None = None,
+        claim: Claim | None = None,
+    ) -> None:
+        """Starts the turn: its turn_start and the user messages it takes, with their events, in one
+        transaction (after `claim`, when given). `waiting` is the waiting line once the messages left it,
+        when they come from it."""
+        at = now_iso()
+        start = self.row("turn_start", at)
+        users = [
+            self.row(
+                "text",
+                m.timestamp,
+                id=m.id,
+                role="user",
+                content=m.content,
+                sender=m.sender,
+                client_message_id=m.client_message_id,
+                client_tools=[t.model_dump(mode="json") for t in m.client_tools] if m.client_tools else None,
+            )
+            for m in messages
+        ]
+        async with self.transaction() as db:
+            if claim is not None:
+                await claim(db)
+            if waiting is not None:
+                await repository.dequeue(db, [m.id for m in messages])
+            renamed = await repository.insert_messages(db, [start, *users], new_message_id)
+            for m in messages:  # a message whose id another row held: the row's fresh id is its id now
+                m.id = renamed.get(m.id, m.id)
+            if waiting is not None:
+                self.events.emit(QueueUpdated, queue=waiting)
+            self.events.emit(TurnStart, id=start.id, turn_id=self.turn_id, timestamp=at)
+            for m in messages:
+                self.events.emit(
+                    UserMessage,
+                    id=m.id,
+                    text=m.content,
+                    timestamp=m.timestamp,
+                    turn_id=self.turn_id,
+                    model=self.model,
+                    sender=m.sender,
+                    client_message_id=m.client_message_id,
+                )
+            self.set_status("thinking")
