@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.errors import STORAGE_FULL_RETRY_AFTER, StorageUnavailable, storage_refusal
+from app.errors import STORAGE_FULL_RETRY_AFTER, StorageFailed
+from app.errors.storage import storage_refusal
 from app.llm.types import ProviderError
 from app.protocol.clock import now_iso
 from app.protocol.events import (
@@ -217,9 +218,7 @@ class TurnRecorder(WaitLog):
                 raise self.writer.failure
             refused = self.writer.refused(self.session_id)
             if refused is not None:
-                raise StorageUnavailable(
-                    REFUSED_MESSAGE, code="storage_error", retry_after=STORAGE_FULL_RETRY_AFTER
-                ) from refused
+                raise StorageFailed(REFUSED_MESSAGE, retry_after=STORAGE_FULL_RETRY_AFTER) from refused
             text = clean_text(event.text)
             buffer = self._text
             if buffer is None:
