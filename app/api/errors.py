@@ -37,7 +37,8 @@ STATUS: dict[str, int] = {
     "invalid_idempotency_key": 422,
     "idempotency_key_reused": 422,
     "invalid_answer": 422,
-    "tool_name_clash": 422,
+    # A client tool named as one of the session's server tools.
+    "tool_name_clash": 400,
     "unauthorized": 401,
     "not_found": 404,
     "payload_too_large": 413,
