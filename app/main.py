@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from app import errors
-from app.api import debug, events, health, messages, metrics, sessions, tool_requests, turns, ui
+from app.api import debug, errors, events, health, messages, metrics, sessions, tool_requests, turns, ui
 from app.api.deps import Services, known_query_only
 from app.api.middleware import RequestContextMiddleware
 from app.api.tools import router as tools_router

@@ -16,7 +16,7 @@ from app.api.deps import ServicesDep, StreamPrincipalDep
 from app.api.responses import v1_errors
 from app.api.sse import EventStreamResponse
 from app.chat.limits import Lease
-from app.errors import ApiError, NotFound
+from app.errors import DomainError, NotFound
 from app.observability.hooks import events_sent, stream_closed, stream_opened
 from app.protocol.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
 from app.protocol.schemas import QueryBool
@@ -79,8 +79,7 @@ ENDLESS_STREAM = "x-endless-stream"
 StreamFormat = Literal["sse", "ndjson"]
 
 
-class InvalidPosition(ApiError):
-    status = 422
+class InvalidPosition(DomainError):
     code = "invalid_position"
 
 

@@ -23,8 +23,8 @@ import secrets
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.errors import BodyTooLarge, error_body, server_error
 from app.chat.auth import OPEN_MODE_HELP, is_loopback
-from app.errors import BodyTooLarge, error_body, server_error
 from app.observability.context import request_id_var
 
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

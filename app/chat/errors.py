@@ -1,31 +1,45 @@
-"""The use-case layer's own refusals (each a typed error with its code; app.errors renders them)."""
+"""The use-case layer's own refusals: domain errors, each with its code (app.api.errors gives its status)."""
 
 from __future__ import annotations
 
-from app.errors import ApiError
+from app.errors import Conflict, DomainError
 
-# A request that names something that does not exist (a model, a tool, a position) is not valid: 422,
-# as every request the spec's schemas let through but the server cannot take.
+# A request that names something that does not exist (a model, a tool, a position) is not valid, as
+# every request the spec's schemas let through but the server cannot take.
 
 
-class UnknownModel(ApiError):
-    status = 422
+class UnknownModel(DomainError):
     code = "unknown_model"
 
 
-class UnknownTool(ApiError):
-    status = 422
+class UnknownTool(DomainError):
     code = "unknown_tool"
 
 
-class InvalidCursor(ApiError):
-    status = 422
+class InvalidCursor(DomainError):
     code = "invalid_cursor"
 
 
-class SessionDeleted(ApiError):
+class SessionDeleted(DomainError):
     """An Idempotency-Key replay whose session has since been deleted: its answer would name a session
     that no longer exists, and creating another would not be what the first request did."""
 
-    status = 410
     code = "session_deleted"
+
+
+class TurnInProgress(Conflict):
+    """A message that asked to start a turn at once while one runs."""
+
+    code = "turn_running"
+
+
+class AlreadyTaken(Conflict):
+    """A waiting message withdrawn after a turn took it."""
+
+    code = "already_taken"
+
+
+class Withdrawn(Conflict):
+    """A message waited for (`?wait=true`) that was withdrawn before a turn took it."""
+
+    code = "withdrawn"

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from app.errors import ApiError
+from app.errors import DomainError
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import IdempotencyKeyRow
@@ -40,13 +40,11 @@ _PRUNE_EVERY = 60.0
 RACE_POLL_SECONDS = 0.05
 
 
-class IdempotencyKeyReused(ApiError):
-    status = 422
+class IdempotencyKeyReused(DomainError):
     code = "idempotency_key_reused"
 
 
-class InvalidIdempotencyKey(ApiError):
-    status = 422
+class InvalidIdempotencyKey(DomainError):
     code = "invalid_idempotency_key"
 
 
@@ -138,8 +136,8 @@ class Idempotency:
                 raise _reused()
             try:
                 return await asyncio.shield(attempt.outcome)
-            except ApiError:
-                raise  # its refusal: every racer gets the same status and code
+            except DomainError:
+                raise  # its refusal: every racer gets the same error
             except (Exception, asyncio.CancelledError):
                 if not attempt.outcome.done():
                     raise  # this request itself was cancelled while it waited
@@ -204,7 +202,7 @@ class Idempotency:
         A racer gets the answer of the attempt in flight; a retry gets the stored answer (`load`); one
         that finds only the reservation (the first attempt died before answering) first looks for what
         that attempt may have created with the reserved id (`find`), and creates it (`create`) only if
-        it is not there. A refusal (an ApiError below 500) stored nothing and releases the key."""
+        it is not there. A refusal (a DomainError not `server_side`) stored nothing and releases the key."""
         slot = (principal, check_key(key))
         shared = await self._join(slot, request_fingerprint)
         if shared is not None:
@@ -223,8 +221,8 @@ class Idempotency:
                 await self.complete(res, status_code, answer.model_dump_json())
             attempt.outcome.set_result(answer)
             return answer, replayed
-        except ApiError as refusal:
-            if refusal.status < 500:
+        except DomainError as refusal:
+            if not refusal.server_side:
                 await self._release(principal, key, request_fingerprint)
                 attempt.outcome.set_exception(refusal)
                 attempt.outcome.exception()  # retrieved: racers may read it, none has to

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.errors import TooManyRequests
+from app.errors import TooManyRequests, TooManyStreams
 
 # A stream has no natural time to wait for: a client may retry once one of its other streams has ended.
 STREAM_RETRY_AFTER = 5
@@ -29,7 +29,7 @@ class MessageLimit(Protocol):
     """
 
     async def take(self, principal: str) -> None:
-        """Spends one message of `principal`'s allowance, or raises TooManyRequests with Retry-After."""
+        """Spends one message of `principal`'s allowance, or raises TooManyRequests with its retry_after."""
         ...
 
 
@@ -48,7 +48,7 @@ class StreamLimit(Protocol):
     """
 
     async def acquire(self, principal: str) -> Lease:
-        """A slot for one more stream, or TooManyRequests (code too_many_streams) with Retry-After."""
+        """A slot for one more stream, or TooManyStreams with its retry_after."""
         ...
 
     async def open_count(self, principal: str) -> int:
@@ -79,7 +79,7 @@ class MessageRate:
         self._buckets: dict[str, _Bucket] = {}
 
     async def take(self, principal: str) -> None:
-        """Spends one message of `principal`'s allowance, or raises TooManyRequests with Retry-After."""
+        """Spends one message of `principal`'s allowance, or raises TooManyRequests with its retry_after."""
         if self._capacity == 0:
             return
         now = self._clock()
@@ -125,10 +125,9 @@ class StreamSlots:
     async def acquire(self, principal: str) -> StreamLease:
         count = self._open.get(principal, 0)
         if self._limit and count >= self._limit:
-            raise TooManyRequests(
+            raise TooManyStreams(
                 f"{count} event streams are open with this key, the limit; close one first.",
                 retry_after=STREAM_RETRY_AFTER,
-                code="too_many_streams",
             )
         self._open[principal] = count + 1
         return StreamLease(self, principal)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.chat.errors import InvalidCursor
+from app.chat.errors import AlreadyTaken, InvalidCursor, TurnInProgress
 from app.chat.idempotency import IdempotencyStore, fingerprint
 from app.chat.sessions import Sessions
 from app.chat.tool_rules import check_client_tools
 from app.chat.views import to_chat_message
-from app.errors import Conflict, NotFound, PayloadTooLarge, Unavailable
+from app.errors import NotFound, PayloadTooLarge, Unavailable
 from app.protocol.ids import new_message_id
 from app.protocol.schemas import (
     CancelResult,
@@ -122,9 +122,8 @@ class Messages:
         except SessionClosed as exc:
             raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id}) from exc
         except TurnRunning as exc:
-            raise Conflict(
+            raise TurnInProgress(
                 f"A turn is running ({exc.turn_id}); the message was not stored.",
-                code="turn_running",
                 details={"turn_id": exc.turn_id},
             ) from exc
         except ShuttingDown as exc:
@@ -148,9 +147,8 @@ class Messages:
             async with self._database.read() as db:
                 taken = await repository.message_position(db, session_id, message_id)
             if taken is not None:
-                raise Conflict(
+                raise AlreadyTaken(
                     f"Message {message_id!r} was already taken by a turn.",
-                    code="already_taken",
                     details={"message_id": message_id},
                 ) from exc
             raise NotFound(f"No waiting message {message_id!r}.", details={"message_id": message_id}) from exc

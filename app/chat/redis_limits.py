@@ -32,7 +32,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from app.chat.limits import STREAM_RETRY_AFTER, Lease, MessageRate, StreamSlots
-from app.errors import TooManyRequests
+from app.errors import TooManyRequests, TooManyStreams
 from app.observability.hooks import limits_without_redis
 from app.streaming.redis_fanout import redis_client
 
@@ -228,10 +228,9 @@ class RedisStreamSlots:
                 pass
             else:
                 if not int(taken):
-                    raise TooManyRequests(
+                    raise TooManyStreams(
                         f"{int(open_now)} event streams are open with this key, the limit; close one first.",
                         retry_after=STREAM_RETRY_AFTER,
-                        code="too_many_streams",
                     )
                 if self._task is None:
                     self._task = asyncio.get_running_loop().create_task(

@@ -3,9 +3,10 @@ person's decisions (POST .../approvals), and what waits (GET .../pending).
 
 An answer to a call that still waits goes to the running turn, which checks it against what waits and
 commits it before the reply. An answer to a call already resolved is answered from its row: the same
-answer again is a replay (200), another one a 409, one after expiry a 410; a call the session never
-waited for is a 409. Answers racing for one call get the same: the turn takes the first, and the others
-are answered from what it committed (the turn refuses them once it no longer waits, and the rows say).
+answer again is a replay, another one `answer_conflict`, one after expiry `expired`; a call the session
+never waited for is `no_pending_call`. Answers racing for one call get the same: the turn takes the first,
+and the others are answered from what it committed (the turn refuses them once it no longer waits, and the
+rows say).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from app.chat.sessions import Sessions
-from app.errors import ApiError
 from app.protocol.tool_requests import (
     ApprovalsIn,
     PendingList,
@@ -61,16 +61,11 @@ class ToolAnswers:
     ) -> ResolutionResult:
         await self._sessions.owned(principal, session_id)
         ids = [item["tool_call_id"] for item in items]
-        try:
-            rows = await self._requests(session_id, kind, ids)
-            if any(row.state == pending.WAITING for row in rows.values()):
-                resolved = await self._to_turn(session_id, kind, items)
-            else:
-                resolved = [_replay(rows[item["tool_call_id"]], item) for item in items]
-        except AnswerRefused as refused:
-            error = ApiError(refused.message, details=refused.details, code=refused.code)
-            error.status = refused.status
-            raise error from None
+        rows = await self._requests(session_id, kind, ids)
+        if any(row.state == pending.WAITING for row in rows.values()):
+            resolved = await self._to_turn(session_id, kind, items)
+        else:
+            resolved = [_replay(rows[item["tool_call_id"]], item) for item in items]
         return ResolutionResult(turn_id=rows[ids[0]].turn_id, resolved=resolved)
 
     async def _requests(

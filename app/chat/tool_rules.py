@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.chat.errors import UnknownTool
-from app.errors import ApiError
+from app.errors import DomainError
 from app.protocol.tool_requests import ClientTool
 from app.tools.registry import ToolRegistry
 
 
-class ToolNameClash(ApiError):
+class ToolNameClash(DomainError):
     code = "tool_name_clash"
 
 

@@ -8,11 +8,11 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from app.chat.errors import InvalidCursor
+from app.chat.errors import InvalidCursor, Withdrawn
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
 from app.chat.views import build_turns
-from app.errors import ApiError, Conflict, NotFound, Unavailable, WaitTimeout
+from app.errors import DomainError, NotFound, Unavailable, WaitTimeout
 from app.protocol.schemas import MessageAccepted, MessageCreate
 from app.protocol.turns import Turn, TurnPage
 from app.settings import Settings
@@ -142,15 +142,14 @@ class Turns:
             await self._turns.turn_end(turn_id)
         return turn_id
 
-    async def _never_taken(self, principal: str, session_id: str, message_id: str) -> ApiError:
+    async def _never_taken(self, principal: str, session_id: str, message_id: str) -> DomainError:
         if self._turns.closing:
             return Unavailable(
                 "The server is shutting down; the message is kept and answered after the restart.",
                 details={"message_id": message_id},
             )
         await self._sessions.owned(principal, session_id)  # 404 once the session is deleted
-        return Conflict(
+        return Withdrawn(
             f"Message {message_id!r} was withdrawn before a turn took it.",
-            code="withdrawn",
             details={"message_id": message_id},
         )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import create_engine, inspect, pool, text
 from sqlalchemy.engine import make_url
 
-from app.errors import storage_refusal
+from app.errors.storage import storage_refusal
 from app.storage.engine import ensure_sqlite_dir, sync_url
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ import logging
 import time
 from contextlib import suppress
 
-from app.errors import StorageUnavailable, storage_refusal
+from app.errors import StorageUnavailable
+from app.errors.storage import storage_refusal
 from app.streaming.commit import BATCH_TASK, URGENT_TASK
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from contextlib import asynccontextmanager
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.errors import storage_refusal
+from app.errors.storage import storage_refusal
 from app.storage import event_log
 from app.storage.engine import Database
 from app.streaming.commit import commit as _commit

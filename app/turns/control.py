@@ -121,13 +121,12 @@ def accepted(session_id: str, message: QueuedMessage, turn_id: str | None) -> Me
 
 
 def end_not_stored(refusal: StorageUnavailable, *, stopping: bool) -> StorageUnavailable:
-    """The 503 of a cancel whose turn cannot write its end: storage refuses it (full, busy, failing)."""
+    """The refusal of a cancel whose turn cannot write its end: storage refuses it (full, busy, failing),
+    with the same code and wait."""
     what = "The turn is stopped" if stopping else "The turn has already ended"
-    return StorageUnavailable(
+    return refusal.again(
         f"{what}, but its end cannot be stored yet: {refusal.message} It is written, in order, once "
-        "storage works again.",
-        code=refusal.code,
-        retry_after=int(refusal.headers["Retry-After"]) if refusal.headers else 1,
+        "storage works again."
     )
 
 

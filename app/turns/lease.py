@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.errors import STORAGE_BUSY_RETRY_AFTER, StorageUnavailable
+from app.errors import STORAGE_BUSY_RETRY_AFTER, StorageBusy
 from app.protocol.schemas import CancelResult
 from app.settings import Settings
 from app.storage import leases, repository
@@ -155,9 +155,8 @@ class LeaseKeeper:
                 return flagged
             except leases.LeaseBusy as exc:
                 if time.monotonic() >= deadline:
-                    raise StorageUnavailable(
+                    raise StorageBusy(
                         "The turn's lease stayed locked; retry in a moment.",
-                        code="storage_busy",
                         retry_after=STORAGE_BUSY_RETRY_AFTER,
                     ) from exc
             await asyncio.sleep(CANCEL_POLL_SECONDS)

@@ -25,7 +25,7 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from app.errors import storage_refusal
+from app.errors.storage import storage_refusal
 from app.storage import event_log, pending, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow

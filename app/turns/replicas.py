@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
-from app.errors import Unavailable
+from app.errors import DomainError, Unavailable
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.protocol.tool_requests import ClientTool, Resolution
 from app.storage import leases, repository, turn_queries
@@ -39,7 +39,7 @@ from app.streaming.control import ControlBus
 from app.streaming.frames import Frame
 from app.turns.leased_runner import LeasedRunner
 from app.turns.live import LiveStatus
-from app.turns.waiting import AnswerRefused, Kind
+from app.turns.waiting import Kind
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class ReplicaTurns:
             )
         refused = reply.get("refused")
         if refused is not None:
-            raise _refusal(refused)
+            raise DomainError.from_wire(refused)
         return [Resolution.model_validate(r) for r in reply["resolved"]]
 
     # --- stopping --------------------------------------------------------------------------------------
@@ -215,9 +215,9 @@ class ReplicaTurns:
         if op == "answer":
             try:
                 resolved = await self._runner.answer(session_id, args["kind"], args["items"])
-            except AnswerRefused as refused:
-                # Carried back whole: the asking replica answers with the same status and body.
-                return {"refused": {**vars(refused), "status": refused.status, "code": refused.code}}
+            except DomainError as refused:
+                # Carried back whole, as its code: the asking replica raises the same error.
+                return {"refused": refused.wire()}
             return {"resolved": [r.model_dump(mode="json") for r in resolved]}
         return None
 
@@ -280,13 +280,6 @@ def _announced(turn_id: str, data: str | None) -> LiveStatus:
     event = json.loads(data) if data is not None else {}
     status = event.get("status") if event.get("turn_id") == turn_id else None
     return LiveStatus(status or "thinking", turn_id)
-
-
-def _refusal(refused: dict[str, Any]) -> AnswerRefused:
-    """The owner's refusal of an answer, as this replica raises it (same status, code and body)."""
-    error = AnswerRefused(refused["message"], details=refused.get("details"))
-    error.status, error.code = int(refused["status"]), str(refused["code"])
-    return error
 
 
 async def _next_batch(subscription: Subscription) -> list[Frame]:

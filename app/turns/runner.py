@@ -19,7 +19,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from app.errors import storage_refusal
+from app.errors.storage import storage_refusal
 from app.llm.gateway import ModelGateway
 from app.observability.hooks import message_queued, observe_turn, turn_cancelled
 from app.protocol.clock import now_iso

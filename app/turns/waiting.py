@@ -2,8 +2,9 @@
 
 Pure state, no storage: the agent loop (turns.rounds) keeps one `Waiting` per such call of the current tool
 round, and reads answers from the turn's `Inbox`, which requests (through the runner) put them in. An
-answer is checked here against what waits (409 for a call that does not wait, 410 after expiry, 422 for
-edited arguments the tool refuses or a set of decisions that leaves one out), then handed to the recorder,
+answer is checked here against what waits (`no_pending_call` for a call that does not wait, `expired` after
+expiry, `invalid_answer` for edited arguments the tool refuses or a set of decisions that leaves one out),
+then handed to the recorder,
 which commits it before the answering request gets its reply: an acknowledged answer is never lost.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from app.errors import DomainError
 from app.protocol.tool_requests import Resolution
 from app.tools.registry import ToolOutcome
 
@@ -25,36 +27,23 @@ DECISIONS = ["approve", "edit", "reject"]
 APPROVAL_TIMED_OUT = "approval timed out"
 
 
-class AnswerRefused(Exception):
-    """An answer refused as a whole (nothing of it is taken); the use-case layer renders it with its
-    status. Not app.errors.ApiError: the agent loop stays free of the HTTP stack."""
-
-    status = 400
-    code = "bad_request"
-
-    def __init__(self, message: str, *, details: Any = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details = details
+class AnswerRefused(DomainError):
+    """An answer refused as a whole (nothing of it is taken): a family, raise one of its kinds."""
 
 
 class NoPendingCall(AnswerRefused):
-    status = 409
     code = "no_pending_call"
 
 
 class AnswerConflict(AnswerRefused):
-    status = 409
     code = "answer_conflict"
 
 
 class AnswerExpired(AnswerRefused):
-    status = 410
     code = "expired"
 
 
 class InvalidAnswer(AnswerRefused):
-    status = 422
     code = "invalid_answer"
 
 
@@ -193,7 +182,7 @@ def check(
     submission: Submission, waiting: dict[str, Waiting], validate: ArgumentCheck
 ) -> tuple[list[Answer], list[Resolution]]:
     """The new answers of a submission, and the reply for every item (repeats included). Raises the
-    ApiError the request gets when any item is refused: then nothing of it is taken."""
+    AnswerRefused the request gets when any item is refused: then nothing of it is taken."""
     items = submission.items
     ids = [item["tool_call_id"] for item in items]
     if len(set(ids)) != len(ids):

@@ -77,7 +77,7 @@ async def test_pages_go_back_from_the_newest_turns(view: View) -> None:
 async def test_a_cursor_that_names_no_turn_of_the_session_is_invalid(view: View) -> None:
     with pytest.raises(InvalidCursor) as caught:
         await view.turns.page(ALICE, SID, limit=2, before="t_unknown")
-    assert (caught.value.status, caught.value.details) == (422, {"cursor": "t_unknown"})
+    assert (caught.value.code, caught.value.details) == ("invalid_cursor", {"cursor": "t_unknown"})
 
 
 async def test_get_finds_the_sessions_turn_and_404s_otherwise(view: View) -> None:
@@ -127,7 +127,7 @@ async def test_a_wait_past_its_timeout_is_a_504_and_the_turn_goes_on(view: View)
     turn_id = await view.parts.start_turn(view.session)
     with pytest.raises(WaitTimeout) as caught:
         await view.turns.wait(ALICE, SID, turn_id, timeout=0.1)
-    assert caught.value.status == 504
+    assert caught.value.code == "wait_timeout"
     assert caught.value.details == {"turn_id": turn_id, "message_id": None, "timeout": 0.1}
     assert (await view.parts.runner.statuses([SID]))[SID].turn_id == turn_id  # still running
 

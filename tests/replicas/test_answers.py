@@ -81,3 +81,29 @@ async def test_identical_answers_racing_on_two_replicas_get_one_fresh_answer_and
     assert_strictly_valid(upstream)
     for sid, stored in ((located, "Paris"), (guarded, "42")):
         assert [m["result"] for m in history(pg, sid) if m["type"] == "tool_group"] == [stored]
+
+
+async def test_an_answer_the_owner_refuses_gets_the_same_error_on_either_replica(
+    replicas: Replicas, pg: ScratchDatabase, upstream: FakeUpstream
+) -> None:
+    """The owner's refusal crosses replicas as its code (issue 32): the other replica answers the status,
+    body and headers the owner itself answers, and nothing of the answer is taken."""
+    a_replica, b_replica = await replicas(2)
+    upstream.enqueue(calls(("call_loc", "get_location", "{}")), Script.text("You are in Paris."))
+    async with clients(a_replica, b_replica) as (a, b):
+        sid = await new_session(a, client_tools=[LOCATION])
+        turn_id = await _waiting_turn(a, pg, sid)
+        twice = {"tool_call_id": "call_loc", "output": "Paris"}
+        path = f"/v1/sessions/{sid}/tool_results"
+        seen = []
+        for client in (a, b):  # a runs the turn; b asks it over the control channel
+            refused = await client.post(path, json={"results": [twice, twice]})
+            error = refused.json()["error"]
+            assert error.pop("request_id")
+            seen.append((refused.status_code, error, refused.headers.get("retry-after")))
+        assert seen[0] == seen[1], seen
+        assert seen[0][0] == 422 and seen[0][1]["code"] == "invalid_answer", seen
+        assert await _waits(pg, turn_id)  # nothing taken: the call still waits
+        answered = await b.post(path, json={"results": [twice]})
+        assert answered.status_code == 200, answered.text
+        await until(lambda: _completed(pg, turn_id), seconds=30)

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.errors import StorageUnavailable
+from app.errors import StorageFull
 from app.observability import hooks
 from app.observability.monitor import CommitCounter
 from app.protocol.events import TextDelta
@@ -370,7 +370,7 @@ async def test_a_committed_turn_write_clears_the_batches_storage_failure(databas
     commit proves storage works, so a turn starting right after it streams instead of stopping on the
     stale failure before the batch loop's next success (a CI flake: the next turn failed storage_full)."""
     writer = WriteBehind(database, interval=60.0, deliver=Delivered())
-    writer.failure = StorageUnavailable("The database's disk is full.", code="storage_full")
+    writer.failure = StorageFull("The database's disk is full.")
     bad = ChatMessageRow(id="m_x", session_id="s_missing", turn_id="t", type="turn_done", timestamp=T0)
     with pytest.raises(Exception, match="FOREIGN KEY"):
         async with writer.transaction("s_a") as db:

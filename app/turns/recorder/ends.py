@@ -20,7 +20,8 @@ from functools import partial
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.errors import StorageUnavailable, storage_refusal
+from app.errors import StorageUnavailable
+from app.errors.storage import storage_refusal
 from app.observability.context import current_trace_id
 from app.protocol.clock import now_iso
 from app.protocol.events import AgentCancelled, ErrorEvent, TurnDone, TurnStatus

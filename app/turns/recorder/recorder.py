@@ -25,7 +25,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.errors import STORAGE_FULL_RETRY_AFTER, StorageUnavailable, storage_refusal
+from app.errors import STORAGE_FULL_RETRY_AFTER, StorageFailed
+from app.errors.storage import storage_refusal
 from app.llm.types import ProviderError
 from app.protocol.clock import now_iso
 from app.protocol.events import (
@@ -262,9 +263,7 @@ class TurnRecorder:
                 raise self.writer.failure
             refused = self.writer.refused(self.session_id)
             if refused is not None:
-                raise StorageUnavailable(
-                    REFUSED_MESSAGE, code="storage_error", retry_after=STORAGE_FULL_RETRY_AFTER
-                ) from refused
+                raise StorageFailed(REFUSED_MESSAGE, retry_after=STORAGE_FULL_RETRY_AFTER) from refused
             text = clean_text(event.text)
             buffer = self.round.text
             if buffer is None:
