@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.errors import STORAGE_FULL_RETRY_AFTER, StorageFailed
+from app.errors import STORAGE_FULL_RETRY_AFTER, StorageFailed, StorageUnavailable
 from app.errors.storage import storage_refusal
 from app.llm.types import ProviderError
 from app.protocol.clock import now_iso
