@@ -26,10 +26,10 @@ from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
 from app.chat.auth import OPEN_MODE_HELP, ConfigError, load_key_ring
-from app.llm.catalog import Catalog, ModelsFileError
 from app.llm.checks import missing_keys, model_problems, undecided
 from app.llm.litellm_import import import_litellm
 from app.llm.litellm_tables import Routes
+from app.llm.models_file import ModelCatalog, ModelsFileError
 from app.observability.setup import tracing_configured
 from app.settings import Settings
 
@@ -73,11 +73,11 @@ def container_advice(refusal: str, host: str) -> str:
     )
 
 
-def check_models_file(settings: Settings) -> Catalog | None:
+def check_models_file(settings: Settings) -> ModelCatalog | None:
     """The models file's catalog; None (after one line) when it cannot be used, or when a key variable is
     unset and PARLEY_MISSING_KEY=error."""
     try:
-        catalog = Catalog.load(settings.models_file)
+        catalog = ModelCatalog.load(settings.models_file)
     except ModelsFileError as exc:
         first = str(exc).splitlines()
         detail = "; ".join(line.strip() for line in first[:3] if line.strip())
@@ -95,7 +95,7 @@ def check_models_file(settings: Settings) -> Catalog | None:
     return None if problems and strict else catalog
 
 
-def routable(catalog: Catalog) -> bool:
+def routable(catalog: ModelCatalog) -> bool:
     """Whether LiteLLM routes every model of the file; else one line per model that it does not."""
     doubtful = undecided(catalog, Routes.read())
     if not doubtful:
@@ -110,7 +110,7 @@ def routable(catalog: Catalog) -> bool:
     return not problems
 
 
-def describe(settings: Settings, catalog: Catalog, host: str, port: int) -> str:
+def describe(settings: Settings, catalog: ModelCatalog, host: str, port: int) -> str:
     """The startup line: what runs, without a credential."""
     try:
         keys = load_key_ring(settings)
@@ -129,7 +129,7 @@ def describe(settings: Settings, catalog: Catalog, host: str, port: int) -> str:
     )
 
 
-def log_startup_line(settings: Settings, catalog: Catalog, host: str, port: int) -> None:
+def log_startup_line(settings: Settings, catalog: ModelCatalog, host: str, port: int) -> None:
     log.info("%s", describe(settings, catalog, host, port))
 
 

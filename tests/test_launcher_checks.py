@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.llm.catalog import Catalog
 from app.llm.checks import missing_keys
+from app.llm.models_file import ModelCatalog
 from app.settings import Settings
 from app.startup import container_advice, describe
 from tests.support.server import ROOT, free_port
@@ -161,7 +161,7 @@ def test_an_unset_key_variable_is_a_warning_or_by_setting_an_error(database_url:
         line.replace("warning:", "error:").replace("=warn)", "=error)") for line in warnings
     ]
     os.environ.pop("PARLEY_TEST_UNSET_KEY", None)
-    assert [p.model for p in missing_keys(Catalog.load(models))] == ["openai/m"]
+    assert [p.model for p in missing_keys(ModelCatalog.load(models))] == ["openai/m"]
 
 
 def test_json_logs_carry_the_request_and_session_ids_and_4xx_lines_are_printed(
@@ -219,7 +219,7 @@ def test_the_startup_line_shows_no_credentials() -> None:
         api_keys="alice:alice-key-0123456789abcdef",
         cors_origins=["https://app.example.com"],
     )
-    line = describe(settings, Catalog({}), "0.0.0.0", 8000)
+    line = describe(settings, ModelCatalog({}), "0.0.0.0", 8000)
     assert "s3cret-pw" not in line and "alice-key" not in line
     assert "postgresql+psycopg://parley:***@db.internal:5432/parley" in line
     assert "auth API keys" in line and "CORS origins https://app.example.com" in line

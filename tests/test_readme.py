@@ -26,7 +26,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
-from app.llm.catalog import ModelsFile
+from app.llm.models_file import ModelsFile
 from app.main import create_app
 from app.protocol.events import Event
 from app.settings import Settings

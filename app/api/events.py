@@ -15,7 +15,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from app.api.deps import ServicesDep, StreamPrincipalDep
 from app.api.responses import v1_errors
 from app.api.sse import EventStreamResponse
-from app.chat.limits import Lease
+from app.chat.limits import StreamSlot
 from app.errors import DomainError, NotFound
 from app.observability.hooks import events_sent, stream_closed, stream_opened
 from app.protocol.openapi import NDJSON_MEDIA_TYPE, STREAM_MEDIA_TYPE
@@ -220,7 +220,7 @@ class _StreamEnd:
     send is still pending holds no slot), or else when the response ends."""
 
     subscription: Subscription
-    lease: Lease
+    lease: StreamSlot
     done: bool = False
 
     def __call__(self) -> None:

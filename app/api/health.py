@@ -7,7 +7,7 @@ from pydantic import BaseModel
 
 from app.api.deps import PrincipalDep, ServicesDep
 from app.api.responses import errors, v1_errors
-from app.chat.catalog import list_models as models_of
+from app.chat.model_choice import list_models as models_of
 from app.protocol.schemas import ModelList
 
 # Tags per route: a router's tags add to each route's, and /v1/models listed under both appeared twice in

@@ -33,7 +33,7 @@ class MessageLimit(Protocol):
         ...
 
 
-class Lease(Protocol):
+class StreamSlot(Protocol):
     def release(self) -> None:
         """Idempotent: every way a stream ends may call it."""
         ...
@@ -47,7 +47,7 @@ class StreamLimit(Protocol):
     replica keeps renewing it, so a crash frees them within the renewal interval.
     """
 
-    async def acquire(self, principal: str) -> Lease:
+    async def acquire(self, principal: str) -> StreamSlot:
         """A slot for one more stream, or TooManyStreams with its retry_after."""
         ...
 
@@ -95,7 +95,7 @@ class MessageRate:
         )
 
 
-class StreamLease:
+class CountedStreamSlot:
     """One open stream of a principal; `release` is idempotent, so every way a stream ends may call it."""
 
     def __init__(self, slots: StreamSlots, principal: str) -> None:
@@ -122,7 +122,7 @@ class StreamSlots:
     async def close(self) -> None:
         """Nothing to let go of: the counts live and die with the process."""
 
-    async def acquire(self, principal: str) -> StreamLease:
+    async def acquire(self, principal: str) -> CountedStreamSlot:
         count = self._open.get(principal, 0)
         if self._limit and count >= self._limit:
             raise TooManyStreams(
@@ -130,7 +130,7 @@ class StreamSlots:
                 retry_after=STREAM_RETRY_AFTER,
             )
         self._open[principal] = count + 1
-        return StreamLease(self, principal)
+        return CountedStreamSlot(self, principal)
 
     def _release(self, principal: str) -> None:
         count = self._open.get(principal, 0) - 1

@@ -31,7 +31,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from app.chat.limits import STREAM_RETRY_AFTER, Lease, MessageRate, StreamSlots
+from app.chat.limits import STREAM_RETRY_AFTER, MessageRate, StreamSlot, StreamSlots
 from app.errors import TooManyRequests, TooManyStreams
 from app.observability.hooks import limits_without_redis
 from app.streaming.redis_fanout import redis_client
@@ -216,7 +216,7 @@ class RedisStreamSlots:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
-    async def acquire(self, principal: str) -> Lease:
+    async def acquire(self, principal: str) -> StreamSlot:
         if self._limit and self._store.usable():
             slot_id = uuid.uuid4().hex
             key = self._store.key("streams", principal)

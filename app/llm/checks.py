@@ -15,9 +15,9 @@ import os
 from dataclasses import dataclass
 from types import ModuleType
 
-from app.llm.catalog import Catalog, ConfiguredModel
 from app.llm.demo import DEMO_MODEL
 from app.llm.litellm_tables import Routes
+from app.llm.models_file import ConfiguredModel, ModelCatalog
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +26,13 @@ class ModelProblem:
     message: str
 
 
-def undecided(catalog: Catalog, routes: Routes) -> list[str]:
+def undecided(catalog: ModelCatalog, routes: Routes) -> list[str]:
     """The entries whose routing LiteLLM's files (litellm_tables) do not vouch for: LiteLLM decides."""
     return [name for name in catalog.names() if name != DEMO_MODEL and not routes.knows(name)]
 
 
 def model_problems(
-    litellm: ModuleType, catalog: Catalog, names: list[str] | None = None
+    litellm: ModuleType, catalog: ModelCatalog, names: list[str] | None = None
 ) -> list[ModelProblem]:
     """Entries (of `names`, else all) LiteLLM cannot route, each with the fix."""
     problems: list[ModelProblem] = []
@@ -63,7 +63,7 @@ def _routing_fix(model: ConfiguredModel) -> str:
     )
 
 
-def missing_keys(catalog: Catalog) -> list[ModelProblem]:
+def missing_keys(catalog: ModelCatalog) -> list[ModelProblem]:
     """Entries whose api_key_env names an unset (or empty) variable."""
     problems: list[ModelProblem] = []
     for name in catalog.names():

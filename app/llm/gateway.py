@@ -17,11 +17,11 @@ import logging
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from app.llm.catalog import Catalog
 from app.llm.demo import DEMO_MODEL, DemoAdapter
 from app.llm.litellm_adapter import LiteLLMAdapter
 from app.llm.litellm_import import frozen_afterwards, import_litellm
 from app.llm.litellm_process import LiteLLMProcess
+from app.llm.models_file import ModelCatalog
 from app.llm.observed import ObservedAdapter
 from app.llm.routing import resolve_endpoint
 from app.llm.types import ModelAdapter, ModelRequest, ResolvedModel
@@ -63,7 +63,7 @@ class UnknownModelError(LookupError):
 class ModelGateway:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self.catalog = Catalog.load(settings.models_file)
+        self.catalog = ModelCatalog.load(settings.models_file)
         self._litellm: ModuleType | None = None
         self._demo = DemoAdapter(settings.demo_token_delay)
         # No process yet: the child starts with the first LiteLLM stream.

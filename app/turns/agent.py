@@ -27,7 +27,7 @@ from app.llm.types import (
 )
 from app.observability.hooks import observe_tool
 from app.tools.registry import ToolContext, ToolOutcome, ToolRegistry
-from app.turns.calls import (
+from app.turns.agent_events import (
     AgentEvent,
     BreakpointReached,
     CallRequest,
@@ -41,7 +41,7 @@ from app.turns.calls import (
 from app.turns.rounds import ResumedRound, ToolRound, WaitRules
 from app.turns.waiting import Inbox
 
-# The loop's events live in turns.calls (turns.rounds yields them too); named here for the loop's users.
+# The loop's events live in turns.agent_events (turns.rounds yields them too); named here for its users.
 __all__ = [
     "AgentError",
     "AgentEvent",

@@ -18,7 +18,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app.storage import pending
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.tools.registry import Tool, ToolOutcome, ToolRegistry
-from app.turns.calls import CallRequest, arguments_text
+from app.turns.agent_events import CallRequest, arguments_text
 from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.rounds import ResumedRound
 from app.turns.waiting import Kind, Waiting

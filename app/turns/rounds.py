@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.tools.registry import ToolOutcome
-from app.turns.calls import (
+from app.turns.agent_events import (
     AgentEvent,
     ApprovedStarting,
     CallRequest,

@@ -171,3 +171,26 @@ def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
     )
     found = _http_settings(sample, root=tmp_path)
     assert len(found) == 5, found
+
+
+def test_storage_refusals_are_read_through_the_wrapping_to_the_drivers_error() -> None:
+    """SQLAlchemy wraps the driver's error and a task group wraps that: the refusal is still found, with
+    its code and wait; a constraint error or any other exception is no refusal."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from app.errors.storage import storage_refusal
+
+    def wrapped(driver: sqlite3.Error) -> BaseException:
+        try:
+            raise OperationalError("INSERT ...", {}, driver) from driver
+        except OperationalError as exc:
+            return ExceptionGroup("turn", [exc])
+
+    busy = storage_refusal(wrapped(sqlite3.OperationalError("database is locked")))
+    full = storage_refusal(wrapped(sqlite3.OperationalError("database or disk is full")))
+    assert busy is not None and busy.code == "storage_busy" and busy.retry_after
+    assert full is not None and full.code == "storage_full" and full.retry_after
+    assert storage_refusal(wrapped(sqlite3.IntegrityError("UNIQUE constraint failed"))) is None
+    assert storage_refusal(ValueError("not storage")) is None

@@ -12,10 +12,10 @@ from types import ModuleType
 
 import pytest
 
-from app.llm.catalog import Catalog
 from app.llm.checks import model_problems, undecided
 from app.llm.litellm_import import import_litellm
 from app.llm.litellm_tables import Routes
+from app.llm.models_file import ModelCatalog
 from tests.support.server import ROOT
 
 # get_llm_provider runs an OAuth device flow for these (over the network), whatever the name.
@@ -74,7 +74,7 @@ def test_what_the_files_cannot_tell_is_left_to_litellm(
         "deep": {"models": ["deepseek-chat"]},
     }
     path.write_text(json.dumps({"providers": providers}), encoding="utf-8")
-    catalog = Catalog.load(path)
+    catalog = ModelCatalog.load(path)
     doubtful = undecided(catalog, routes)
     assert doubtful == ["fake-model", "deepseek-chat"]
     assert [p.model for p in model_problems(litellm, catalog, doubtful)] == ["fake-model", "deepseek-chat"]
@@ -83,10 +83,10 @@ def test_what_the_files_cannot_tell_is_left_to_litellm(
 _CHECK = """
 import json, sys
 from pathlib import Path
-from app.llm.catalog import Catalog
+from app.llm.models_file import ModelCatalog
 from app.startup import routable
 
-print(json.dumps([routable(Catalog.load(Path(sys.argv[1]))), "litellm" in sys.modules]))
+print(json.dumps([routable(ModelCatalog.load(Path(sys.argv[1]))), "litellm" in sys.modules]))
 """
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from app.llm.catalog import Catalog
 from app.llm.litellm_import import import_litellm
+from app.llm.models_file import ModelCatalog
 from app.llm.routing import Endpoint, resolve_endpoint
 from app.llm.types import PLACEHOLDER_KEY, ProviderError, ResolvedModel
 
@@ -38,7 +38,7 @@ def from_models_file(tmp_path: Path, name: str) -> ResolvedModel:
     provider = {"api_base": BASE, "api_key_env": KEY_ENV, "models": [name]}
     path = tmp_path / "models.json"
     path.write_text(json.dumps({"providers": {"house": provider}}), encoding="utf-8")
-    return Catalog.load(path).resolve(name, None)
+    return ModelCatalog.load(path).resolve(name, None)
 
 
 def endpoint(litellm: ModuleType, model: ResolvedModel, *, forced: bool = False) -> Endpoint:

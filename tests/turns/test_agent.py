@@ -26,7 +26,7 @@ from app.turns.agent import (
     ToolFinished,
     ToolStarted,
 )
-from app.turns.calls import InputAnswered, InputRequested
+from app.turns.agent_events import InputAnswered, InputRequested
 from app.turns.waiting import Inbox
 from tests.support.guarded_tools import guarded_registry
 from tests.support.scripted import Response, ScriptedModel, ScriptItem, Sleep, text, tool_call

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.tools.registry import ToolOutcome
-from app.turns.calls import (
+from app.turns.agent_events import (
     AgentEvent,
     ApprovedStarting,
     CallRequest,

@@ -61,7 +61,7 @@ from app.turns.agent import (
     ToolFinished,
     ToolStarted,
 )
-from app.turns.calls import ApprovedStarting, InputAnswered, InputRequested
+from app.turns.agent_events import ApprovedStarting, InputAnswered, InputRequested
 from app.turns.live import LiveStatusBoard
 from app.turns.recorder.ends import REFUSED_MESSAGE, TurnEnds
 from app.turns.recorder.requests import ToolRequests

@@ -1,4 +1,4 @@
-"""The models file (app.llm.catalog) and the whole context-window chain through the model layer.
+"""The models file (app.llm.models_file) and the whole context-window chain through the model layer.
 
 Chain (docs/configuration.md): model entry > provider entry > LiteLLM's table > unknown (None).
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from app.llm.catalog import Catalog, ModelsFileError
 from app.llm.gateway import ModelGateway
+from app.llm.models_file import ModelCatalog, ModelsFileError
 from app.llm.types import ResolvedModel
 from app.settings import DEMO_MODEL, Settings
 
@@ -47,29 +47,29 @@ MODELS: dict[str, Any] = {
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    return Catalog.load(write(tmp_path, MODELS))
+def catalog(tmp_path: Path) -> ModelCatalog:
+    return ModelCatalog.load(write(tmp_path, MODELS))
 
 
 # --- loading and resolving -------------------------------------------------------------------------------
 
 
-def test_model_entry_beats_provider_entry(catalog: Catalog) -> None:
+def test_model_entry_beats_provider_entry(catalog: ModelCatalog) -> None:
     assert catalog.resolve("house-big", 1_000_000).context_window == 32768
 
 
-def test_provider_entry_applies_to_models_without_their_own(catalog: Catalog) -> None:
+def test_provider_entry_applies_to_models_without_their_own(catalog: ModelCatalog) -> None:
     assert catalog.resolve("house-plain", 1_000_000).context_window == 200000
     assert catalog.resolve("list-a", 1_000_000).context_window == 64000
     assert catalog.resolve("list-b", None).context_window == 64000
 
 
-def test_a_file_model_without_any_window_uses_the_fallback(catalog: Catalog) -> None:
+def test_a_file_model_without_any_window_uses_the_fallback(catalog: ModelCatalog) -> None:
     assert catalog.resolve("bare-model", 4096).context_window == 4096
     assert catalog.resolve("bare-model", None).context_window is None
 
 
-def test_api_base_provider_and_key_resolve(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_base_provider_and_key_resolve(catalog: ModelCatalog, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEY_ENV, "sk-house-123")
     monkeypatch.delenv(OTHER_KEY_ENV, raising=False)
     assert catalog.resolve("house-big", None) == ResolvedModel(
@@ -87,7 +87,7 @@ def test_api_base_provider_and_key_resolve(catalog: Catalog, monkeypatch: pytest
 
 
 def test_the_key_is_read_when_resolving_not_when_loading(
-    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+    catalog: ModelCatalog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(KEY_ENV, raising=False)
     assert catalog.resolve("house-plain", None).api_key is None
@@ -95,13 +95,13 @@ def test_the_key_is_read_when_resolving_not_when_loading(
     assert catalog.resolve("house-plain", None).api_key == "sk-later"
 
 
-def test_a_model_not_in_the_file_falls_back(catalog: Catalog) -> None:
+def test_a_model_not_in_the_file_falls_back(catalog: ModelCatalog) -> None:
     assert catalog.get("gpt-4o-mini") is None
     assert catalog.resolve("gpt-4o-mini", 128000) == ResolvedModel(name="gpt-4o-mini", context_window=128000)
     assert catalog.resolve("nothing-known", None) == ResolvedModel(name="nothing-known", context_window=None)
 
 
-def test_names_and_get(catalog: Catalog) -> None:
+def test_names_and_get(catalog: ModelCatalog) -> None:
     assert catalog.names() == ["house-big", "house-plain", "list-a", "list-b", "bare-model"]
     configured = catalog.get("list-b")
     assert configured is not None
@@ -120,7 +120,7 @@ def test_the_adapter_is_a_provider_setting_auto_by_default(tmp_path: Path) -> No
             "own": {"adapter": "litellm", "models": {"c": {}}},
         }
     }
-    catalog = Catalog.load(write(tmp_path, content))
+    catalog = ModelCatalog.load(write(tmp_path, content))
     assert [catalog.adapter(name) for name in ("a", "b", "c", "not-in-the-file")] == [
         "auto",
         "openai",
@@ -130,9 +130,9 @@ def test_the_adapter_is_a_provider_setting_auto_by_default(tmp_path: Path) -> No
 
 
 def test_no_file_and_empty_files_mean_no_models(tmp_path: Path) -> None:
-    assert Catalog.load(None).names() == []
-    assert Catalog.load(write(tmp_path, {})).names() == []
-    assert Catalog.load(write(tmp_path, {"providers": {"p": {}}}, "p.json")).names() == []
+    assert ModelCatalog.load(None).names() == []
+    assert ModelCatalog.load(write(tmp_path, {})).names() == []
+    assert ModelCatalog.load(write(tmp_path, {"providers": {"p": {}}}, "p.json")).names() == []
 
 
 # --- invalid files ---------------------------------------------------------------------------------------
@@ -157,26 +157,26 @@ INVALID: dict[str, Any] = {
 def test_invalid_files_raise_naming_the_file(tmp_path: Path, content: Any) -> None:
     path = write(tmp_path, content, "broken-models.json")
     with pytest.raises(ModelsFileError, match=r"broken-models\.json") as caught:
-        Catalog.load(path)
+        ModelCatalog.load(path)
     assert str(path) in str(caught.value)
 
 
 def test_a_model_listed_in_two_providers_is_named(tmp_path: Path) -> None:
     path = write(tmp_path, INVALID["listed_in_two_providers"])
     with pytest.raises(ModelsFileError, match=r"'a' is listed twice"):
-        Catalog.load(path)
+        ModelCatalog.load(path)
 
 
 def test_a_model_listed_twice_in_one_list_is_rejected(tmp_path: Path) -> None:
     path = write(tmp_path, {"providers": {"p": {"context_window": 1000, "models": ["a", "b", "a"]}}})
     with pytest.raises(ModelsFileError, match=r"models\.json: model 'a' is listed twice"):
-        Catalog.load(path)
+        ModelCatalog.load(path)
 
 
 def test_a_missing_file_raises_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "absent.json"
     with pytest.raises(ModelsFileError, match=r"absent\.json"):
-        Catalog.load(path)
+        ModelCatalog.load(path)
 
 
 # --- the whole chain through the model layer -------------------------------------------------------------

@@ -63,14 +63,14 @@ class ConfiguredModel(BaseModel):
     adapter: AdapterChoice = "auto"
 
 
-class Catalog:
+class ModelCatalog:
     """Configured models by name. Knows nothing of LiteLLM: the model layer completes the chain."""
 
     def __init__(self, models: dict[str, ConfiguredModel]) -> None:
         self._models = models
 
     @classmethod
-    def load(cls, path: Path | None) -> Catalog:
+    def load(cls, path: Path | None) -> ModelCatalog:
         if path is None:
             return cls({})
         try:

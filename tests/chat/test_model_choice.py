@@ -1,6 +1,7 @@
-"""The models a session may choose (app.chat.catalog.list_models): the demo model, the models file's, and the
-default when nothing configures it, each with its source, provider and context window, through a loaded
-model layer (LiteLLM gives the windows the file leaves out). The file itself: tests/llm/test_catalog.py."""
+"""The models a session may choose (app.chat.model_choice.list_models): the demo model, the models
+file's, and the default when nothing configures it, each with its source, provider and context window,
+through a loaded model layer (LiteLLM gives the windows the file leaves out). The file itself:
+tests/llm/test_models_file.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.chat.catalog import list_models
+from app.chat.model_choice import list_models
 from app.llm.demo import DEMO_CONTEXT_WINDOW
 from app.llm.gateway import ModelGateway
 from app.settings import DEMO_MODEL, Settings
