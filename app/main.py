@@ -225,15 +225,6 @@ def _limits(settings: Settings) -> tuple[MessageLimit, StreamLimit]:
 def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Broker, RedisRelay | None]:
     """The write-behind that numbers, logs and commits events, and the fan-out it delivers them to; with
     PARLEY_REDIS_URL, through the relay that also carries them to and from the other replicas."""
-    writer = WriteBehind(
-        database,
-        interval=settings.event_flush_interval,
-        text_interval=settings.flush_interval,
-        retention=settings.event_retention,
-        # Several replicas log one session's events: numbers from its counter row, not this process's memory.
-        sequencer=CounterSequencer() if settings.multi_replica else None,
-    )
-
     async def last_seq(session_id: str) -> int:
         async with database.read() as db:
             return await event_log.last_event_seq(db, session_id)
@@ -262,9 +253,15 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
     )
     if relay is not None:
         relay.attach(broker)
-        writer.deliver_to(relay.deliver)
-    else:
-        writer.deliver_to(broker.deliver)
+    writer = WriteBehind(
+        database,
+        interval=settings.event_flush_interval,
+        text_interval=settings.flush_interval,
+        retention=settings.event_retention,
+        deliver=relay.deliver if relay is not None else broker.deliver,
+        # Several replicas log one session's events: numbers from its counter row, not this process's memory.
+        sequencer=CounterSequencer() if settings.multi_replica else None,
+    )
     broker.keep_seconds = settings.stream_channel_seconds
     broker.start_heartbeat(settings.sse_ping_interval)
     return writer, broker, relay

@@ -66,7 +66,6 @@ class Runtime:
 @asynccontextmanager
 async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
     database = Database(settings.database_url, busy_timeout_ms=settings.database_busy_timeout_ms)
-    writer = WriteBehind(database)
 
     async def last_seq(session_id: str) -> int:
         async with database.session() as db:
@@ -78,7 +77,7 @@ async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
         return [Frame(seq, type_, data, turn) for seq, type_, data, turn in rows]
 
     broker = Broker(last_seq, settings.subscriber_queue_size, load_frames=load_frames)
-    writer.deliver_to(broker.deliver)
+    writer = WriteBehind(database, deliver=broker.deliver)
     models, tools, live = ModelGateway(settings), build_default_registry(), LocalLiveStatus()
     runner = Runner(settings, database, writer, models, tools, live, broker)
     try:
