@@ -33,6 +33,7 @@ from app.settings import Settings
 from app.storage import event_log
 from app.storage.engine import Database, pool_options
 from app.streaming.broker import RING_SIZE, Broker
+from app.streaming.fencing import Fence
 from app.streaming.frames import Frame
 from app.streaming.sequencing import CounterSequencer
 from app.streaming.writer import WriteBehind
@@ -140,10 +141,14 @@ def _lifespan(
         if settings.debug_stats:
             debug_stats = DebugStats.start(database.engine, stall_ms=settings.debug_stall_ms)
         models = ModelGateway(settings)
-        writer, broker, relay = _event_log(settings, database)
+        # Multi-replica mode: every write of a turn is checked against its lease (streaming.fencing).
+        fence = Fence() if settings.multi_replica else None
+        writer, broker, relay = _event_log(settings, database, fence)
         live = LocalLiveStatus()
         parts = (settings, database, writer, models, catalog.registry, live, broker)
-        replicas = Replicas(*parts) if settings.multi_replica else None
+        replicas = None
+        if fence is not None and relay is not None:
+            replicas = Replicas(*parts, fence=fence, notifier=relay)
         runner = replicas.runner if replicas is not None else Runner(*parts)
         turns, bus = _turn_control(settings, replicas, broker, database)
         turns = turns or runner
@@ -153,8 +158,6 @@ def _lifespan(
         if relay is not None and bus is not None:
             await relay.start()
             await bus.start()
-        if replicas is not None and relay is not None:
-            _feed_locally(replicas, relay)
         repair = None
         if replicas is not None:
             await replicas.start()
@@ -190,13 +193,6 @@ def _lifespan(
     return lifespan
 
 
-def _feed_locally(replicas: Replicas, relay: RedisRelay) -> None:
-    """A turn running here feeds its session's local streams: the relay's reader leaves them out, and
-    takes them in again once the turn is over (streaming.redis_fanout)."""
-    relay.runs_here = replicas.runner.runs
-    replicas.runner.on_turn_over = relay.turn_over
-
-
 async def _stop_shared(relay: RedisRelay | None, bus: ControlBus | None, services: Services) -> None:
     """After the write-behind's last flush (its frames are published too) and every stream's end."""
     if relay is not None and bus is not None:
@@ -222,9 +218,12 @@ def _limits(settings: Settings) -> tuple[MessageLimit, StreamLimit]:
     )
 
 
-def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Broker, RedisRelay | None]:
+def _event_log(
+    settings: Settings, database: Database, fence: Fence | None = None
+) -> tuple[WriteBehind, Broker, RedisRelay | None]:
     """The write-behind that numbers, logs and commits events, and the fan-out it delivers them to; with
     PARLEY_REDIS_URL, through the relay that also carries them to and from the other replicas."""
+
     async def last_seq(session_id: str) -> int:
         async with database.read() as db:
             return await event_log.last_event_seq(db, session_id)
@@ -261,6 +260,7 @@ def _event_log(settings: Settings, database: Database) -> tuple[WriteBehind, Bro
         deliver=relay.deliver if relay is not None else broker.deliver,
         # Several replicas log one session's events: numbers from its counter row, not this process's memory.
         sequencer=CounterSequencer() if settings.multi_replica else None,
+        fence=fence,
     )
     broker.keep_seconds = settings.stream_channel_seconds
     broker.start_heartbeat(settings.sse_ping_interval)
@@ -279,7 +279,7 @@ def _turn_control(
     from app.turns.replicas import ReplicaTurns
 
     bus = ControlBus(settings.redis_url, settings.redis_prefix)
-    return ReplicaTurns(replicas.runner, bus, broker, database), bus
+    return ReplicaTurns(replicas.runner, replicas.keeper, bus, broker, database), bus
 
 
 def _services(

@@ -43,6 +43,9 @@ class Lease:
     session_id: str
     token: int
     lost: bool = False
+    # Stops the local turn once the lease is found lost (the runner's, given when the turn opens or resumes
+    # here: turns.ownership).
+    stop: Callable[[], object] | None = None
 
 
 class Fence:
@@ -50,8 +53,6 @@ class Fence:
         self._leases: dict[str, Lease] = {}
         # Writes refused because their lease was lost (each logged with its turn).
         self.rejected = 0
-        # Called once per lease when it is found lost: the runner stops the local turn.
-        self.on_lost: Callable[[Lease], None] | None = None
 
     def hold(self, lease: Lease) -> None:
         self._leases[lease.session_id] = lease
@@ -80,8 +81,8 @@ class Fence:
         log.warning(
             "turn %s of session %s lost its lease (%s): it stops here", lease.turn_id, lease.session_id, why
         )
-        if self.on_lost is not None:
-            self.on_lost(lease)
+        if lease.stop is not None:
+            lease.stop()  # once per lease: the runner stops the local turn
 
     def reject(self, lease: Lease, what: str) -> None:
         """`what`: the metric's label, bounded (turn_done, turn_write, stream_batch)."""

@@ -43,7 +43,7 @@ from redis.exceptions import RedisError
 from app.observability.hooks import fanout_backfilled, redis_state
 from app.streaming.broker import Broker, Channel, LoadFrames
 from app.streaming.frames import Frame
-from app.streaming.redis_entries import STREAM_TTL, RunsHere, noticed, publish_commands, unpack_all
+from app.streaming.redis_entries import STREAM_TTL, noticed, publish_commands, unpack_all
 from app.streaming.redis_publish import Command, Publisher
 
 log = logging.getLogger(__name__)
@@ -99,9 +99,9 @@ class RedisRelay:
         )
         self._wake_key = f"{prefix}:wake:{uuid.uuid4().hex}"
         self._wake_last = "0-0"
-        # Set by a replica (app.main): sessions whose turn runs here are left out of the reader's XREAD,
-        # and frames of sessions whose turn does not run here are announced on the notice stream.
-        self.runs_here: RunsHere | None = None
+        # Sessions whose turn runs here (the runner says, `running`: this relay is its turns.notifier): they
+        # are left out of the reader's XREAD, and frames of the others are announced on the notice stream.
+        self._here: set[str] = set()
         self._notice_key = f"{prefix}:notices"
         self._notice_last = "0-0"
         self._left_out: set[str] = set()
@@ -120,6 +120,16 @@ class RedisRelay:
         self.connected = False
         self._was_connected = False
         self._publish_failing = False
+
+    def runs_here(self, session_id: str) -> bool:
+        return session_id in self._here
+
+    def running(self, session_id: str, here: bool) -> None:
+        """The runner's notice: a turn of the session runs here from now on (`here`), or no longer."""
+        if here:
+            self._here.add(session_id)
+        else:
+            self._here.discard(session_id)
 
     def key(self, session_id: str) -> str:
         return f"{self._prefix}:events:{session_id}"
@@ -203,13 +213,11 @@ class RedisRelay:
                 await self._until_connected()
             watched = self._broker.watched()
             streams = {self._wake_key: self._wake_last}
-            runs_here = self.runs_here
-            if runs_here is not None:
-                # A turn running here feeds its session's streams itself: reading its frames back from
-                # Redis was a tenth of a streaming replica's CPU. Other replicas' frames for it come
-                # with a notice.
-                self._left_out = {sid for sid in watched if runs_here(sid)}
-                streams[self._notice_key] = self._notice_last
+            # A turn running here feeds its session's streams itself: reading its frames back from
+            # Redis was a tenth of a streaming replica's CPU. Other replicas' frames for it come
+            # with a notice.
+            self._left_out = {sid for sid in watched if sid in self._here}
+            streams[self._notice_key] = self._notice_last
             streams.update({self.key(s): f"{seq}-0" for s, seq in watched.items() if s not in self._left_out})
             self._reading = set(watched)
             try:

@@ -9,6 +9,7 @@ whose waiting messages no turn takes) before it serves.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from app.llm.gateway import ModelGateway
 from app.settings import Settings
@@ -19,9 +20,11 @@ from app.streaming.fencing import Fence
 from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry
 from app.turns.lease import LeaseKeeper
-from app.turns.leased_runner import LeasedRunner
 from app.turns.live import LiveStatusBoard
+from app.turns.notifier import Notifier
+from app.turns.ownership import LeasedOwnership, TurnsHere
 from app.turns.recovery import close_open_turns
+from app.turns.runner import Runner
 from app.turns.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
@@ -37,15 +40,22 @@ class Replicas:
         tools: ToolRegistry,
         live: LiveStatusBoard,
         fanout: EventFanOut,
+        *,
+        fence: Fence,
+        notifier: Notifier,
     ) -> None:
         self._database = database
         self._writer = writer
         self._live = live
-        self.fence = writer.fence = Fence()
-        self.keeper = LeaseKeeper(settings, database, self.fence)
-        self.runner = LeasedRunner(
-            settings, database, writer, models, tools, live, fanout, keeper=self.keeper
+        self.fence = fence
+
+        def leased(turns: TurnsHere) -> LeasedOwnership:
+            return LeasedOwnership(settings, database, fence, turns)
+
+        self.runner = Runner(
+            settings, database, writer, models, tools, live, fanout, ownership=leased, notifier=notifier
         )
+        self.keeper: LeaseKeeper = cast(LeasedOwnership, self.runner.ownership).keeper
         self.sweeper = Sweeper(database, writer, live, self.runner, self.keeper)
 
     async def start(self) -> None:

@@ -27,6 +27,7 @@ from app.storage.tables import ChatMessageRow, EventRow
 from app.streaming import commit as commit_module
 from app.streaming import writer as writer_module
 from app.streaming.frames import Draft, Frame
+from app.streaming.group_commit import GroupCommit
 from app.streaming.texts import TextBuffer
 from app.streaming.writer import WriteBehind
 from tests.support.rows import T0, add_sessions
@@ -368,7 +369,8 @@ async def test_a_committed_turn_write_clears_the_batches_storage_failure(databas
     commit proves storage works, so a turn starting right after it streams instead of stopping on the
     stale failure before the batch loop's next success (a CI flake: the next turn failed storage_full)."""
     writer = WriteBehind(database, interval=60.0, deliver=Delivered())
-    writer.schedule.failure = StorageUnavailable("The database's disk is full.", code="storage_full")
+    schedule: GroupCommit = writer.schedule  # the write-behind's own, composed in
+    schedule.failure = StorageUnavailable("The database's disk is full.", code="storage_full")
     bad = ChatMessageRow(id="m_x", session_id="s_missing", turn_id="t", type="turn_done", timestamp=T0)
     with pytest.raises(Exception, match="FOREIGN KEY"):
         async with writer.transaction("s_a") as db:
