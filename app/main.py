@@ -25,7 +25,7 @@ from app.runtime import build_runtime
 from app.settings import Settings
 from app.tools.catalog import ToolCatalog
 from app.tools.registry import ToolRegistry, build_default_registry
-from app.turns.shutdown import drain_on_signals
+from app.turns.runtime.shutdown import drain_on_signals
 
 log = logging.getLogger("parley")
 install_request_id_logging()

@@ -3,14 +3,14 @@
 One process (no PARLEY_REDIS_URL), or one replica of several (PARLEY_REDIS_URL, PostgreSQL). Each of the
 three seams gets its local or its replicated implementation here, and nothing is wired after construction:
 
-- Ownership (turns.ownership), who runs a session's turn: `LocalOwnership`, or `LeasedOwnership` (leases
-  claimed in a turn's opening transaction, renewed by a heartbeat, fenced writes, a sweeper for the turns
-  of a replica that died).
+- Ownership (turns.runtime.ownership), who runs a session's turn: `LocalOwnership`, or `LeasedOwnership`
+  (turns.replicas.ownership: leases claimed in a turn's opening transaction, renewed by a heartbeat, fenced
+  writes, a sweeper for the turns of a replica that died).
 - EventLog (streaming.writer), which numbers, logs, commits and delivers events: one `WriteBehind` with its
   group-commit schedule, given at construction where it delivers and, with replicas, the lease fence
   every write of a turn is checked against and the sequencer that numbers from the session's counter row.
-- Notifier, what reaches other processes: nothing (turns.notifier.LocalNotifier; the broker hears every
-  event from the write-behind), or the Redis relay (frames to and from the other replicas, and where a
+- Notifier, what reaches other processes: nothing (turns.runtime.notifier.LocalNotifier; the broker hears
+  every event from the write-behind), or the Redis relay (frames to and from the other replicas, and where a
   turn runs) with the control bus and `ReplicaTurns` (requests to the replica whose turn it is).
 
 The result is one async context manager (an AsyncExitStack): entering it builds and starts everything,
@@ -49,11 +49,12 @@ from app.streaming.writer import WriteBehind
 from app.tools.catalog import ToolCatalog
 from app.turns.control import TurnControl
 from app.turns.live import LocalLiveStatus
-from app.turns.ownership import LeasedOwnership, TurnsHere
 from app.turns.recovery import StartupRepair, close_open_turns
-from app.turns.runner import Runner
-from app.turns.shutdown import Drain
-from app.turns.sweeper import Sweeper
+from app.turns.replicas.ownership import LeasedOwnership
+from app.turns.replicas.sweeper import Sweeper
+from app.turns.runtime.ownership import TurnsHere
+from app.turns.runtime.runner import Runner
+from app.turns.runtime.shutdown import Drain
 
 if TYPE_CHECKING:
     from app.streaming.redis_fanout import RedisRelay
@@ -148,10 +149,10 @@ def _single(settings: Settings, database: Database, models: ModelGateway, catalo
 
 def _replicated(settings: Settings, database: Database, models: ModelGateway, catalog: ToolCatalog) -> _Mode:
     """One replica of several: turns owned through leases and fenced, the Redis relay as the notifier,
-    requests reaching the replica whose turn it is over the control bus (turns.replicas)."""
+    requests reaching the replica whose turn it is over the control bus (turns.replicas.turns)."""
     # Imported only here: a single server never loads the Redis client (its memory, its import).
     from app.streaming.control import ControlBus
-    from app.turns.replicas import ReplicaTurns
+    from app.turns.replicas.turns import ReplicaTurns
 
     fence = Fence()
     writer, broker, relay = build_event_log(settings, database, fence)

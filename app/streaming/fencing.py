@@ -4,7 +4,7 @@ transaction that writes one of them, so a replica that lost a lease writes nothi
 A turn's write (`WriteBehind.transaction(turn_id=...)`) goes through only if the turn's lease is still
 alive under this replica's token when the transaction runs; on PostgreSQL the lease row stays locked
 (FOR KEY SHARE) to the commit, so a takeover never overlaps the write: it leaves the lease to a later
-sweep (turns.sweeper), and PostgreSQL ends the transaction of a replica paused in it after
+sweep (turns.replicas.sweeper), and PostgreSQL ends the transaction of a replica paused in it after
 PARLEY_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS, before its leases expire. Its last write
 (turn_done) releases the lease in the same transaction. A batch of the write-behind drops the text and
 events of every session whose lease it finds lost. Each refusal is counted (`rejected`, and the metric
@@ -44,7 +44,7 @@ class Lease:
     token: int
     lost: bool = False
     # Stops the local turn once the lease is found lost (the runner's, given when the turn opens or resumes
-    # here: turns.ownership).
+    # here: turns.runtime.ownership).
     stop: Callable[[], object] | None = None
 
 

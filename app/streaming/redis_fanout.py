@@ -102,8 +102,9 @@ class RedisRelay:
         )
         self._wake_key = f"{prefix}:wake:{uuid.uuid4().hex}"
         self._wake_last = "0-0"
-        # Sessions whose turn runs here (the runner says, `running`: this relay is its turns.notifier): they
-        # are left out of the reader's XREAD, and frames of the others are announced on the notice stream.
+        # Sessions whose turn runs here (the runner says, `running`: this relay is its notifier,
+        # turns.runtime.notifier): they are left out of the reader's XREAD, and frames of the others are
+        # announced on the notice stream.
         self._here: set[str] = set()
         self._notice_key = f"{prefix}:notices"
         self._notice_last = "0-0"

@@ -33,7 +33,7 @@ from app.streaming.writer import WriteBehind
 from app.turns.ends import TurnLog
 from app.turns.live import LiveStatusBoard
 from app.turns.resume import last_round
-from app.turns.runner import Runner
+from app.turns.runtime.runner import Runner
 
 log = logging.getLogger(__name__)
 

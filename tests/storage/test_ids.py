@@ -115,7 +115,7 @@ def colliding(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
         drawn = pending.pop(0) if pending else None
         return drawn or ids.new_message_id()
 
-    for module in ("app.turns.ends", "app.turns.recorder", "app.turns.runner", "app.streaming.texts"):
+    for module in ("app.turns.ends", "app.turns.recorder", "app.turns.runtime.runner", "app.streaming.texts"):
         monkeypatch.setattr(f"{module}.new_message_id", new_message_id)
     monkeypatch.setattr("app.chat.messages.new_message_id", new_message_id)
     return pending

@@ -17,7 +17,7 @@ from app.storage import event_log, leases
 from app.storage.engine import Database
 from app.storage.tables import QueuedMessageRow
 from app.streaming.fencing import Fence, Lease, LeaseLost
-from app.turns.lease import CANCEL_POLL_SECONDS, LeaseKeeper
+from app.turns.replicas.lease import CANCEL_POLL_SECONDS, LeaseKeeper
 from tests.support.postgres import ScratchDatabase
 from tests.support.rows import add_sessions
 

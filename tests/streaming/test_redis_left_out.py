@@ -18,7 +18,7 @@ import pytest
 from app.streaming import redis_fanout
 from app.streaming.redis_entries import notice, noticed
 from app.streaming.redis_fanout import RedisRelay
-from app.turns.notifier import Notifier
+from app.turns.runtime.notifier import Notifier
 from tests.streaming.test_redis_fanout import SID, Reader, Replica, logged, pair
 from tests.support.redis import redis_prefix
 
@@ -28,7 +28,7 @@ __all__ = ["pair", "redis_prefix"]  # fixtures
 
 def relay_of(replica: Replica) -> RedisRelay:
     assert replica.relay is not None
-    notifier: Notifier = replica.relay  # the runner's notifier with Redis (turns.notifier)
+    notifier: Notifier = replica.relay  # the runner's notifier with Redis (turns.runtime.notifier)
     assert notifier is replica.relay
     return replica.relay
 

@@ -24,7 +24,7 @@ from app.streaming.frames import Frame
 from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.live import LocalLiveStatus
-from app.turns.runner import Runner
+from app.turns.runtime.runner import Runner
 
 T0 = "2026-02-28T06:30:00.000+00:00"
 

@@ -1,6 +1,6 @@
-"""Who runs a session's turn (turns.ownership): in one process nothing is claimed or fenced; with leases the
-opening transaction claims the turn's lease, the fence holds it from the commit on, a lost lease stops the
-local turn, and a turn that never opened leaves nothing held."""
+"""Who runs a session's turn (turns.runtime.ownership): in one process nothing is claimed or fenced; with
+leases the opening transaction claims the turn's lease, the fence holds it from the commit on, a lost lease
+stops the local turn, and a turn that never opened leaves nothing held."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from app.settings import Settings
 from app.storage import leases
 from app.storage.engine import Database
 from app.streaming.fencing import Fence
-from app.turns.ownership import LeasedOwnership, LocalOwnership
+from app.turns.replicas.ownership import LeasedOwnership
+from app.turns.runtime.ownership import LocalOwnership
 from tests.support.rows import add_sessions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]

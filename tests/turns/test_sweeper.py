@@ -19,10 +19,10 @@ from app.storage import leases
 from app.storage.engine import Database
 from app.streaming.fencing import Fence
 from app.streaming.writer import WriteBehind
-from app.turns.lease import LeaseKeeper
 from app.turns.live import LocalLiveStatus
-from app.turns.runner import Runner
-from app.turns.sweeper import Sweeper
+from app.turns.replicas.lease import LeaseKeeper
+from app.turns.replicas.sweeper import Sweeper
+from app.turns.runtime.runner import Runner
 from tests.storage.test_leases import NO_WAIT_SECONDS, until_expired
 from tests.support.postgres import ScratchDatabase
 from tests.support.rows import add_sessions

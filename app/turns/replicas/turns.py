@@ -37,9 +37,9 @@ from app.storage.tables import ChatSessionRow
 from app.streaming.broker import EventFanOut, Subscription
 from app.streaming.control import ControlBus
 from app.streaming.frames import Frame
-from app.turns.lease import LeaseKeeper
 from app.turns.live import LiveStatus
-from app.turns.runner import Runner
+from app.turns.replicas.lease import LeaseKeeper
+from app.turns.runtime.runner import Runner
 from app.turns.waiting import AnswerRefused, Kind
 
 log = logging.getLogger(__name__)

@@ -48,9 +48,9 @@ from app.turns.execution import AgentFactory, run_turn
 from app.turns.idle import SessionStates
 from app.turns.line import SessionState, enqueue, withdraw
 from app.turns.live import IDLE, LiveStatus, LiveStatusBoard
-from app.turns.notifier import LocalNotifier, Notifier
-from app.turns.ownership import LocalOwnership, MakeOwnership
 from app.turns.recorder import TurnRecorder
+from app.turns.runtime.notifier import LocalNotifier, Notifier
+from app.turns.runtime.ownership import LocalOwnership, MakeOwnership
 from app.turns.waiting import Inbox, Kind, NoPendingCall
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,8 @@ class Runner:
         ownership: MakeOwnership = LocalOwnership,
         notifier: Notifier | None = None,
     ) -> None:
-        """`ownership` makes who owns this process's turns (turns.ownership), handed this runner for what
-        it asks back; `notifier` hears where turns run (turns.notifier)."""
+        """`ownership` makes who owns this process's turns (turns.runtime.ownership), handed this runner
+        for what it asks back; `notifier` hears where turns run (turns.runtime.notifier)."""
         self._settings = settings
         self._database = database
         self._writer = writer
@@ -192,7 +192,7 @@ class Runner:
     async def _interrupt(self, session_id: str) -> None:
         """An interrupt stops the running turn as Stop does; its end takes the waiting messages. A turn of
         another replica: its owner stops it once it reads the waiting interrupt (notified by
-        turns.replicas, or at its next heartbeat); if the owner is gone, the sweeper closes the turn."""
+        turns.replicas.turns, or at its next heartbeat); if the owner is gone, the sweeper closes the turn."""
         if self.runs(session_id):
             await self.cancel(session_id)
 
@@ -480,7 +480,7 @@ class Runner:
                 recorder.request_stop(by_server=True)
         await asyncio.gather(*(self.cancel(sid) for sid in running), return_exceptions=True)
 
-    # --- what other replicas ask of this one's turns (turns.ownership.TurnsHere) ----------------------
+    # --- what other replicas ask of this one's turns (turns.runtime.ownership.TurnsHere) ----------------
 
     def runs_turn(self, turn_id: str) -> bool:
         return self._session_of(turn_id) is not None

@@ -1,14 +1,14 @@
-"""Who runs a session's turn: the Runner (turns.runner) asks its Ownership, one of two.
+"""Who runs a session's turn: the Runner (turns.runtime.runner) asks its Ownership, one of two.
 
 - `LocalOwnership`: one process owns every session. A turn is this process's if its task runs here; the
   waiting line's mirror in the process is the line; nothing runs elsewhere, so nothing is cancelled there.
-- `LeasedOwnership` (multi-replica mode): a turn is owned through its lease (turns.lease). Opening a turn
-  claims the lease in the same transaction (a second running turn of a session is refused by the database,
-  TurnBusy, and the message waits in the durable line instead); the lease is held by the fence from that
-  commit on, so every write of the turn is fenced and the heartbeat renews it; the waiting line is read
-  from its table, not this process's mirror, since other replicas add to it; a cancel of a turn that runs
-  elsewhere sets its durable flag and waits for its end; a lost lease stops the local turn at once; the
-  heartbeat hands the runner the cancel flags and waiting steer and interrupt messages it finds
+- `LeasedOwnership` (multi-replica mode, turns.replicas.ownership): a turn is owned through its lease
+  (turns.replicas.lease). Opening a turn claims the lease in the same transaction (a second running turn of a
+  session is refused by the database, TurnBusy, and the message waits in the durable line instead); the lease
+  is held by the fence from that commit on, so every write of the turn is fenced and the heartbeat renews it;
+  the waiting line is read from its table, not this process's mirror, since other replicas add to it; a cancel
+  of a turn that runs elsewhere sets its durable flag and waits for its end; a lost lease stops the local turn
+  at once; the heartbeat hands the runner the cancel flags and waiting steer and interrupt messages it finds
   (`TurnsHere`).
 
 The Runner makes its Ownership in its constructor, handing it itself as `TurnsHere`: the heartbeat calls
@@ -23,10 +23,6 @@ from typing import Protocol
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.protocol.schemas import CancelResult
-from app.settings import Settings
-from app.storage.engine import Database
-from app.streaming.fencing import Fence, Lease
-from app.turns.lease import LeaseKeeper
 
 # The claim of a turn's lease, first thing in the transaction that opens it (TurnRecorder.claim).
 Claim = Callable[[AsyncSession], Awaitable[None]]
@@ -102,49 +98,3 @@ class LocalOwnership:
 
     async def cancel_elsewhere(self, session_id: str) -> CancelResult | None:
         return None
-
-
-class LeasedOwnership:
-    """Turns owned through leases and fenced (see the module's docstring)."""
-
-    line_here = False
-
-    def __init__(self, settings: Settings, database: Database, fence: Fence, turns: TurnsHere) -> None:
-        self.fence = fence
-        self.keeper = LeaseKeeper(
-            settings, database, fence, on_cancel=turns.cancel_local, on_waiting=turns.waiting_noticed
-        )
-        # Leases claimed by opening transactions, held once those commit.
-        self._claimed: dict[str, Lease] = {}
-
-    def claim(self, session_id: str, turn_id: str, *, posted: bool) -> Claim | None:
-        async def claim(db: AsyncSession) -> None:
-            lease = await self.keeper.claim(db, session_id, turn_id, unless_waiting=posted)
-            self._claimed[turn_id] = lease
-
-        return claim
-
-    def opened(self, session_id: str, turn_id: str, stop: Callable[[], object]) -> None:
-        # Held from its commit on, before the turn's task takes its first step: every write it makes is
-        # fenced, and the heartbeat renews it. A lost lease stops the local turn (Fence.lose).
-        lease = self._claimed.pop(turn_id, None)
-        if lease is not None:
-            lease.stop = stop
-            self.fence.hold(lease)
-
-    def not_opened(self, turn_id: str) -> None:
-        self._claimed.pop(turn_id, None)
-
-    def resumed(self, session_id: str, turn_id: str, stop: Callable[[], object]) -> None:
-        lease = self.fence.lease(session_id)  # the sweeper holds it since its takeover
-        if lease is not None and lease.turn_id == turn_id:
-            lease.stop = stop
-
-    async def turn_over(self, session_id: str, turn_id: str, *, detached: bool) -> None:
-        if detached:
-            # A shutdown left it waiting for answers: the next sweep of another replica resumes it.
-            await self.keeper.let_go(session_id, turn_id)
-        self.fence.end(session_id, turn_id)
-
-    async def cancel_elsewhere(self, session_id: str) -> CancelResult | None:
-        return await self.keeper.cancel_elsewhere(session_id)
