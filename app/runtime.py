@@ -167,8 +167,9 @@ def _replicated(settings: Settings, database: Database, models: ModelGateway, ca
     )
     keeper = cast(LeasedOwnership, runner.ownership).keeper
     sweeper = Sweeper(database, writer, live, runner, keeper)
-    bus = ControlBus(settings.redis_url or "", settings.redis_prefix)
-    control = ReplicaTurns(runner, keeper, bus, broker, database)
+    url, prefix = settings.redis_url or "", settings.redis_prefix
+    control = ReplicaTurns(runner, keeper, lambda handle: ControlBus(url, prefix, handle), broker, database)
+    bus = control.bus
 
     async def start() -> None:
         await relay.start()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -35,7 +35,7 @@ from app.storage.engine import Database
 from app.storage.leases import LeaseRecord
 from app.storage.tables import ChatSessionRow
 from app.streaming.broker import EventFanOut, Subscription
-from app.streaming.control import ControlBus
+from app.streaming.control import ControlBus, Handler
 from app.streaming.frames import Frame
 from app.turns.live import LiveStatus
 from app.turns.replicas.lease import LeaseKeeper
@@ -58,14 +58,19 @@ class ReplicaTurns:
     """The TurnControl of a replica: the local runner, plus the control channel and the fan-out."""
 
     def __init__(
-        self, runner: Runner, keeper: LeaseKeeper, bus: ControlBus, fanout: EventFanOut, database: Database
+        self,
+        runner: Runner,
+        keeper: LeaseKeeper,
+        bus: Callable[[Handler], ControlBus],
+        fanout: EventFanOut,
+        database: Database,
     ) -> None:
+        """`bus` makes the control bus this replica asks and answers on, given what answers (`_handle`)."""
         self._runner = runner
         self._keeper = keeper
-        self._bus = bus
+        self.bus = self._bus = bus(self._handle)
         self._fanout = fanout
         self._database = database
-        bus.handle_with(self._handle)
 
     @property
     def closing(self) -> bool:
