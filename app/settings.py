@@ -245,7 +245,8 @@ class Settings(BaseSettings):
 
     @property
     def multi_replica(self) -> bool:
-        """Several replicas share the database: turns are leased (turns.lease), not owned by a process."""
+        """Several replicas share the database: turns are leased (turns.replicas.lease), not owned by a
+        process."""
         return self.redis_url is not None
 
     @property

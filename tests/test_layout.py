@@ -27,10 +27,8 @@ NOT_IMPORTED = {
     "app.api.turns": _OVER_HTTP,
     "app.api.waiting": _OVER_HTTP,
     "app.llm.litellm_zygote": "a process of its own (python -m): tests/llm/test_litellm_process.py starts it",
-    "app.turns.lease": _REPLICAS,
-    "app.turns.leased_runner": _REPLICAS,
-    "app.turns.replica_mode": _REPLICAS,
-    "app.turns.sweeper": _REPLICAS,
+    "app.turns.replicas.lease": _REPLICAS,
+    "app.turns.replicas.sweeper": _REPLICAS,
     "app.llm.lazy_encoding": "it acts before litellm's import: tests/llm/test_gateway.py runs it in a fresh "
     "interpreter",
 }

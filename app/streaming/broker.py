@@ -245,6 +245,7 @@ class Broker:
         ring_size: int = RING_SIZE,
         on_gap: OnGap | None = None,
         on_watch: OnWatch | None = None,
+        keep_seconds: float = CHANNEL_KEEP_SECONDS,
     ) -> None:
         """`on_gap` and `on_watch` turn on shared mode (see the module docstring)."""
         self._load_last_seq = load_last_seq
@@ -254,7 +255,7 @@ class Broker:
         self._limit = subscriber_limit
         self._ring_size = ring_size
         self._channels: dict[str, Channel] = {}
-        self.keep_seconds = CHANNEL_KEEP_SECONDS
+        self.keep_seconds = keep_seconds
         self._locks: dict[str, asyncio.Lock] = {}
         # Frames delivered while their session's channel is being created: the log read that starts it may
         # have missed them (they committed after it), so they are applied once it exists.

@@ -35,7 +35,8 @@ _ERRORS = (RedisError, OSError, TimeoutError)
 
 
 class ControlBus:
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(self, url: str, prefix: str, handler: Handler | None = None) -> None:
+        """`handler` answers the requests of other replicas (None: this bus only asks)."""
         self.replica_id = uuid.uuid4().hex
         # Timeouts are the callers' own (PUBLISH_TIMEOUT): with a socket timeout redis-py sends each command
         # from a task of its own, a loop turn later, and a stop sent elsewhere would wait for it.
@@ -43,13 +44,10 @@ class ControlBus:
         self._prefix = prefix
         self._channel = f"{prefix}:control"
         self._reply_channel = f"{prefix}:reply:{self.replica_id}"
-        self._handler: Handler | None = None
+        self._handler = handler
         self._replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._listening = asyncio.Event()
-
-    def handle_with(self, handler: Handler) -> None:
-        self._handler = handler
 
     async def request(
         self, op: str, session_id: str, args: dict[str, Any], *, timeout: float

@@ -4,7 +4,7 @@ transaction that writes one of them, so a replica that lost a lease writes nothi
 A turn's write (`WriteBehind.transaction(turn_id=...)`) goes through only if the turn's lease is still
 alive under this replica's token when the transaction runs; on PostgreSQL the lease row stays locked
 (FOR KEY SHARE) to the commit, so a takeover never overlaps the write: it leaves the lease to a later
-sweep (turns.sweeper), and PostgreSQL ends the transaction of a replica paused in it after
+sweep (turns.replicas.sweeper), and PostgreSQL ends the transaction of a replica paused in it after
 PARLEY_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS, before its leases expire. Its last write
 (turn_done) releases the lease in the same transaction. A batch of the write-behind drops the text and
 events of every session whose lease it finds lost. Each refusal is counted (`rejected`, and the metric
@@ -43,6 +43,9 @@ class Lease:
     session_id: str
     token: int
     lost: bool = False
+    # Stops the local turn once the lease is found lost (the runner's, given when the turn opens or resumes
+    # here: turns.runtime.ownership).
+    stop: Callable[[], object] | None = None
 
 
 class Fence:
@@ -50,8 +53,6 @@ class Fence:
         self._leases: dict[str, Lease] = {}
         # Writes refused because their lease was lost (each logged with its turn).
         self.rejected = 0
-        # Called once per lease when it is found lost: the runner stops the local turn.
-        self.on_lost: Callable[[Lease], None] | None = None
 
     def hold(self, lease: Lease) -> None:
         self._leases[lease.session_id] = lease
@@ -80,8 +81,8 @@ class Fence:
         log.warning(
             "turn %s of session %s lost its lease (%s): it stops here", lease.turn_id, lease.session_id, why
         )
-        if self.on_lost is not None:
-            self.on_lost(lease)
+        if lease.stop is not None:
+            lease.stop()  # once per lease: the runner stops the local turn
 
     def reject(self, lease: Lease, what: str) -> None:
         """`what`: the metric's label, bounded (turn_done, turn_write, stream_batch)."""

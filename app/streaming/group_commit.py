@@ -1,5 +1,7 @@
 """When the write-behind commits (streaming.writer says what): its task, the pacing of its batches, the
-urgent work that does not wait for them, and storage's refusal while they fail.
+urgent work that does not wait for them, and storage's refusal while they fail. The write-behind owns one
+`GroupCommit` and hands itself to it at construction as what the schedule runs (`Batches`): commit
+(`flush`), say whether events are pending, and set aside work the database refuses for its data.
 
 Batches are a group commit with two speeds. Urgent work (the first delta of a response, which also
 inserts its row, or an event published outside a turn's own write) is committed as soon as the previous
@@ -21,6 +23,7 @@ import asyncio
 import logging
 import time
 from contextlib import suppress
+from typing import Protocol
 
 from app.errors import StorageUnavailable
 from app.errors.storage import storage_refusal
@@ -37,14 +40,34 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
             await event.wait()
 
 
-class GroupCommit:
-    """The write-behind's schedule; a subclass commits (`flush`) and says whether work is pending."""
+class Batches(Protocol):
+    """What the schedule runs: the write-behind (streaming.writer)."""
 
-    def __init__(self, *, interval: float, text_interval: float) -> None:
+    async def flush(
+        self, *, force_text: bool = True, urgent: bool = False, scope: set[str] | None = None
+    ) -> None: ...
+
+    def has_events(self) -> bool: ...
+
+    async def isolate(self) -> None:
+        """A batch failed for its data, not for storage: sets aside the work the database refuses."""
+
+
+class GroupCommit:
+    """The write-behind's schedule: when its `flush` runs, and what storage's refusal of it is."""
+
+    def __init__(
+        self,
+        batches: Batches,
+        *,
+        interval: float,
+        text_interval: float,
+    ) -> None:
+        self._work = batches
         self._interval, self._text_interval = interval, text_interval
         self._task: asyncio.Task[None] | None = None
-        # Batches one at a time.
-        self._batches = asyncio.Lock()
+        # Batches one at a time (the write-behind's flush holds it).
+        self.batches = asyncio.Lock()
         self._pending = asyncio.Event()
         # Set when pending work must not wait for the interval (see the module docstring).
         self._urgent = asyncio.Event()
@@ -56,23 +79,16 @@ class GroupCommit:
         # Storage's refusal while batches fail (full, busy, failing): running turns stop on it, not stream on.
         self.failure: StorageUnavailable | None = None
 
-    async def flush(
-        self, *, force_text: bool = True, urgent: bool = False, scope: set[str] | None = None
-    ) -> None:
-        raise NotImplementedError
+    def wake(self) -> None:
+        """Work is pending: the next batch is due (at once if urgent, else after the interval)."""
+        if not self._pending.is_set():
+            self._pending.set()
 
-    def _has_events(self) -> bool:
-        raise NotImplementedError
-
-    async def _isolate(self) -> None:
-        """A batch failed for its data, not for storage: the subclass sets aside the work it refuses."""
-        raise NotImplementedError
-
-    def _mark_urgent(self, session_id: str) -> None:
+    def mark_urgent(self, session_id: str) -> None:
         self._urgent_sessions.add(session_id)
         self._urgent.set()
 
-    def _batch_done(self, *, urgent: bool) -> None:
+    def batch_done(self, *, urgent: bool) -> None:
         """A batch committed (no await since: see writer._batch)."""
         if urgent:
             self.urgent_commits += 1
@@ -87,27 +103,27 @@ class GroupCommit:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self.flush()
+        await self._work.flush()
 
     async def opened(self, session_id: str) -> None:
         """From a turn's own task, right after the writer's `track` opened a message: commits the
         session's urgent work (the row and first delta) at once when no batch is under way. While one
         is, the urgent batch after it takes the work with any other (the group commit)."""
-        if self._batches.locked() or session_id not in self._urgent_sessions:
+        if self.batches.locked() or session_id not in self._urgent_sessions:
             return
         self._urgent_sessions.discard(session_id)
         if not self._urgent_sessions:
             self._urgent.clear()
         try:
-            await self.flush(force_text=False, urgent=True, scope={session_id})
+            await self._work.flush(force_text=False, urgent=True, scope={session_id})
         except BaseException as exc:
             # Still pending: this task retries it (and notes storage's refusal, as for its own batches).
-            self._mark_urgent(session_id)
+            self.mark_urgent(session_id)
             if not isinstance(exc, Exception):
                 raise
-            self._failed(exc)
+            self.failed(exc)
         else:
-            self._works_again("a response's first delta committed")
+            self.works_again("a response's first delta committed")
 
     async def _run(self) -> None:
         task = asyncio.current_task()
@@ -126,27 +142,27 @@ class GroupCommit:
                 # observability.monitor tells the two kinds of batch apart by the task's name.
                 task.set_name(URGENT_TASK if urgent else BATCH_TASK)
             try:
-                await self.flush(force_text=False, urgent=urgent, scope=scope)
-                if scope is not None and self._has_events():
+                await self._work.flush(force_text=False, urgent=urgent, scope=scope)
+                if scope is not None and self._work.has_events():
                     self._pending.set()  # the other sessions' events: their interval batch is still due
             except Exception as exc:
-                self._failed(exc)
+                self.failed(exc)
                 if storage_refusal(exc) is None:
                     # Not storage refusing work but the database refusing some work (its data): one
                     # session's write must not hold every other session's back, retry after retry.
-                    await self._isolate()
+                    await self._work.isolate()
                 self._pending.set()
                 await asyncio.sleep(self._interval)
             else:
-                self._works_again("pending events committed")
+                self.works_again("pending events committed")
 
-    def _works_again(self, how: str) -> None:
+    def works_again(self, how: str) -> None:
         """A commit went through: storage takes writes again, so running turns may stream on."""
         if self.failure is not None:
             log.warning("write-behind: storage works again; %s", how)
             self.failure = None
 
-    def _failed(self, exc: Exception) -> None:
+    def failed(self, exc: Exception) -> None:
         """A batch failed, its work stays pending: storage's refusal logged once a spell, else a traceback."""
         refusal = storage_refusal(exc)
         if refusal is None:

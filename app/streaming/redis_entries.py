@@ -27,7 +27,7 @@ EXPIRE_EVERY = 60.0
 # A notice stream keeps about this many entries: a reader that was away longer polls the log anyway.
 NOTICE_MAXLEN = 1000
 
-# Whether a turn of this session runs on this replica (turns.leased_runner's `runs`).
+# Whether a turn of this session runs on this replica (the relay's `runs_here`, told by the runner).
 RunsHere = Callable[[str], bool]
 
 

@@ -41,9 +41,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from app.observability.hooks import fanout_backfilled, redis_state
-from app.streaming.broker import Broker, Channel, LoadFrames
+from app.streaming.broker import Broker, Channel, LoadFrames, OnGap, OnWatch
 from app.streaming.frames import Frame
-from app.streaming.redis_entries import STREAM_TTL, RunsHere, noticed, publish_commands, unpack_all
+from app.streaming.redis_entries import STREAM_TTL, noticed, publish_commands, unpack_all
 from app.streaming.redis_publish import Command, Publisher
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,8 @@ FILL_ATTEMPTS = 20
 
 # The log's last seq of each of these sessions (absent: no event).
 LoadHeads = Callable[[list[str]], Awaitable[dict[str, int]]]
+# The broker this relay feeds, made with the relay's hooks: a hole to fill, a session newly watched.
+MakeBroker = Callable[[OnGap, OnWatch], Broker]
 
 _ERRORS = (RedisError, OSError, TimeoutError)
 
@@ -76,6 +78,7 @@ class RedisRelay:
         prefix: str,
         load_frames: LoadFrames,
         load_heads: LoadHeads,
+        make_broker: MakeBroker,
         *,
         poll_interval: float = POLL_INTERVAL,
         sweep_interval: float = SWEEP_INTERVAL,
@@ -99,15 +102,17 @@ class RedisRelay:
         )
         self._wake_key = f"{prefix}:wake:{uuid.uuid4().hex}"
         self._wake_last = "0-0"
-        # Set by a replica (app.main): sessions whose turn runs here are left out of the reader's XREAD,
-        # and frames of sessions whose turn does not run here are announced on the notice stream.
-        self.runs_here: RunsHere | None = None
+        # Sessions whose turn runs here (the runner says, `running`: this relay is its notifier,
+        # turns.runtime.notifier): they are left out of the reader's XREAD, and frames of the others are
+        # announced on the notice stream.
+        self._here: set[str] = set()
         self._notice_key = f"{prefix}:notices"
         self._notice_last = "0-0"
         self._left_out: set[str] = set()
         self._to_catch: set[str] = set()
         self._catcher: asyncio.Task[None] | None = None
-        self._broker: Broker | None = None
+        # This process's broker: made here, with this relay's hooks (shared mode: streaming.broker).
+        self.broker = make_broker(self.gap, self.watch)
         self._outbox: list[tuple[str, Frame]] = []
         self._outbox_ready = asyncio.Event()
         # When each stream's expiry was last set (monotonic seconds).
@@ -121,22 +126,28 @@ class RedisRelay:
         self._was_connected = False
         self._publish_failing = False
 
+    def runs_here(self, session_id: str) -> bool:
+        return session_id in self._here
+
+    def running(self, session_id: str, here: bool) -> None:
+        """The runner's notice: a turn of the session runs here from now on (`here`), or no longer."""
+        if here:
+            self._here.add(session_id)
+        else:
+            self._here.discard(session_id)
+
     def key(self, session_id: str) -> str:
         return f"{self._prefix}:events:{session_id}"
-
-    def attach(self, broker: Broker) -> None:
-        self._broker = broker
 
     # --- publishing ------------------------------------------------------------------------------------
 
     def deliver(self, committed: Sequence[tuple[str, Frame]]) -> None:
         """The write-behind's delivery: local streams at once, other replicas through Redis."""
-        assert self._broker is not None
         # The publisher first: its wake-up then comes before those of the local streams.
         if len(self._outbox) < OUTBOX_LIMIT:
             self._outbox.extend(committed)
             self._outbox_ready.set()
-        self._broker.deliver(committed)
+        self.broker.deliver(committed)
 
     async def _publish_loop(self) -> None:
         while True:
@@ -197,19 +208,16 @@ class RedisRelay:
                     await self._client.expire(self._wake_key, STREAM_TTL)
 
     async def _read_loop(self) -> None:
-        assert self._broker is not None
         while True:
             if not self.connected:
                 await self._until_connected()
-            watched = self._broker.watched()
+            watched = self.broker.watched()
             streams = {self._wake_key: self._wake_last}
-            runs_here = self.runs_here
-            if runs_here is not None:
-                # A turn running here feeds its session's streams itself: reading its frames back from
-                # Redis was a tenth of a streaming replica's CPU. Other replicas' frames for it come
-                # with a notice.
-                self._left_out = {sid for sid in watched if runs_here(sid)}
-                streams[self._notice_key] = self._notice_last
+            # A turn running here feeds its session's streams itself: reading its frames back from
+            # Redis was a tenth of a streaming replica's CPU. Other replicas' frames for it come
+            # with a notice.
+            self._left_out = {sid for sid in watched if sid in self._here}
+            streams[self._notice_key] = self._notice_last
             streams.update({self.key(s): f"{seq}-0" for s, seq in watched.items() if s not in self._left_out})
             self._reading = set(watched)
             try:
@@ -231,7 +239,6 @@ class RedisRelay:
                 await self._poll_log()
 
     def _apply(self, reply: Any) -> None:
-        assert self._broker is not None
         start = len(self._prefix) + len(":events:")
         # A list of [key, entries] pairs (RESP2), or a mapping of them (RESP3).
         for key, entries in reply.items() if isinstance(reply, dict) else reply:
@@ -243,7 +250,7 @@ class RedisRelay:
                 self._catch_up(noticed(entries) & self._left_out)
                 continue
             frames = unpack_all(entries)
-            channel = self._broker.existing(key[start:])
+            channel = self.broker.existing(key[start:])
             if channel is not None:
                 channel.deliver(frames)
 
@@ -254,11 +261,10 @@ class RedisRelay:
             self._catcher = self._spawn(self._catching(), "fanout-catch-up")
 
     async def _catching(self) -> None:
-        assert self._broker is not None
         while self._to_catch:
             session_ids, self._to_catch = self._to_catch, set()
             for sid in session_ids:
-                channel = self._broker.existing(sid)
+                channel = self.broker.existing(sid)
                 if channel is None or not channel.subscribers:
                     continue
                 # What fails here, the sweep of the log brings (and a hole, the next frame's fill).
@@ -304,14 +310,13 @@ class RedisRelay:
 
     async def _poll_log(self) -> None:
         """Every watched channel brought up to the log's head."""
-        assert self._broker is not None
-        watched = self._broker.watched()
+        watched = self.broker.watched()
         if not watched:
             return
         try:
             heads = await self._load_heads(list(watched))
             for sid, head in heads.items():
-                channel = self._broker.existing(sid)
+                channel = self.broker.existing(sid)
                 if channel is not None and head > channel.delivered_seq:
                     channel.deliver(await self._load_frames(sid, channel.delivered_seq, head + 1))
         except Exception:
@@ -326,11 +331,10 @@ class RedisRelay:
             self._spawn(self._fill(channel), f"fanout-fill:{channel.session_id}")
 
     async def _fill(self, channel: Channel) -> None:
-        assert self._broker is not None
         sid = channel.session_id
         try:
             for _ in range(FILL_ATTEMPTS):
-                if not channel.held or self._broker.existing(sid) is not channel:
+                if not channel.held or self.broker.existing(sid) is not channel:
                     return
                 after = channel.delivered_seq
                 frames = await self._load_frames(sid, after, min(channel.held))
@@ -341,13 +345,13 @@ class RedisRelay:
                 if frames:
                     break  # the log starts after the hole: retention pruned it
                 await asyncio.sleep(0.05)
-            if not channel.held or self._broker.existing(sid) is not channel:
+            if not channel.held or self.broker.existing(sid) is not channel:
                 return
             log.warning("fan-out: events of session %s are no longer in the log; its streams resync", sid)
-            self._broker.drop(sid)
+            self.broker.drop(sid)
         except Exception:
             log.exception("fan-out: filling a hole of session %s failed; its streams resume", sid)
-            self._broker.drop(sid)
+            self.broker.drop(sid)
         finally:
             self._filling.discard(sid)
 

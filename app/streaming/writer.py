@@ -30,6 +30,7 @@ from contextlib import asynccontextmanager
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.errors import StorageUnavailable
 from app.errors.storage import storage_refusal
 from app.storage import event_log
 from app.storage.engine import Database
@@ -54,7 +55,7 @@ class OutputRefused(Exception):
     """A turn's write, after the database refused pending output of its session for its data."""
 
 
-class WriteBehind(GroupCommit):
+class WriteBehind:
     def __init__(
         self,
         database: Database,
@@ -66,8 +67,10 @@ class WriteBehind(GroupCommit):
         sequencer: EventSequencer | None = None,
         fence: Fence | None = None,
     ) -> None:
-        super().__init__(interval=interval, text_interval=text_interval)
         self._database = database
+        self._text_interval = text_interval
+        # When batches commit (streaming.group_commit): composed in, it calls back the three methods named.
+        self.schedule = GroupCommit(self, interval=interval, text_interval=text_interval)
         # Multi-replica mode: every write of a turn is checked against its lease (streaming.fencing).
         self.fence = fence
         self._sequencer = sequencer or LocalSequencer()
@@ -86,35 +89,54 @@ class WriteBehind(GroupCommit):
         self._writing: set[str] = set()
         # Turn writes that carried pending events.
         self.turn_commits = 0
-        # Sessions whose pending work the database refused for its data (_isolate), with the error: their
+        # Sessions whose pending work the database refused for its data (isolate), with the error: their
         # running turn ends failed on it (refused).
         self._refused: dict[str, Exception] = {}
 
     def add(self, draft: Draft) -> None:
         """A published event: numbered and logged by the next commit, delivered after it."""
         self._events.add(draft)
-        if not self._pending.is_set():
-            self._pending.set()
+        self.schedule.wake()
         if draft.type != "text_delta" and draft.session_id not in self._writing:
-            self._mark_urgent(draft.session_id)
+            self.schedule.mark_urgent(draft.session_id)
 
-    def _has_events(self) -> bool:
+    def has_events(self) -> bool:
         return bool(self._events)
 
     def publisher(self, session_id: str) -> Publisher:
         return Publisher(session_id, self.add)
 
-    def deliver_to(self, deliver: Deliver) -> None:
-        """Where committed events go (the broker); set once, after both exist."""
-        self._deliver = deliver
+    @property
+    def failure(self) -> StorageUnavailable | None:
+        """Storage's refusal while batches fail (the schedule's): running turns stop on it."""
+        return self.schedule.failure
+
+    @property
+    def batch_commits(self) -> int:
+        return self.schedule.batch_commits
+
+    @property
+    def urgent_commits(self) -> int:
+        return self.schedule.urgent_commits
+
+    def start(self) -> None:
+        self.schedule.start()
+
+    async def stop(self) -> None:
+        """Stops the batches' task, then commits what is pending."""
+        await self.schedule.stop()
+
+    async def opened(self, session_id: str) -> None:
+        """From a turn's own task once `track` opened a message: the schedule's `opened`."""
+        await self.schedule.opened(session_id)
 
     def track(self, buffer: TextBuffer) -> None:
         self._texts[buffer.message_id] = buffer
         if buffer.row is not None:
             # A response's first delta: its row and event go with the next commit, which comes at once.
-            self._pending.set()
+            self.schedule.wake()
             if buffer.session_id not in self._writing:
-                self._mark_urgent(buffer.session_id)
+                self.schedule.mark_urgent(buffer.session_id)
 
     def untrack(self, buffer: TextBuffer) -> None:
         """Inside `transaction`, which writes the buffer's final text: it leaves the write-behind once that
@@ -144,7 +166,7 @@ class WriteBehind(GroupCommit):
             self._retention.forget(session_id)
         self._sequencer.forget(session_id)
 
-    async def _isolate(self) -> None:
+    async def isolate(self) -> None:
         """Commits each session's pending work alone; a session whose work the database refuses for its
         data (not storage refusing work: that stops here, every session waits for it) loses its pending
         events and text writes, and its turn ends failed (`refused`): the others' work commits."""
@@ -160,7 +182,7 @@ class WriteBehind(GroupCommit):
                 self._refused[session_id] = exc
 
     def refused(self, session_id: str) -> Exception | None:
-        """The error the database refused the session's pending work with (_isolate), once."""
+        """The error the database refused the session's pending work with (isolate), once."""
         return self._refused.pop(session_id, None)
 
     def discard(self, session_id: str) -> None:
@@ -179,7 +201,7 @@ class WriteBehind(GroupCommit):
         """Commits the pending rows and events, then delivers the events; with a `scope`, only those of
         its sessions (an urgent batch), all of each one's, so every session's events stay in order. Sessions
         whose turn write is open are left to that write."""
-        async with self._batches, self._lanes.exclusive():
+        async with self.schedule.batches, self._lanes.exclusive():
             now = time.monotonic()
             busy = self._lanes.busy
             texts = [
@@ -234,7 +256,7 @@ class WriteBehind(GroupCommit):
     ) -> None:
         """After a batch's commit (no await, see _batch): its events leave, its texts are marked written,
         and its frames go to the broker."""
-        self._batch_done(urgent=urgent)
+        self.schedule.batch_done(urgent=urgent)
         self._events.remove(mine)
         mark_written(written, now)
         if frames and self._deliver is not None:
@@ -258,7 +280,7 @@ class WriteBehind(GroupCommit):
         async with self._lanes.session(session_id), self._lanes.exclusive():
             refused = self._refused.get(session_id) if turn_id is not None else None
             if refused is not None:
-                # The turn's output the database refused is gone (_isolate): it must not end as if whole.
+                # The turn's output the database refused is gone (isolate): it must not end as if whole.
                 raise OutputRefused(session_id) from refused
             now = time.monotonic()
             finished = self._finished[session_id] = []
@@ -299,7 +321,7 @@ class WriteBehind(GroupCommit):
     ) -> None:
         """After a turn write's commit (no await, see transaction): its buffers and events leave; delivery."""
         # A turn's end written by end_durably also proves storage works: the next turn must not stop on it.
-        self._works_again("a turn's write committed")
+        self.schedule.works_again("a turn's write committed")
         for buffer in finished:
             self._texts.pop(buffer.message_id, None)
         if mine:
@@ -314,7 +336,7 @@ class WriteBehind(GroupCommit):
         if before is not None:
             self._events.drop_session(session_id, keep=before)
         if self._events.has(session_id):
-            self._mark_urgent(session_id)
+            self.schedule.mark_urgent(session_id)
 
     async def _fenced(self, db: AsyncSession, session_id: str, turn_id: str | None, final: bool) -> None:
         """The fence's check of a transaction (LeaseLost for a turn's write); a write of the waiting line

@@ -1,7 +1,7 @@
 """Turn ownership and control: who runs a session's turn, and how requests act on it (post, cancel, steer
 by delivery, the waiting line, waits for a turn's end). The use-case layer reaches turns only here.
 
-The runner (turns.runner) is today's in-process implementation: one process owns every turn.
+The runner (turns.runtime.runner) is today's in-process implementation: one process owns every turn.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """A session's runtime state in this process and its waiting line: messages acknowledged while a turn runs,
-stored durably and announced with their rows (the runner, turns/runner.py, decides when a turn takes them).
+stored durably and announced with their rows (the runner, turns/runtime/runner.py, decides when a turn
+takes them).
 """
 
 from __future__ import annotations

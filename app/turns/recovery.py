@@ -34,7 +34,7 @@ from app.turns.live import LiveStatusBoard
 from app.turns.recorder.ends import TurnEnds
 from app.turns.recorder.rows import TurnRows
 from app.turns.resume import last_round
-from app.turns.runner import Runner
+from app.turns.runtime.runner import Runner
 
 log = logging.getLogger(__name__)
 

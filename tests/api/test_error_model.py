@@ -24,7 +24,7 @@ from app.errors import (
     Unauthorized,
     error_kinds,
 )
-from app.turns.replicas import OwnerUnreachable
+from app.turns.replicas.turns import OwnerUnreachable
 from app.turns.waiting import AnswerExpired
 
 APP = Path(app.__file__).parent

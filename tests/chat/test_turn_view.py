@@ -19,7 +19,7 @@ from app.errors import Conflict, NotFound, WaitTimeout
 from app.protocol.schemas import MessageCreate
 from app.settings import Settings
 from app.storage.tables import ChatSessionRow
-from app.turns.runner import Runner
+from app.turns.runtime.runner import Runner
 from tests.support.runtime import Runtime, runtime
 
 pytestmark = pytest.mark.anyio

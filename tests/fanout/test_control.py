@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from app.turns.replicas import ReplicaTurns
+from app.turns.replicas.turns import ReplicaTurns
 from tests.fakes.directive import bench_content
 from tests.fanout.conftest import Cluster
 from tests.support.client import new_session, post

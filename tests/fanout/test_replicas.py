@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from app.turns.replicas import CONTROL_TIMEOUT, ReplicaTurns
+from app.turns.replicas.turns import CONTROL_TIMEOUT, ReplicaTurns
 from tests.fakes.directive import bench_content
 from tests.fakes.record import RecordedRequest
 from tests.fakes.upstream import Script

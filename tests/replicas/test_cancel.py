@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from app.turns.replicas import CONTROL_TIMEOUT
+from app.turns.replicas.turns import CONTROL_TIMEOUT
 from tests.fakes.upstream import FakeUpstream, Script
 from tests.interrupt.session import chat_requests
 from tests.replicas.conftest import LEASE_SECONDS, UNREACHABLE_REDIS_URL, Replicas, clients, rows, until

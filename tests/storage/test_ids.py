@@ -116,7 +116,7 @@ def colliding(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
         return drawn or ids.new_message_id()
 
     recorder = ("app.turns.recorder.rows", "app.turns.recorder.recorder", "app.turns.recorder.ends")
-    for module in (*recorder, "app.turns.runner", "app.streaming.texts"):
+    for module in (*recorder, "app.turns.runtime.runner", "app.streaming.texts"):
         monkeypatch.setattr(f"{module}.new_message_id", new_message_id)
     monkeypatch.setattr("app.chat.messages.new_message_id", new_message_id)
     return pending

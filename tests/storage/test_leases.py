@@ -17,7 +17,7 @@ from app.storage import event_log, leases
 from app.storage.engine import Database
 from app.storage.tables import QueuedMessageRow
 from app.streaming.fencing import Fence, Lease, LeaseLost
-from app.turns.lease import CANCEL_POLL_SECONDS, LeaseKeeper
+from app.turns.replicas.lease import CANCEL_POLL_SECONDS, LeaseKeeper
 from tests.support.postgres import ScratchDatabase
 from tests.support.rows import add_sessions
 
@@ -50,8 +50,7 @@ async def test_one_running_lease_per_session_renewal_takeover_and_the_fence(data
         await db.commit()
     fence = Fence()
     lost: list[str] = []
-    fence.on_lost = lambda lease: lost.append(lease.turn_id)
-    fence.hold(Lease("t_1", "s_1", 11))
+    fence.hold(Lease("t_1", "s_1", 11, stop=lambda: lost.append("t_1")))
     async with database.session() as db:
         with pytest.raises(LeaseLost):
             await fence.guard(db, "s_1", "t_1", final=True)
@@ -172,11 +171,12 @@ async def test_a_turn_that_ends_while_its_renewal_is_under_way_has_not_lost_its_
     fence = Fence()
     keeper = LeaseKeeper(settings, database, fence)
     lost: list[str] = []
-    fence.on_lost = lambda lease: lost.append(lease.turn_id)
     async with database.session() as db:
         ending = await keeper.claim(db, "s_1", "t_ending")
         taken = await keeper.claim(db, "s_2", "t_taken")
         await db.commit()
+    ending.stop = lambda: lost.append("t_ending")
+    taken.stop = lambda: lost.append("t_taken")
     fence.hold(ending)
     fence.hold(taken)
     real_renew = leases.renew

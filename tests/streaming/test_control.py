@@ -22,10 +22,9 @@ class Replica:
     """A bus whose handler acts only for the sessions it "runs", and notes everything it heard."""
 
     def __init__(self, url: str, prefix: str, runs: set[str]) -> None:
-        self.bus = ControlBus(url, prefix)
         self.runs = runs
         self.heard: list[tuple[str, str]] = []
-        self.bus.handle_with(self.handle)
+        self.bus = ControlBus(url, prefix, self.handle)
 
     async def handle(self, op: str, session_id: str, args: dict[str, Any]) -> dict[str, Any] | None:
         self.heard.append((op, session_id))

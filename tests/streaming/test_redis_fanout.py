@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pytest
 import redis.asyncio
 
-from app.main import _event_log
 from app.protocol.events import AgentStatus
+from app.runtime import build_event_log
 from app.settings import Settings
 from app.storage import event_log
 from app.storage.engine import Database
@@ -53,7 +53,7 @@ class Replica:
 async def replica(database_url: str, redis_url: str | None, prefix: str) -> Replica:
     settings = Settings(database_url=database_url, redis_url=redis_url, redis_prefix=prefix)
     database = Database(database_url)
-    writer, broker, relay = _event_log(settings, database)
+    writer, broker, relay = build_event_log(settings, database)
     writer.start()
     if relay is not None:
         await relay.start()
@@ -158,7 +158,7 @@ async def test_a_slow_sweep_of_the_log_holds_up_no_live_frame(database_url: str,
     once (in the reader's loop they waited for the sweep: every five seconds, 20-70 ms at load)."""
     settings = Settings(database_url=database_url, redis_url=REDIS_URL, redis_prefix=redis_prefix)
     database = Database(database_url)
-    writer, broker, relay = _event_log(settings, database)
+    writer, broker, relay = build_event_log(settings, database)
     assert relay is not None
     sweeping, sweeps = asyncio.Event(), [0]
     load_heads = relay._load_heads

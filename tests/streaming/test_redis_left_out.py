@@ -18,6 +18,7 @@ import pytest
 from app.streaming import redis_fanout
 from app.streaming.redis_entries import notice, noticed
 from app.streaming.redis_fanout import RedisRelay
+from app.turns.runtime.notifier import Notifier
 from tests.streaming.test_redis_fanout import SID, Reader, Replica, logged, pair
 from tests.support.redis import redis_prefix
 
@@ -27,6 +28,8 @@ __all__ = ["pair", "redis_prefix"]  # fixtures
 
 def relay_of(replica: Replica) -> RedisRelay:
     assert replica.relay is not None
+    notifier: Notifier = replica.relay  # the runner's notifier with Redis (turns.runtime.notifier)
+    assert notifier is replica.relay
     return replica.relay
 
 
@@ -63,8 +66,7 @@ async def test_a_turn_running_here_is_not_read_back_and_other_replicas_frames_co
     reader. B, which does not run it, logs 5 more (a message posted there): they come with a notice, A
     reads the session's stream once, and its stream has all 35, contiguous, as logged."""
     a, b = pair
-    relay_of(a).runs_here = lambda sid: sid == SID
-    relay_of(b).runs_here = lambda sid: False
+    relay_of(a).running(SID, True)
     keys = recorded(relay_of(a))
     live = Reader(await a.broker.subscribe(SID, 0))
     await left_out(relay_of(a), SID)
@@ -85,9 +87,8 @@ async def test_once_the_turn_is_over_here_the_reader_takes_the_stream_in_again(
     XREAD blocks for a minute here, so B's frames reach A's stream only because turn_over woke the
     reader, which read the session's stream again."""
     a, b = pair
-    running_on_a = {SID}
-    relay_of(a).runs_here = running_on_a.__contains__
-    relay_of(b).runs_here = lambda sid: sid == SID
+    relay_of(a).running(SID, True)
+    relay_of(b).running(SID, True)
     recorded(relay_of(a))
     monkeypatch.setattr(redis_fanout, "BLOCK_MS", 60_000)
     live = Reader(await a.broker.subscribe(SID, 0))
@@ -95,7 +96,7 @@ async def test_once_the_turn_is_over_here_the_reader_takes_the_stream_in_again(
     await live.until(3)
     await left_out(relay_of(a), SID)
     await asyncio.sleep(0.2)  # the reader blocks again, the session left out
-    running_on_a.clear()
+    relay_of(a).running(SID, False)
     relay_of(a).turn_over(SID)
     b.publish(4)
     frames = await live.until(7)

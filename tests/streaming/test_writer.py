@@ -203,7 +203,6 @@ async def test_urgent_work_under_a_stream_of_deltas_keeps_deltas_to_one_batch_pe
     for the interval (none waits near 0.1 s) and takes only its own session's events along, while the
     interval batches, which carry the deltas, stay at least 0.1 s apart."""
     delivered = Delivered()
-    writer = WriteBehind(database, interval=0.1, deliver=delivered)
     loop = asyncio.get_running_loop()
     published: dict[int, float] = {}
     arrived: dict[int, float] = {}
@@ -214,7 +213,7 @@ async def test_urgent_work_under_a_stream_of_deltas_keeps_deltas_to_one_batch_pe
             if sid == "s_b":
                 arrived[f.seq] = loop.time()
 
-    writer.deliver_to(deliver)
+    writer = WriteBehind(database, interval=0.1, deliver=deliver)
     batches: list[float] = []
     original = writer.flush
 
@@ -370,7 +369,8 @@ async def test_a_committed_turn_write_clears_the_batches_storage_failure(databas
     commit proves storage works, so a turn starting right after it streams instead of stopping on the
     stale failure before the batch loop's next success (a CI flake: the next turn failed storage_full)."""
     writer = WriteBehind(database, interval=60.0, deliver=Delivered())
-    writer.failure = StorageFull("The database's disk is full.")
+    schedule: GroupCommit = writer.schedule  # the write-behind's own, composed in
+    schedule.failure = StorageFull("The database's disk is full.")
     bad = ChatMessageRow(id="m_x", session_id="s_missing", turn_id="t", type="turn_done", timestamp=T0)
     with pytest.raises(Exception, match="FOREIGN KEY"):
         async with writer.transaction("s_a") as db:
@@ -675,7 +675,7 @@ async def test_while_a_batch_is_under_way_the_first_delta_goes_with_the_next_urg
     writer = WriteBehind(database, interval=60.0, deliver=delivered)
     writer.start()
     try:
-        async with writer._batches:  # a batch under way
+        async with writer.schedule.batches:  # a batch under way
             open_message(writer, "s_a", "m_a")
             open_message(writer, "s_b", "m_b")
             await writer.opened("s_a")  # returns at once: nothing committed yet
@@ -731,7 +731,7 @@ async def test_a_turn_cancelled_before_its_first_delta_commits_leaves_it_to_the_
     await paced(writer)
     open_message(writer, "s_a", "m_a")
     async with writer._lanes.exclusive():  # another write holds SQLite's lane: opened waits for it
-        opening = asyncio.create_task(GroupCommit.opened(writer, "s_a"))
+        opening = asyncio.create_task(writer.opened("s_a"))
         await asyncio.sleep(0.05)
         opening.cancel()
         with pytest.raises(asyncio.CancelledError):

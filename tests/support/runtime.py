@@ -24,7 +24,7 @@ from app.streaming.frames import Frame
 from app.streaming.writer import WriteBehind
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.live import LocalLiveStatus
-from app.turns.runner import Runner
+from app.turns.runtime.runner import Runner
 
 T0 = "2026-02-28T06:30:00.000+00:00"
 
@@ -66,7 +66,6 @@ class Runtime:
 @asynccontextmanager
 async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
     database = Database(settings.database_url, busy_timeout_ms=settings.database_busy_timeout_ms)
-    writer = WriteBehind(database)
 
     async def last_seq(session_id: str) -> int:
         async with database.session() as db:
@@ -78,7 +77,7 @@ async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
         return [Frame(seq, type_, data, turn) for seq, type_, data, turn in rows]
 
     broker = Broker(last_seq, settings.subscriber_queue_size, load_frames=load_frames)
-    writer.deliver_to(broker.deliver)
+    writer = WriteBehind(database, deliver=broker.deliver)
     models, tools, live = ModelGateway(settings), build_default_registry(), LocalLiveStatus()
     runner = Runner(settings, database, writer, models, tools, live, broker)
     try:

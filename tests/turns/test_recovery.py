@@ -88,7 +88,6 @@ async def seed(database: Database) -> None:
 async def test_an_open_turn_is_closed_as_interrupted_with_what_clients_saw(database_url: str) -> None:
     database = Database(database_url)
     await seed(database)
-    writer = WriteBehind(database)
     delivered: list[Frame] = []
     logged_when_delivered: list[int] = []
 
@@ -100,7 +99,7 @@ async def test_an_open_turn_is_closed_as_interrupted_with_what_clients_saw(datab
         delivered.extend(frame for _, frame in batch)
         logged_when_delivered.append(len(delivered))
 
-    writer.deliver_to(deliver)
+    writer = WriteBehind(database, deliver=deliver)
     try:
         assert await close_open_turns(database, writer, LocalLiveStatus()) == 1
         # One transaction wrote the rows and the events, and delivered them only once committed.

@@ -1,7 +1,8 @@
-"""Graceful shutdown (app.turns.shutdown): the drain runs once, stops the running turns as interrupted,
-flushes the event log and ends every stream, and ends the streams even when stopping the turns times out
-or fails, or the last batch cannot be written. The signals start it too. With a real runner, writer and
-broker on a real SQLite file (tests/support/runtime.py); over a real server: tests/streams/test_shutdown.py.
+"""Graceful shutdown (app.turns.runtime.shutdown): the drain runs once, stops the running turns as
+interrupted, flushes the event log and ends every stream, and ends the streams even when stopping the turns
+times out or fails, or the last batch cannot be written. The signals start it too. With a real runner, writer
+and broker on a real SQLite file (tests/support/runtime.py); over a real server:
+tests/streams/test_shutdown.py.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ from app.protocol.events import AgentStatus
 from app.settings import Settings
 from app.storage import event_log
 from app.streaming.broker import Subscription
-from app.turns.runner import Runner
-from app.turns.shutdown import Drain, drain_on_signals
+from app.turns.runtime.runner import Runner
+from app.turns.runtime.shutdown import Drain, drain_on_signals
 from tests.support.runtime import Runtime, runtime
 
 pytestmark = pytest.mark.anyio
 
 SID, OTHER = "s_draining", "s_other"
-LOGGER = "app.turns.shutdown"
+LOGGER = "app.turns.runtime.shutdown"
 
 
 @pytest.fixture

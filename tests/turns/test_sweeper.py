@@ -19,10 +19,10 @@ from app.storage import leases
 from app.storage.engine import Database
 from app.streaming.fencing import Fence
 from app.streaming.writer import WriteBehind
-from app.turns.lease import LeaseKeeper
-from app.turns.leased_runner import LeasedRunner
 from app.turns.live import LocalLiveStatus
-from app.turns.sweeper import Sweeper
+from app.turns.replicas.lease import LeaseKeeper
+from app.turns.replicas.sweeper import Sweeper
+from app.turns.runtime.runner import Runner
 from tests.storage.test_leases import NO_WAIT_SECONDS, until_expired
 from tests.support.postgres import ScratchDatabase
 from tests.support.rows import add_sessions
@@ -57,7 +57,7 @@ async def test_a_closing_replica_does_not_take_back_the_lease_it_let_go(database
     settings = Settings(database_url="sqlite+aiosqlite:///unused.db", lease_seconds=120)
     keeper = LeaseKeeper(settings, database, Fence())
     runner = ClosingRunner()
-    sweeper = Sweeper(database, WriteBehind(database), LocalLiveStatus(), cast(LeasedRunner, runner), keeper)
+    sweeper = Sweeper(database, WriteBehind(database), LocalLiveStatus(), cast(Runner, runner), keeper)
     async with database.session() as db:
         lease = await keeper.claim(db, "s_1", "t_waits")
         await leases.expire(db, lease.token)  # what let_go does at the drain
@@ -94,7 +94,7 @@ async def test_a_sweep_goes_past_a_lease_its_owner_holds_locked(postgres_databas
     settings = Settings(database_url=postgres_database.url, lease_seconds=30)
     runner = SweepingRunner()
     keeper = LeaseKeeper(settings, database, Fence())
-    sweeper = Sweeper(database, WriteBehind(database), LocalLiveStatus(), cast(LeasedRunner, runner), keeper)
+    sweeper = Sweeper(database, WriteBehind(database), LocalLiveStatus(), cast(Runner, runner), keeper)
     try:
         async with database.session() as db:
             assert await leases.claim(db, "t_locked", "s_1", "paused", 11, 1.0)

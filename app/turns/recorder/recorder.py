@@ -120,7 +120,7 @@ class TurnRecorder:
         # The ids of the messages the turn took (the runner answers a message's waiters with its turn).
         self.taken_ids = taken_ids
         # Multi-replica mode: claims the turn's lease, first thing in the transaction that opens it
-        # (turns.leased_runner); raises TurnBusy when another turn of the session runs.
+        # (turns.replicas.ownership); raises TurnBusy when another turn of the session runs.
         self.claim = claim
 
     # --- what the runner and the API read ------------------------------------------------------------

@@ -28,10 +28,10 @@ from app.storage import leases, pending
 from app.storage.engine import Database
 from app.streaming.fencing import Lease
 from app.streaming.writer import WriteBehind
-from app.turns.lease import LeaseKeeper, new_token
-from app.turns.leased_runner import LeasedRunner
 from app.turns.live import LiveStatusBoard
 from app.turns.recovery import close_left_turn, resume_turn
+from app.turns.replicas.lease import LeaseKeeper, new_token
+from app.turns.runtime.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Sweeper:
         database: Database,
         writer: WriteBehind,
         live: LiveStatusBoard,
-        runner: LeasedRunner,
+        runner: Runner,
         keeper: LeaseKeeper,
     ) -> None:
         self._database = database

@@ -47,7 +47,15 @@ def new_token() -> int:
 
 
 class LeaseKeeper:
-    def __init__(self, settings: Settings, database: Database, fence: Fence) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        database: Database,
+        fence: Fence,
+        *,
+        on_cancel: Callable[[str], object] | None = None,
+        on_waiting: Callable[[str, set[str]], object] | None = None,
+    ) -> None:
         self.replica_id = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
         self.seconds = settings.lease_seconds
         self.interval = settings.heartbeat_seconds
@@ -56,9 +64,10 @@ class LeaseKeeper:
         self._task: asyncio.Task[None] | None = None
         self._last_renewal = time.monotonic()
         self._cancelled: set[int] = set()
-        self.on_cancel: Callable[[str], object] | None = None
+        # A flagged turn's id: its owner stops it (the runner's cancel_local).
+        self._on_cancel = on_cancel
         # (session_id, ids of its steer and interrupt messages): what a running turn's owner acts on.
-        self.on_waiting: Callable[[str, set[str]], object] | None = None
+        self._on_waiting = on_waiting
 
     async def claim(
         self, db: AsyncSession, session_id: str, turn_id: str, *, unless_waiting: bool = False
@@ -113,10 +122,10 @@ class LeaseKeeper:
                 self.fence.lose(lease, "its renewal failed: expired or taken over")
             elif renewed[lease.token] and lease.token not in self._cancelled:
                 self._cancelled.add(lease.token)
-                if self.on_cancel is not None:
-                    self.on_cancel(lease.turn_id)
-            if lease.token in renewed and lease.session_id in urgent and self.on_waiting is not None:
-                self.on_waiting(lease.session_id, urgent[lease.session_id])
+                if self._on_cancel is not None:
+                    self._on_cancel(lease.turn_id)
+            if lease.token in renewed and lease.session_id in urgent and self._on_waiting is not None:
+                self._on_waiting(lease.session_id, urgent[lease.session_id])
         self._cancelled &= {lease.token for lease in held}
 
     async def let_go(self, session_id: str, turn_id: str) -> None:

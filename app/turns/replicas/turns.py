@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -35,10 +35,11 @@ from app.storage.engine import Database
 from app.storage.leases import LeaseRecord
 from app.storage.tables import ChatSessionRow
 from app.streaming.broker import EventFanOut, Subscription
-from app.streaming.control import ControlBus
+from app.streaming.control import ControlBus, Handler
 from app.streaming.frames import Frame
-from app.turns.leased_runner import LeasedRunner
 from app.turns.live import LiveStatus
+from app.turns.replicas.lease import LeaseKeeper
+from app.turns.runtime.runner import Runner
 from app.turns.waiting import Kind
 
 log = logging.getLogger(__name__)
@@ -57,13 +58,19 @@ class ReplicaTurns:
     """The TurnControl of a replica: the local runner, plus the control channel and the fan-out."""
 
     def __init__(
-        self, runner: LeasedRunner, bus: ControlBus, fanout: EventFanOut, database: Database
+        self,
+        runner: Runner,
+        keeper: LeaseKeeper,
+        bus: Callable[[Handler], ControlBus],
+        fanout: EventFanOut,
+        database: Database,
     ) -> None:
+        """`bus` makes the control bus this replica asks and answers on, given what answers (`_handle`)."""
         self._runner = runner
-        self._bus = bus
+        self._keeper = keeper
+        self.bus = self._bus = bus(self._handle)
         self._fanout = fanout
         self._database = database
-        bus.handle_with(self._handle)
 
     @property
     def closing(self) -> bool:
@@ -160,7 +167,7 @@ class ReplicaTurns:
             return await self._runner.cancel(session_id, clear_queue=clear_queue)
         withdrawn = await self._runner.withdraw(session_id) if clear_queue else []
         # The flag's UPDATE also finds the running turn: no read before it, one round trip less.
-        flagged = await self._runner.keeper.flag_cancel(session_id)
+        flagged = await self._keeper.flag_cancel(session_id)
         if flagged is None:  # none runs (or its successor runs here): what a cancel says now
             result = await self._runner.cancel(session_id)
         else:
@@ -173,7 +180,7 @@ class ReplicaTurns:
                 "cancel", flagged.session_id, {"turn_id": flagged.turn_id}, timeout=CONTROL_TIMEOUT
             )
         )
-        ended = asyncio.ensure_future(self._runner.keeper.stopped(flagged))
+        ended = asyncio.ensure_future(self._keeper.stopped(flagged))
         try:
             await asyncio.wait({asked, ended}, return_when=asyncio.FIRST_COMPLETED)
             if not asked.done():

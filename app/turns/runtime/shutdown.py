@@ -19,7 +19,7 @@ from types import FrameType
 
 from app.streaming.broker import Broker
 from app.streaming.writer import WriteBehind
-from app.turns.runner import Runner
+from app.turns.runtime.runner import Runner
 
 log = logging.getLogger(__name__)
 
