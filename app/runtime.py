@@ -6,7 +6,8 @@ three seams gets its local or its replicated implementation here, and nothing is
 - Ownership (turns.runtime.ownership), who runs a session's turn: `LocalOwnership`, or `LeasedOwnership`
   (turns.replicas.ownership: leases claimed in a turn's opening transaction, renewed by a heartbeat, fenced
   writes, a sweeper for the turns of a replica that died).
-- EventLog (streaming.writer), which numbers, logs, commits and delivers events: one `WriteBehind` with its
+- EventLog (streaming.log.write_behind), which numbers, logs, commits and delivers events: one `WriteBehind`
+with its
   group-commit schedule, given at construction where it delivers and, with replicas, the lease fence
   every write of a turn is checked against and the sequencer that numbers from the session's counter row.
 - Notifier, what reaches other processes: nothing (turns.runtime.notifier.LocalNotifier; the broker hears
@@ -42,10 +43,10 @@ from app.settings import Settings
 from app.storage import event_log, leases
 from app.storage.engine import Database, pool_options
 from app.streaming.broker import RING_SIZE, Broker, OnGap, OnWatch
-from app.streaming.fencing import Fence
 from app.streaming.frames import Frame
-from app.streaming.sequencing import CounterSequencer
-from app.streaming.writer import WriteBehind
+from app.streaming.log.fencing import Fence
+from app.streaming.log.sequencing import CounterSequencer
+from app.streaming.log.write_behind import WriteBehind
 from app.tools.catalog import ToolCatalog
 from app.turns.control import TurnControl
 from app.turns.live import LocalLiveStatus
@@ -57,7 +58,7 @@ from app.turns.runtime.runner import Runner
 from app.turns.runtime.shutdown import Drain
 
 if TYPE_CHECKING:
-    from app.streaming.redis_fanout import RedisRelay
+    from app.streaming.redis.relay import RedisRelay
 
 log = logging.getLogger("parley")
 
@@ -151,7 +152,7 @@ def _replicated(settings: Settings, database: Database, models: ModelGateway, ca
     """One replica of several: turns owned through leases and fenced, the Redis relay as the notifier,
     requests reaching the replica whose turn it is over the control bus (turns.replicas.turns)."""
     # Imported only here: a single server never loads the Redis client (its memory, its import).
-    from app.streaming.control import ControlBus
+    from app.streaming.redis.control_bus import ControlBus
     from app.turns.replicas.turns import ReplicaTurns
 
     fence = Fence()
@@ -235,7 +236,7 @@ def build_event_log(
 
     relay = None
     if settings.redis_url is not None:
-        from app.streaming.redis_fanout import RedisRelay
+        from app.streaming.redis.relay import RedisRelay
 
         relay = RedisRelay(settings.redis_url, settings.redis_prefix, load_frames, load_heads, make_broker)
         broker = relay.broker
@@ -250,7 +251,7 @@ def build_event_log(
         deliver=relay.deliver if relay is not None else broker.deliver,
         # Several replicas log one session's events: numbers from its counter row, not this process's memory.
         sequencer=CounterSequencer() if settings.multi_replica else None,
-        # Multi-replica mode: every write of a turn is checked against its lease (streaming.fencing).
+        # Multi-replica mode: every write of a turn is checked against its lease (streaming.log.fencing).
         fence=fence,
     )
     return writer, broker, relay

@@ -33,8 +33,8 @@ from app.protocol.ids import new_message_id
 from app.storage.engine import Database
 from app.storage.tables import new_message
 from app.streaming.frames import Publisher
-from app.streaming.texts import TextBuffer
-from app.streaming.writer import WriteBehind
+from app.streaming.log.texts import TextBuffer
+from app.streaming.log.write_behind import WriteBehind
 from tests.support.rows import add_sessions
 from tests.support.server import migrate
 

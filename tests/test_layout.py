@@ -25,7 +25,7 @@ NOT_IMPORTED = {
     "app.api.responses": _OVER_HTTP,
     "app.api.sessions": _OVER_HTTP,
     "app.api.turns": _OVER_HTTP,
-    "app.api.waiting": _OVER_HTTP,
+    "app.api.turn_wait": _OVER_HTTP,
     "app.llm.litellm_zygote": "a process of its own (python -m): tests/llm/test_litellm_process.py starts it",
     "app.turns.replicas.lease": _REPLICAS,
     "app.turns.replicas.sweeper": _REPLICAS,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 
 from app.api.deps import PrincipalDep, TurnsDep
 from app.api.responses import v1_errors
-from app.api.waiting import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
+from app.api.turn_wait import WAIT_TIMEOUT_RESPONSE, WaitDep, unless_disconnected
 from app.protocol.ids import TURN_ID_PATTERN
 from app.protocol.turns import Turn, TurnPage
 

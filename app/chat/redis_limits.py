@@ -34,7 +34,7 @@ from redis.exceptions import RedisError
 from app.chat.limits import STREAM_RETRY_AFTER, MessageRate, StreamSlot, StreamSlots
 from app.errors import TooManyRequests, TooManyStreams
 from app.observability.hooks import limits_without_redis
-from app.streaming.redis_fanout import redis_client
+from app.streaming.redis.relay import redis_client
 
 log = logging.getLogger(__name__)
 

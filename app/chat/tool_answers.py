@@ -26,7 +26,7 @@ from app.storage import pending
 from app.storage.engine import Database
 from app.storage.tables import PendingToolRequestRow
 from app.turns.control import TurnControl
-from app.turns.waiting import (
+from app.turns.pending_calls import (
     DECISIONS,
     AnswerConflict,
     AnswerExpired,

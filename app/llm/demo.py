@@ -69,7 +69,7 @@ _ERROR_PREFIXES = (
     "timed out",
     "approval timed out",
 )
-# What a person's reject gives the model (app/turns/waiting.py), optionally followed by ": reason".
+# What a person's reject gives the model (app/turns/pending_calls.py), optionally followed by ": reason".
 _REJECTED = "the user rejected this tool call"
 
 

@@ -255,7 +255,8 @@ def stream_closed() -> None:
 
 
 def session_memory(*, states: int = 0, channels: int = 0) -> None:
-    """Session states (turns.idle) and stream channels (streaming.broker) made (+1) or let go (-1)."""
+    """Session states (turns.runtime.state_cache) and stream channels (streaming.broker) made (+1) or let go
+    (-1)."""
     metrics = _active.metrics
     if metrics is not None:
         if states:

@@ -204,7 +204,7 @@ class StallSampler:
 
 def commit_origin() -> str:
     """Which kind of work commits: the write-behind's interval batch or urgent batch (the task names of
-    app.streaming.writer), a turn's own write, or a request."""
+    app.streaming.log.write_behind), a turn's own write, or a request."""
     try:
         task = asyncio.current_task()
     except RuntimeError:

@@ -1,5 +1,5 @@
 """The event log: every committed event of a session, by number, for replay, retention and recovery.
-SQL only; numbers are taken by streaming.sequencing, in the transaction that logs the events."""
+SQL only; numbers are taken by streaming.log.sequencing, in the transaction that logs the events."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ async def insert_events(db: AsyncSession, rows: Sequence[dict[str, Any]]) -> Non
 async def log_events(db: AsyncSession, params: Sequence[tuple[str, int, str, str]]) -> None:
     """(session_id, seq, type, data) rows in one executemany: this runs for every event of every stream.
 
-    A plain insert: numbers are taken in the transaction that logs them (streaming.sequencing), so a
+    A plain insert: numbers are taken in the transaction that logs them (streaming.log.sequencing), so a
     duplicate is a bug to surface, never a case to ignore."""
     if not params:
         return

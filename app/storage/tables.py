@@ -37,7 +37,7 @@ class ChatSessionRow(SQLModel, table=True):
     approval: list[str] = Field(
         default_factory=list, sa_column=Column(JSON, nullable=False, server_default=text("'[]'"))
     )
-    # The last event number taken (streaming.sequencing.CounterSequencer, multi-replica mode): the row
+    # The last event number taken (streaming.log.sequencing.CounterSequencer, multi-replica mode): the row
     # lock of its UPDATE serializes the logging transactions of every replica.
     last_seq: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
 

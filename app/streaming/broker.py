@@ -12,7 +12,7 @@ position are taken from the channel's ring of recent frames and, for older ones,
 an await between registering and reading the ring. So nothing falls between replay and live, and nothing
 comes twice. A position the log no longer holds (or never held) starts the stream with a `resync` frame.
 
-Shared mode (several replicas, streaming.redis_fanout): frames also come from other processes, so they may
+Shared mode (several replicas, streaming.redis.relay): frames also come from other processes, so they may
 arrive out of order or with a hole. A channel then holds back a frame that does not follow its last one and
 reports the hole (`on_gap`) for the relay to fill from the log; and a channel nobody watches is not kept
 current (no replica reads its session's stream), so it is rebuilt from the log when next used.

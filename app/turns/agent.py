@@ -38,8 +38,8 @@ from app.turns.agent_events import (
     ToolStarted,
     arguments_text,
 )
+from app.turns.pending_calls import Inbox
 from app.turns.rounds import ResumedRound, ToolRound, WaitRules
-from app.turns.waiting import Inbox
 
 # The loop's events live in turns.agent_events (turns.rounds yields them too); named here for its users.
 __all__ = [

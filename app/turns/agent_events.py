@@ -11,7 +11,7 @@ from typing import Any
 from app.llm.types import UsagePart
 from app.protocol.tool_requests import Resolution
 from app.tools.registry import ToolOutcome
-from app.turns.waiting import Answer, Kind, Submission, Waiting
+from app.turns.pending_calls import Answer, Kind, Submission, Waiting
 
 
 def arguments_text(arguments: Any) -> str:

@@ -16,7 +16,7 @@ from app.protocol.tool_requests import ClientTool, Resolution
 from app.storage.tables import ChatSessionRow, QueuedMessageRow
 from app.streaming.frames import Publisher
 from app.turns.live import LiveStatus
-from app.turns.waiting import Kind
+from app.turns.pending_calls import Kind
 
 
 class SessionClosed(LookupError):

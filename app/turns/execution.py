@@ -18,11 +18,11 @@ from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.tools.registry import ToolRegistry
 from app.turns.agent import AgentRun
+from app.turns.pending_calls import Inbox
 from app.turns.prompt import rebuild
 from app.turns.recorder import TurnRecorder, failure_of
-from app.turns.resume import client_tool_schema, edit_problem, resumed_round, turn_client_tools
 from app.turns.rounds import WaitRules
-from app.turns.waiting import Inbox
+from app.turns.suspended import client_tool_schema, edit_problem, resumed_round, turn_client_tools
 
 log = logging.getLogger(__name__)
 

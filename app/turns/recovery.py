@@ -29,12 +29,12 @@ from app.errors.storage import storage_refusal
 from app.storage import event_log, pending, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
 from app.turns.live import LiveStatusBoard
 from app.turns.recorder.ends import TurnEnds
 from app.turns.recorder.rows import TurnRows
-from app.turns.resume import last_round
 from app.turns.runtime.runner import Runner
+from app.turns.suspended import last_round
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ async def close_left_turn(
 async def resume_suspended(database: Database, runner: Runner) -> int:
     """Turns that waited for answers (client results, approvals) when the server stopped or died wait
     again: same requests, same expiry, answerable as before. Their round's calls that were running get
-    the restart's interrupted result (turns.resume)."""
+    the restart's interrupted result (turns.suspended)."""
     async with database.session() as db:
         turn_ids = await pending.suspended_turns(db)
     resumed = 0

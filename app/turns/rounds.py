@@ -4,7 +4,7 @@ Server tools run at once, concurrently. A client tool's call and a call that nee
 round announces them (InputRequested), and the turn is suspended until the turn's inbox brings answers or
 their time runs out. Which calls need approval is the registry's decision from the tool each call resolves
 to (the agent passes it in), and the round tells the executor which calls a person approved: the registry
-runs no guarded call that was not. Answers are checked (turns.waiting) and recorded before the request
+runs no guarded call that was not. Answers are checked (turns.pending_calls) and recorded before the request
 that gave them gets its reply; an approved call runs as soon as it is approved. The round ends once every
 call has its outcome, in call order for the history.
 
@@ -31,7 +31,7 @@ from app.turns.agent_events import (
     ToolFinished,
     ToolStarted,
 )
-from app.turns.waiting import (
+from app.turns.pending_calls import (
     Answer,
     AnswerRefused,
     ArgumentCheck,

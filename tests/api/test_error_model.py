@@ -24,8 +24,8 @@ from app.errors import (
     Unauthorized,
     error_kinds,
 )
+from app.turns.pending_calls import AnswerExpired
 from app.turns.replicas.turns import OwnerUnreachable
-from app.turns.waiting import AnswerExpired
 
 APP = Path(app.__file__).parent
 

@@ -18,7 +18,7 @@ from app.protocol.schemas import SessionCreate
 from app.protocol.tool_requests import ApprovalsIn, ClientTool, ToolResultsIn, approval_names
 from app.storage.tables import PendingToolRequestRow
 from app.tools.registry import build_default_registry
-from app.turns.waiting import AnswerConflict, AnswerExpired
+from app.turns.pending_calls import AnswerConflict, AnswerExpired
 
 
 def test_the_routes() -> None:

@@ -11,7 +11,7 @@ from app.observability.monitor import CommitCounter, commit_origin, max_in_windo
 from app.protocol.events import AgentStatus
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
 
 T0 = "2026-02-28T06:30:00.000+00:00"
 

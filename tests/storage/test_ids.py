@@ -16,9 +16,9 @@ from app.protocol import ids
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, QueuedMessageRow
-from app.streaming import texts
-from app.streaming.pending_events import PendingEvents
-from app.streaming.texts import TextBuffer
+from app.streaming.log import texts
+from app.streaming.log.pending_events import PendingEvents
+from app.streaming.log.texts import TextBuffer
 from tests.support.rows import T0, add_sessions
 from tests.support.server import LiveServer
 from tests.support.sse import EventReader
@@ -116,7 +116,7 @@ def colliding(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
         return drawn or ids.new_message_id()
 
     recorder = ("app.turns.recorder.rows", "app.turns.recorder.recorder", "app.turns.recorder.ends")
-    for module in (*recorder, "app.turns.runtime.runner", "app.streaming.texts"):
+    for module in (*recorder, "app.turns.runtime.runner", "app.streaming.log.texts"):
         monkeypatch.setattr(f"{module}.new_message_id", new_message_id)
     monkeypatch.setattr("app.chat.messages.new_message_id", new_message_id)
     return pending
@@ -135,7 +135,7 @@ async def test_a_turn_whose_new_ids_are_all_taken_runs_as_any_other(
         streamed_renames.append(dict(renamed))
         rename(buffers, events, renamed)
 
-    monkeypatch.setattr("app.streaming.texts.rename", spy)
+    monkeypatch.setattr("app.streaming.log.texts.rename", spy)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         sid = (await client.post("/v1/sessions", json={})).json()["id"]
         first = await client.post(f"/v1/sessions/{sid}/messages?wait=true", json={"content": "hello"})

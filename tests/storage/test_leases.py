@@ -1,4 +1,4 @@
-"""Turn leases (app.storage.leases) and the fence that checks them (app.streaming.fencing), on SQLite and
+"""Turn leases (app.storage.leases) and the fence that checks them (app.streaming.log.fencing), on SQLite and
 PostgreSQL. How it proves it: real migrated databases; the second claim of a session is refused by the
 unique partial index itself; a lease is shortened to expire, taken over under a new token, and the old
 holder's fenced write then raises LeaseLost and leaves nothing in the database, its refusal counted."""
@@ -16,7 +16,7 @@ from app.settings import Settings
 from app.storage import event_log, leases
 from app.storage.engine import Database
 from app.storage.tables import QueuedMessageRow
-from app.streaming.fencing import Fence, Lease, LeaseLost
+from app.streaming.log.fencing import Fence, Lease, LeaseLost
 from app.turns.replicas.lease import CANCEL_POLL_SECONDS, LeaseKeeper
 from tests.support.postgres import ScratchDatabase
 from tests.support.rows import add_sessions

@@ -1,4 +1,4 @@
-"""app.storage.pending against a real, migrated SQLite file, and the suspended round app.turns.resume
+"""app.storage.pending against a real, migrated SQLite file, and the suspended round app.turns.suspended
 reads back from it after a restart."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from app.storage.tables import ChatMessageRow, PendingToolRequestRow
 from app.tools.registry import build_default_registry
 from app.turns.recorder.round import OpenRound
 from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART
-from app.turns.resume import edit_problem, last_round, resumed_round, turn_client_tools
+from app.turns.suspended import edit_problem, last_round, resumed_round, turn_client_tools
 from tests.support.rows import T0, add_sessions
 
 pytestmark = pytest.mark.anyio

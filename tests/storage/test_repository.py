@@ -512,7 +512,7 @@ async def test_a_log_read_gives_each_turn_edge_its_turn(database: Database) -> N
 
 
 async def test_a_number_is_logged_once(database: Database) -> None:
-    """Numbers are taken in the transaction that logs them (streaming.sequencing): a duplicate is a bug,
+    """Numbers are taken in the transaction that logs them (streaming.log.sequencing): a duplicate is a bug,
     and the log refuses it rather than ignoring it."""
     await add_sessions(database, "s_a")
     async with database.session() as db:

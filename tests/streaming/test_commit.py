@@ -1,4 +1,4 @@
-"""app.streaming.commit: a commit that has begun finishes, and its caller learns it did, even when the
+"""app.streaming.log.commit: a commit that has begun finishes, and its caller learns it did, even when the
 caller is cancelled meanwhile; the cancellation comes at the caller's next await. How it proves it: a
 real SQLite file, a commit slowed in the driver's path, a cancel while it runs, then the row read back
 from another session and the caller seen cancelled only after `commit` returned."""
@@ -11,7 +11,7 @@ import pytest
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.storage.engine import Database
-from app.streaming.commit import commit
+from app.streaming.log.commit import commit
 from tests.support.rows import add_sessions
 
 pytestmark = pytest.mark.anyio

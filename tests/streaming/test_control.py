@@ -1,4 +1,5 @@
-"""The control channel (app.streaming.control) between three replicas in one process, over a real Redis:
+"""The control channel (app.streaming.redis.control_bus) between three replicas in one process, over a real
+Redis:
 a request is answered by the one replica that can act on it, a notice reaches every other one, and a
 request nobody can act on (or that cannot be sent) returns None rather than hanging."""
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.streaming.control import ControlBus
+from app.streaming.redis.control_bus import ControlBus
 from tests.support.redis import REDIS_URL, RedisServer, own_redis, redis_prefix
 
 pytestmark = pytest.mark.anyio

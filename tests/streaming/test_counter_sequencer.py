@@ -1,4 +1,4 @@
-"""CounterSequencer (app.streaming.sequencing), the multi-process numbering, on SQLite and PostgreSQL:
+"""CounterSequencer (app.streaming.log.sequencing), the multi-process numbering, on SQLite and PostgreSQL:
 numbers come from the session's counter row in the logging transaction. How it proves it: two
 write-behinds on two engines (two connection pools, as two replicas have) log events of one session
 at once, and the log must hold 1..N, each number once; a batch rolled back returns its numbers; a
@@ -17,8 +17,8 @@ from app.protocol.events import AgentStatus, TextDelta
 from app.storage import event_log
 from app.storage.engine import Database
 from app.streaming.frames import Frame, draft
-from app.streaming.sequencing import CounterSequencer
-from app.streaming.writer import WriteBehind
+from app.streaming.log.sequencing import CounterSequencer
+from app.streaming.log.write_behind import WriteBehind
 from tests.support.rows import add_sessions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]

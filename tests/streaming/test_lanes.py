@@ -1,4 +1,4 @@
-"""Whose turn it is to write (app.streaming.lanes), in the write-behind on SQLite and PostgreSQL: a
+"""Whose turn it is to write (app.streaming.log.write_order), in the write-behind on SQLite and PostgreSQL: a
 session's writes go one at a time and in order; on PostgreSQL another session's turn write and a batch
 commit while one session's turn write is still open (proven by holding that write open until they are
 delivered), and on SQLite they wait for it (one writer at a time)."""
@@ -12,8 +12,8 @@ import pytest
 
 from app.storage.engine import Database
 from app.streaming.frames import Draft
-from app.streaming.lanes import Lanes
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
+from app.streaming.log.write_order import WriteOrder
 from tests.streaming.test_writer import Delivered, delta, frame, logged
 from tests.support.rows import add_sessions
 
@@ -94,7 +94,7 @@ async def test_a_sessions_second_write_waits_for_its_first(database: Database) -
 
 
 async def test_a_cancelled_waiter_leaves_the_write_it_waited_for_alone() -> None:
-    lanes = Lanes(serial=False)
+    lanes = WriteOrder(serial=False)
     release = asyncio.Event()
 
     async def holder() -> None:

@@ -1,11 +1,11 @@
-"""The write-behind's pending events kept by session (app.streaming.pending_events): each session's order
+"""The write-behind's pending events kept by session (app.streaming.log.pending_events): each session's order
 kept, a commit taking and removing only its sessions' events, by identity, whatever was published or
 dropped meanwhile."""
 
 from __future__ import annotations
 
 from app.streaming.frames import Draft
-from app.streaming.pending_events import PendingEvents
+from app.streaming.log.pending_events import PendingEvents
 
 
 def draft(session_id: str, n: int) -> Draft:

@@ -1,4 +1,4 @@
-"""The Redis relay (app.streaming.redis_fanout) in one process: two replicas' event stacks (write-behind,
+"""The Redis relay (app.streaming.redis.relay) in one process: two replicas' event stacks (write-behind,
 broker, relay, wired as app.main wires them) over one migrated SQLite file and a real Redis, the events
 written by one and streamed by the other. Multi-process proofs: tests/fanout/."""
 
@@ -18,9 +18,9 @@ from app.storage import event_log
 from app.storage.engine import Database
 from app.streaming.broker import Broker, Subscription
 from app.streaming.frames import Frame
-from app.streaming.redis_entries import STREAM_TTL, pack, unpack
-from app.streaming.redis_fanout import RedisRelay
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
+from app.streaming.redis.entries import STREAM_TTL, pack, unpack
+from app.streaming.redis.relay import RedisRelay
 from tests.support.redis import REDIS_URL, RedisServer, own_redis, redis_prefix
 from tests.support.rows import add_sessions
 

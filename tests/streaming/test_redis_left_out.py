@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from app.streaming import redis_fanout
-from app.streaming.redis_entries import notice, noticed
-from app.streaming.redis_fanout import RedisRelay
+from app.streaming.redis import relay as redis_fanout
+from app.streaming.redis.entries import notice, noticed
+from app.streaming.redis.relay import RedisRelay
 from app.turns.runtime.notifier import Notifier
 from tests.streaming.test_redis_fanout import SID, Reader, Replica, logged, pair
 from tests.support.redis import redis_prefix

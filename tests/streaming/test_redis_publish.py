@@ -1,4 +1,4 @@
-"""The fan-out's publisher (app.streaming.redis_publish) against the machine's Redis: batches are written
+"""The fan-out's publisher (app.streaming.redis.publish) against the machine's Redis: batches are written
 without waiting for earlier replies, land in order, survive duplicates, and a killed connection costs
 only what was in flight (the log has it; readers fill holes, tests/streaming/test_redis_fanout.py)."""
 
@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from app.streaming.redis_publish import Publisher, xadd
+from app.streaming.redis.publish import RedisPublisher, xadd
 from tests.support.redis import REDIS_URL, redis_prefix
 
 pytestmark = pytest.mark.anyio
@@ -32,7 +32,7 @@ async def test_batches_go_out_before_earlier_replies_and_land_in_order(redis_pre
     resumes they are applied in the order sent. A duplicate's error reply is skipped, not taken for the
     next batch's."""
     key = f"{redis_prefix}:events:s_pub"
-    publisher = Publisher(REDIS_URL, f"{redis_prefix}:fanout-publish")
+    publisher = RedisPublisher(REDIS_URL, f"{redis_prefix}:fanout-publish")
     client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         await publisher.connect()
@@ -59,7 +59,7 @@ async def test_a_killed_connection_costs_only_what_was_in_flight(redis_prefix: s
     it (the log has its frames), the one after goes out on a new connection, in order."""
     key = f"{redis_prefix}:events:s_kill"
     name = f"{redis_prefix}:fanout-publish"
-    publisher = Publisher(REDIS_URL, name)
+    publisher = RedisPublisher(REDIS_URL, name)
     client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         await publisher.send(batch(key, range(1, 11)))

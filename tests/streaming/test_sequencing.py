@@ -1,4 +1,5 @@
-"""LocalSequencer (app.streaming.sequencing) on a real migrated SQLite file: where its counters start, what a
+"""LocalSequencer (app.streaming.log.sequencing) on a real migrated SQLite file: where its counters start,
+what a
 batch that never commits leaves behind, and what `forget` drops. The write-behind that uses it:
 test_writer.py."""
 
@@ -10,7 +11,7 @@ import pytest
 
 from app.storage import event_log
 from app.storage.engine import Database
-from app.streaming.sequencing import LocalSequencer
+from app.streaming.log.sequencing import LocalSequencer
 
 pytestmark = pytest.mark.anyio
 

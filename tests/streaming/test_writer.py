@@ -24,12 +24,12 @@ from app.protocol.events import TextDelta
 from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, EventRow
-from app.streaming import commit as commit_module
-from app.streaming import writer as writer_module
 from app.streaming.frames import Draft, Frame
-from app.streaming.group_commit import GroupCommit
-from app.streaming.texts import TextBuffer
-from app.streaming.writer import WriteBehind
+from app.streaming.log import commit as commit_module
+from app.streaming.log import write_behind as writer_module
+from app.streaming.log.schedule import GroupCommit
+from app.streaming.log.texts import TextBuffer
+from app.streaming.log.write_behind import WriteBehind
 from tests.support.rows import T0, add_sessions
 
 pytestmark = pytest.mark.anyio

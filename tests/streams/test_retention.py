@@ -11,7 +11,7 @@ import pytest
 
 from app.settings import Settings
 from app.streaming.frames import Frame
-from app.streaming.retention import Retention
+from app.streaming.log.retention import Retention
 from tests.support.client import LONG, new_session, post
 from tests.support.server import live_server
 from tests.support.stream import StreamClient, assert_contiguous
@@ -84,7 +84,7 @@ async def test_the_log_keeps_the_newest_events_and_older_positions_resync(
         return found
 
     # The server runs in this process (a thread): every commit that logs events asks the patched method
-    # what to trim (a turn's own write, a batch on either path of streaming.writer).
+    # what to trim (a turn's own write, a batch on either path of streaming.log.write_behind).
     monkeypatch.setattr(Retention, "cutoffs", counted)
     with live_server(tuned) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:

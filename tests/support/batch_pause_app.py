@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.streaming.fencing import Fence
+from app.streaming.log.fencing import Fence
 from tests.support.slow_app import app
 
 __all__ = ["app"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from app.main import create_app
-from app.streaming.group_commit import GroupCommit
+from app.streaming.log.schedule import GroupCommit
 
 
 async def _paused(self: GroupCommit) -> None:

@@ -21,7 +21,7 @@ from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.streaming.broker import Broker
 from app.streaming.frames import Frame
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
 from app.tools.registry import ToolRegistry, build_default_registry
 from app.turns.live import LocalLiveStatus
 from app.turns.runtime.runner import Runner

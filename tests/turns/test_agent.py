@@ -27,7 +27,7 @@ from app.turns.agent import (
     ToolStarted,
 )
 from app.turns.agent_events import InputAnswered, InputRequested
-from app.turns.waiting import Inbox
+from app.turns.pending_calls import Inbox
 from tests.support.guarded_tools import guarded_registry
 from tests.support.scripted import Response, ScriptedModel, ScriptItem, Sleep, text, tool_call
 

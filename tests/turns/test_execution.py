@@ -25,7 +25,7 @@ from app.settings import DEMO_MODEL, Settings
 from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
 from app.tools.registry import build_default_registry
 from app.turns.agent import AgentRun, ResponseFinished, ResponseStarted, TextChunk
 from app.turns.execution import AgentFactory, run_turn

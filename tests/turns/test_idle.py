@@ -1,4 +1,5 @@
-"""Idle sessions' states are let go (app/turns/idle.py), and never while anybody can still use them.
+"""Idle sessions' states are let go (app/turns/runtime/state_cache.py), and never while anybody can still use
+them.
 
 A process made a `SessionState` for every session it ever served and kept it forever (~850 bytes a
 session with the writer's cached event number, measured on a real server with 3,000 sessions of one turn
@@ -20,8 +21,8 @@ from app.observability import hooks
 from app.observability.metrics import Metrics
 from app.settings import Settings
 from app.storage import event_log
-from app.turns.idle import IDLE_KEEP_SECONDS, SessionStates
-from app.turns.line import SessionState
+from app.turns.runtime.session_state import SessionState
+from app.turns.runtime.state_cache import IDLE_KEEP_SECONDS, SessionStates
 from tests.support.runtime import Runtime, runtime
 
 pytestmark = pytest.mark.anyio

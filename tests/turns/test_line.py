@@ -1,4 +1,5 @@
-"""The session state the runner keeps per session (turns/line.py): who waits for a message's turn, and
+"""The session state the runner keeps per session (turns/runtime/session_state.py): who waits for a message's
+turn, and
 whether a waiting message asks the running turn to stop at its next breakpoint."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import asyncio
 import pytest
 
 from app.protocol.schemas import QueuedMessage
-from app.turns.line import SessionState
+from app.turns.runtime.session_state import SessionState
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ import pytest
 from app.settings import Settings
 from app.storage import leases
 from app.storage.engine import Database
-from app.streaming.fencing import Fence
+from app.streaming.log.fencing import Fence
 from app.turns.replicas.ownership import LeasedOwnership
 from app.turns.runtime.ownership import LocalOwnership
 from tests.support.rows import add_sessions

@@ -18,14 +18,14 @@ from app.settings import DEMO_MODEL
 from app.storage import event_log, repository
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
 from app.turns.live import LocalLiveStatus
+from app.turns.pending_calls import Waiting
 from app.turns.recorder.ends import TurnEnds
 from app.turns.recorder.requests import ToolRequests
 from app.turns.recorder.round import OpenRound, OpenTool
 from app.turns.recorder.rows import TurnRows
 from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART, TOOL_INTERRUPTED_BY_USER, TurnStop
-from app.turns.waiting import Waiting
 
 pytestmark = pytest.mark.anyio
 

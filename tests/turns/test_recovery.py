@@ -15,7 +15,7 @@ from app.storage import event_log, repository
 from app.storage.engine import Database, sync_url
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.frames import Frame
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
 from app.turns.live import LocalLiveStatus
 from app.turns.prompt import rebuild
 from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART

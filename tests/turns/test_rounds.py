@@ -1,4 +1,5 @@
-"""The tool round's waiting logic without a server: which calls wait, how answers are checked (turns.waiting)
+"""The tool round's waiting logic without a server: which calls wait, how answers are checked
+(turns.pending_calls)
 and how a round resumes from a plan (turns.rounds), with a real asyncio inbox and a recording executor."""
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from app.turns.agent_events import (
     ToolFinished,
     ToolStarted,
 )
-from app.turns.rounds import ResumedRound, ToolRound, WaitRules
-from app.turns.waiting import (
+from app.turns.pending_calls import (
     AnswerConflict,
     AnswerExpired,
     Inbox,
@@ -31,6 +31,7 @@ from app.turns.waiting import (
     check,
     expiry,
 )
+from app.turns.rounds import ResumedRound, ToolRound, WaitRules
 
 pytestmark = pytest.mark.anyio
 

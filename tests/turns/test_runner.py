@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from app.settings import Settings
-from app.turns.line import SessionState
+from app.turns.runtime.session_state import SessionState
 from tests.support.runtime import Runtime, runtime
 
 pytestmark = pytest.mark.anyio

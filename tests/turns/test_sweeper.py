@@ -17,8 +17,8 @@ import pytest
 from app.settings import Settings
 from app.storage import leases
 from app.storage.engine import Database
-from app.streaming.fencing import Fence
-from app.streaming.writer import WriteBehind
+from app.streaming.log.fencing import Fence
+from app.streaming.log.write_behind import WriteBehind
 from app.turns.live import LocalLiveStatus
 from app.turns.replicas.lease import LeaseKeeper
 from app.turns.replicas.sweeper import Sweeper

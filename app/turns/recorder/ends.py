@@ -28,7 +28,7 @@ from app.protocol.events import AgentCancelled, ErrorEvent, TurnDone, TurnStatus
 from app.protocol.ids import new_message_id
 from app.storage import repository
 from app.storage.tables import ChatMessageRow
-from app.streaming.fencing import LeaseLost
+from app.streaming.log.fencing import LeaseLost
 from app.turns.recorder.requests import ToolRequests
 from app.turns.recorder.round import OpenRound
 from app.turns.recorder.rows import TurnRows

@@ -46,10 +46,10 @@ from app.protocol.ids import new_message_id
 from app.protocol.schemas import QueuedMessage
 from app.storage import repository
 from app.storage.tables import ChatMessageRow
-from app.streaming.fencing import LeaseLost
 from app.streaming.frames import Publisher
-from app.streaming.texts import TextBuffer
-from app.streaming.writer import WriteBehind
+from app.streaming.log.fencing import LeaseLost
+from app.streaming.log.texts import TextBuffer
+from app.streaming.log.write_behind import WriteBehind
 from app.turns.agent import (
     AgentError,
     AgentEvent,

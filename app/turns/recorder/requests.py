@@ -27,9 +27,9 @@ from app.protocol.events import (
 from app.storage import pending, repository
 from app.storage.tables import PendingToolRequestRow
 from app.turns.agent_events import ApprovedStarting, InputAnswered, InputRequested
+from app.turns.pending_calls import DECISIONS, Answer, Waiting
 from app.turns.recorder.round import OpenRound
 from app.turns.recorder.rows import TurnRows
-from app.turns.waiting import DECISIONS, Answer, Waiting
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.storage.tables import ChatMessageRow
-from app.streaming.texts import TextBuffer
+from app.streaming.log.texts import TextBuffer
 from app.turns.agent import CallRequest
 
 

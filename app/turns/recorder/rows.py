@@ -20,7 +20,7 @@ from app.protocol.schemas import QueuedMessage
 from app.storage import repository
 from app.storage.tables import ChatMessageRow, new_message
 from app.streaming.frames import Publisher
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
 from app.turns.agent import CallRequest
 from app.turns.live import LiveStatus, LiveStatusBoard
 

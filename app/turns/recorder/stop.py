@@ -35,7 +35,7 @@ class TurnStop:
     # the turn would never close), so a stop is only noted and the task acts on it when it begins.
     begun: bool = False
     # A shutdown while calls wait: the task ends without closing the turn, which resumes after the
-    # restart from its rows (turns.resume).
+    # restart from its rows (turns.suspended).
     detach: bool = False
 
     def request(self, *, by_server: bool, suspended: bool) -> bool:

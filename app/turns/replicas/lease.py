@@ -5,7 +5,7 @@ a heartbeat, and read back for the durable cancel flag.
   leases refuses a second running turn of a session (TurnBusy), whichever replica tries.
 - Every `heartbeat_seconds` the leases this replica holds are renewed in one UPDATE. One that is not
   renewed (expired, or taken over under a new token) is lost: the fence marks it, the runner stops the
-  local turn at once, and its writes are refused from then on (streaming.fencing). When the database
+  local turn at once, and its writes are refused from then on (streaming.log.fencing). When the database
   cannot be reached for a whole lease, every lease is taken as lost: another replica may own them by now.
 - A cancel posted on another replica sets the turn's `cancel_requested`; the renewal returns it, and the
   owner stops the turn as a local cancel would (`on_cancel`: the runner's `cancel_local`, which a faster
@@ -32,7 +32,7 @@ from app.protocol.schemas import CancelResult
 from app.settings import Settings
 from app.storage import leases, repository
 from app.storage.engine import Database
-from app.streaming.fencing import Fence, Lease
+from app.streaming.log.fencing import Fence, Lease
 from app.turns.control import TurnBusy
 
 log = logging.getLogger(__name__)

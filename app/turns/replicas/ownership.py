@@ -13,7 +13,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from app.protocol.schemas import CancelResult
 from app.settings import Settings
 from app.storage.engine import Database
-from app.streaming.fencing import Fence, Lease
+from app.streaming.log.fencing import Fence, Lease
 from app.turns.replicas.lease import LeaseKeeper
 from app.turns.runtime.ownership import Claim, TurnsHere
 

@@ -12,7 +12,7 @@ not the rest of the lease.
 
 A lease is taken over before its turn is closed: an UPDATE that gives it this replica's new token only
 if it is still expired and still under the old one, so of several sweepers exactly one closes it, and
-the old owner, should it wake up, writes nothing more (streaming.fencing). On PostgreSQL the takeover
+the old owner, should it wake up, writes nothing more (streaming.log.fencing). On PostgreSQL the takeover
 never overlaps a write of the old owner that is in flight, nor waits for it: a lease whose row the owner
 holds locked is skipped, and taken at a later pass, once that write landed (the close then sees it) or
 PostgreSQL ended the transaction of an owner paused in it (PARLEY_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS,
@@ -26,8 +26,8 @@ import logging
 
 from app.storage import leases, pending
 from app.storage.engine import Database
-from app.streaming.fencing import Lease
-from app.streaming.writer import WriteBehind
+from app.streaming.log.fencing import Lease
+from app.streaming.log.write_behind import WriteBehind
 from app.turns.live import LiveStatusBoard
 from app.turns.recovery import close_left_turn, resume_turn
 from app.turns.replicas.lease import LeaseKeeper, new_token

@@ -35,12 +35,12 @@ from app.storage.engine import Database
 from app.storage.leases import LeaseRecord
 from app.storage.tables import ChatSessionRow
 from app.streaming.broker import EventFanOut, Subscription
-from app.streaming.control import ControlBus, Handler
 from app.streaming.frames import Frame
+from app.streaming.redis.control_bus import ControlBus, Handler
 from app.turns.live import LiveStatus
+from app.turns.pending_calls import Kind
 from app.turns.replicas.lease import LeaseKeeper
 from app.turns.runtime.runner import Runner
-from app.turns.waiting import Kind
 
 log = logging.getLogger(__name__)
 

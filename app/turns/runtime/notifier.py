@@ -2,7 +2,7 @@
 
 - `LocalNotifier` (one process): committed events go to this process's broker only, and nothing needs to
   know where a turn runs.
-- With PARLEY_REDIS_URL the Redis relay is the notifier (streaming.redis_fanout): a session whose turn runs
+- With PARLEY_REDIS_URL the Redis relay is the notifier (streaming.redis.relay): a session whose turn runs
   here is left out of its reader (`running`), and taken in again once no turn of it runs here
   (`turn_over`).
 

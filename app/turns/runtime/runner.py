@@ -33,7 +33,7 @@ from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.broker import EventFanOut
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
 from app.tools.registry import ToolRegistry
 from app.turns.control import (
     SessionClosed,
@@ -45,13 +45,13 @@ from app.turns.control import (
     queued_message,
 )
 from app.turns.execution import AgentFactory, run_turn
-from app.turns.idle import SessionStates
-from app.turns.line import SessionState, enqueue, withdraw
 from app.turns.live import IDLE, LiveStatus, LiveStatusBoard
+from app.turns.pending_calls import Inbox, Kind, NoPendingCall
 from app.turns.recorder import TurnRecorder
 from app.turns.runtime.notifier import LocalNotifier, Notifier
 from app.turns.runtime.ownership import LocalOwnership, MakeOwnership
-from app.turns.waiting import Inbox, Kind, NoPendingCall
+from app.turns.runtime.session_state import SessionState, enqueue, withdraw
+from app.turns.runtime.state_cache import SessionStates
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from app.streaming.broker import Broker
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
 from app.turns.runtime.runner import Runner
 
 log = logging.getLogger(__name__)

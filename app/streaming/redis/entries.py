@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from app.streaming.frames import Frame
-from app.streaming.redis_publish import Command, xadd
+from app.streaming.redis.publish import Command, xadd
 
 STREAM_MAXLEN = 2000
 # Seconds a session's stream outlives its last event: idle sessions leave nothing behind.

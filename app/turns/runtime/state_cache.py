@@ -1,6 +1,7 @@
 """The sessions a process keeps state for: every session while it is in use, and an idle one only for a while.
 
-A `SessionState` (turns.line) is made the first time a session is used here. Kept forever, a replica that
+A `SessionState` (turns.runtime.session_state) is made the first time a session is used here. Kept forever, a
+replica that
 serves sessions for weeks would hold one for every session it ever ran (with the writer's cached event
 number of each: ~850 bytes a session, measured with 3,000 sessions of one turn each). So a state that
 has rested `keep_seconds` (no turn, no caller, nothing waiting on it) is dropped, with what the writer
@@ -19,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from app.observability.hooks import session_memory
-from app.turns.line import SessionState
+from app.turns.runtime.session_state import SessionState
 
 IDLE_KEEP_SECONDS = 300.0
 

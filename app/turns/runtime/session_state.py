@@ -15,10 +15,10 @@ from app.protocol.schemas import QueuedMessage
 from app.protocol.tool_requests import ClientTool
 from app.storage import repository
 from app.storage.tables import ChatSessionRow, QueuedMessageRow
-from app.streaming.writer import WriteBehind
+from app.streaming.log.write_behind import WriteBehind
 from app.turns.control import NotWaiting, announce_queue
+from app.turns.pending_calls import Inbox
 from app.turns.recorder import TurnRecorder
-from app.turns.waiting import Inbox
 
 
 @dataclass
@@ -33,7 +33,7 @@ class SessionState:
     closed: bool = False
     # Answers to the running turn's waiting calls (client results, approvals) on their way to its loop.
     inbox: Inbox | None = None
-    # Callers holding or waiting for the lock (turns.idle: a state in use is never dropped).
+    # Callers holding or waiting for the lock (turns.runtime.state_cache: a state in use is never dropped).
     users: int = 0
 
     def resolve_takers(self, message_ids: Iterable[str], turn_id: str | None) -> None:

@@ -43,8 +43,8 @@ from redis.exceptions import RedisError
 from app.observability.hooks import fanout_backfilled, redis_state
 from app.streaming.broker import Broker, Channel, LoadFrames, OnGap, OnWatch
 from app.streaming.frames import Frame
-from app.streaming.redis_entries import STREAM_TTL, noticed, publish_commands, unpack_all
-from app.streaming.redis_publish import Command, Publisher
+from app.streaming.redis.entries import STREAM_TTL, noticed, publish_commands, unpack_all
+from app.streaming.redis.publish import Command, RedisPublisher
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class RedisRelay:
         # Named, so that CLIENT LIST shows what each connection is for (tests count them).
         self._client = redis_client(url, socket_timeout=None, client_name=f"{prefix}:fanout")
         # Committed frames go out on a connection of their own, without waiting for earlier replies.
-        self._publisher = Publisher(url, f"{prefix}:fanout-publish")
+        self._publisher = RedisPublisher(url, f"{prefix}:fanout-publish")
         # The reader's own connection: a blocked XREAD holds it. Its timeout is the read loop's own: with a
         # socket timeout redis-py sends each command from a task of its own, a loop turn later.
         self._reader = redis_client(

@@ -19,9 +19,9 @@ from app.storage import pending
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.tools.registry import Tool, ToolOutcome, ToolRegistry
 from app.turns.agent_events import CallRequest, arguments_text
+from app.turns.pending_calls import Kind, Waiting
 from app.turns.recorder.stop import TOOL_INTERRUPTED_BY_RESTART
 from app.turns.rounds import ResumedRound
-from app.turns.waiting import Kind, Waiting
 
 
 def client_tool_schema(tool: dict[str, Any]) -> dict[str, Any]:

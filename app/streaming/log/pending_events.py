@@ -5,7 +5,7 @@ turn's write its own session's. With one list of every session's events, each of
 all of them three times (to find its sessions, to take their events, to remove them once committed): at
 50 streaming sessions some hundreds of drafts, on the path of every first token. Kept by session, a
 commit touches only its sessions' events. Only each session's order matters (its events are numbered in
-it, streaming.sequencing); sessions' events need no order between them.
+it, streaming.log.sequencing); sessions' events need no order between them.
 """
 
 from __future__ import annotations

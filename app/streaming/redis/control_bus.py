@@ -20,7 +20,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from app.streaming.redis_fanout import redis_client
+from app.streaming.redis.relay import redis_client
 
 log = logging.getLogger(__name__)
 

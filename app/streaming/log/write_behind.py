@@ -7,7 +7,7 @@ tenth. Only after that commit are the events handed to the broker for delivery: 
 event the log could lose. The statements go to the driver in one executemany each, whatever the number
 of sessions in the batch, through the drivers' public API (storage.sql).
 
-When batches commit (at once for urgent work, else at most once per `interval`) is streaming.group_commit.
+When batches commit (at once for urgent work, else at most once per `interval`) is streaming.log.schedule.
 
 Everything else (user messages, response ends, tool results, turn ends) is written by the turn itself,
 because those moments must be durable when they are announced. It writes them in `transaction()`, which
@@ -15,7 +15,8 @@ also commits that session's pending events (the ones it just announced included)
 after the commit: an event and the row it announces are durable together, and a stop or the end of a turn
 reaches clients without waiting for the next batch.
 
-A session's writes go one at a time (streaming.lanes): a turn's write waits for a batch that took its
+A session's writes go one at a time (streaming.log.write_order): a turn's write waits for a batch that took
+its
 session, and a batch leaves out the sessions whose turn write is open (that write commits their pending
 work). Different sessions' writes go at once on PostgreSQL (with one lock for all, turn starts and ends
 waited 150-280 ms p50 at 60 sessions on one replica); on SQLite, one writer at a time, all take one lock.
@@ -34,15 +35,15 @@ from app.errors import StorageUnavailable
 from app.errors.storage import storage_refusal
 from app.storage import event_log
 from app.storage.engine import Database
-from app.streaming.commit import commit as _commit
-from app.streaming.fencing import Fence
 from app.streaming.frames import Draft, Frame, Publisher
-from app.streaming.group_commit import GroupCommit
-from app.streaming.lanes import Lanes
-from app.streaming.pending_events import PendingEvents
-from app.streaming.retention import Retention
-from app.streaming.sequencing import EventSequencer, LocalSequencer, SequenceBatch
-from app.streaming.texts import TextBuffer, due_texts, mark_written, write_texts
+from app.streaming.log.commit import commit as _commit
+from app.streaming.log.fencing import Fence
+from app.streaming.log.pending_events import PendingEvents
+from app.streaming.log.retention import Retention
+from app.streaming.log.schedule import GroupCommit
+from app.streaming.log.sequencing import EventSequencer, LocalSequencer, SequenceBatch
+from app.streaming.log.texts import TextBuffer, due_texts, mark_written, write_texts
+from app.streaming.log.write_order import WriteOrder
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,9 @@ class WriteBehind:
     ) -> None:
         self._database = database
         self._text_interval = text_interval
-        # When batches commit (streaming.group_commit): composed in, it calls back the three methods named.
+        # When batches commit (streaming.log.schedule): composed in, it calls back the three methods named.
         self.schedule = GroupCommit(self, interval=interval, text_interval=text_interval)
-        # Multi-replica mode: every write of a turn is checked against its lease (streaming.fencing).
+        # Multi-replica mode: every write of a turn is checked against its lease (streaming.log.fencing).
         self.fence = fence
         self._sequencer = sequencer or LocalSequencer()
         self._retention = Retention(retention) if retention is not None else None
@@ -84,7 +85,7 @@ class WriteBehind:
         # Deleted sessions, with when (their pending drafts are dropped), for FORGOTTEN_SECONDS.
         self._forgotten: dict[str, float] = {}
         # A session's writes one at a time, in order (on SQLite all writes).
-        self._lanes = Lanes(serial=database.dialect != "postgresql")
+        self._lanes = WriteOrder(serial=database.dialect != "postgresql")
         # Sessions whose turn write is open: their events commit with that write, so they are not urgent.
         self._writing: set[str] = set()
         # Turn writes that carried pending events.
@@ -160,7 +161,8 @@ class WriteBehind:
         self._drop_texts({session_id})
 
     def let_go(self, session_id: str) -> None:
-        """The session rested (turns.idle): what is cached for it goes; its next write reads its last event
+        """The session rested (turns.runtime.state_cache): what is cached for it goes; its next write reads
+        its last event
         number from the log. Pending events of it, if any, still commit: nothing is dropped but caches."""
         if self._retention is not None:
             self._retention.forget(session_id)

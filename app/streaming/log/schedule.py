@@ -1,4 +1,5 @@
-"""When the write-behind commits (streaming.writer says what): its task, the pacing of its batches, the
+"""When the write-behind commits (streaming.log.write_behind says what): its task, the pacing of its batches,
+the
 urgent work that does not wait for them, and storage's refusal while they fail. The write-behind owns one
 `GroupCommit` and hands itself to it at construction as what the schedule runs (`Batches`): commit
 (`flush`), say whether events are pending, and set aside work the database refuses for its data.
@@ -27,7 +28,7 @@ from typing import Protocol
 
 from app.errors import StorageUnavailable
 from app.errors.storage import storage_refusal
-from app.streaming.commit import BATCH_TASK, URGENT_TASK
+from app.streaming.log.commit import BATCH_TASK, URGENT_TASK
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
 
 
 class Batches(Protocol):
-    """What the schedule runs: the write-behind (streaming.writer)."""
+    """What the schedule runs: the write-behind (streaming.log.write_behind)."""
 
     async def flush(
         self, *, force_text: bool = True, urgent: bool = False, scope: set[str] | None = None

@@ -49,7 +49,8 @@ class EventSequencer(Protocol):
     def begin(self) -> SequenceBatch: ...
 
     def forget(self, session_id: str) -> None:
-        """The session was deleted, or rested (turns.idle): nothing of it stays here; its next numbers
+        """The session was deleted, or rested (turns.runtime.state_cache): nothing of it stays here; its next
+        numbers
         come from the log."""
         ...
 

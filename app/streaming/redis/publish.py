@@ -38,7 +38,7 @@ _ERRORS = (RedisError, OSError, TimeoutError)
 Command = tuple[Any, ...]
 
 
-class Publisher:
+class RedisPublisher:
     """One connection, written by `send` and read by its own reply task."""
 
     def __init__(self, url: str, name: str) -> None:

@@ -1,4 +1,5 @@
-"""An assistant message's text while it streams: what the write-behind (streaming.writer) persists."""
+"""An assistant message's text while it streams: what the write-behind (streaming.log.write_behind)
+persists."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from app.protocol.ids import new_message_id
 from app.storage import repository
 from app.storage.tables import ChatMessageRow
 from app.streaming.frames import json_string
-from app.streaming.pending_events import PendingEvents
+from app.streaming.log.pending_events import PendingEvents
 
 
 class TextBuffer:

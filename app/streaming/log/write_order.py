@@ -1,6 +1,7 @@
 """Whose turn it is to write: one write at a time per session, different sessions' writes at once.
 
-The write-behind (streaming.writer) writes a session's events and rows in order: a turn's transaction
+The write-behind (streaming.log.write_behind) writes a session's events and rows in order: a turn's
+transaction
 waits for a batch that took its session, and a batch leaves out the sessions whose turn write is open.
 Different sessions' writes need no order between them, so on PostgreSQL each goes on its own pooled
 connection at once. SQLite takes one writer at a time: there every write also takes the one lock
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
 
 
-class Lanes:
+class WriteOrder:
     def __init__(self, *, serial: bool) -> None:
         # Sessions with a write under way, each with the future that write's end resolves.
         self._busy: dict[str, asyncio.Future[None]] = {}

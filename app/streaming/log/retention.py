@@ -1,4 +1,4 @@
-"""Retention of the event log: which events of each session a commit trims (streaming.writer)."""
+"""Retention of the event log: which events of each session a commit trims (streaming.log.write_behind)."""
 
 from __future__ import annotations
 
