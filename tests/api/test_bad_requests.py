@@ -208,3 +208,33 @@ def test_a_bad_request_gets_its_documented_error_and_stores_nothing(
     if case.status == 405:
         assert response.headers["allow"] == "DELETE, GET, HEAD, PATCH"
     assert dump(settings.database_url) == before
+
+
+def test_the_query_parameters_checked_are_those_the_spec_declares() -> None:
+    """The unknown-parameter check reads each route's dependencies (building the spec on a request cost a
+    process's first request ~0.2 s); for every operation they name exactly the spec's query parameters,
+    its API key in the query included."""
+    from fastapi.routing import APIRoute
+
+    from app.api import debug, events, health, messages, metrics, sessions, tool_requests, turns, ui
+    from app.api.deps import _query_names
+    from app.api.tools import router as tools_router
+    from app.main import create_app
+
+    app = create_app(Settings(database_url="sqlite+aiosqlite:///:memory:", metrics=True, debug_stats=True))
+    spec = app.openapi()
+    schemes = spec["components"].get("securitySchemes", {})
+    routers = [m.router for m in (health, sessions, messages, events, turns, tool_requests, debug, metrics)]
+    routes = [r for router in (*routers, tools_router, ui.docs_router, ui.router) for r in router.routes]
+    checked = 0
+    for route in routes:
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        for method in set(route.methods or ()) - {"HEAD"}:
+            operation = spec["paths"][route.path_format][method.lower()]
+            declared = {p["name"] for p in operation.get("parameters", []) if p["in"] == "query"}
+            for requirement in operation.get("security", []):
+                declared |= {schemes[s]["name"] for s in requirement if schemes[s].get("in") == "query"}
+            assert _query_names(route.dependant) == declared, (method, route.path_format)
+            checked += 1
+    assert checked == sum(len(operations) for operations in spec["paths"].values())
