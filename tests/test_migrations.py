@@ -200,6 +200,7 @@ def test_0004_keeps_every_row_and_gives_old_sessions_the_open_mode_principal(
         ]
 
 
+@pytest.mark.processes
 def test_replicas_migrating_at_once_take_turns(backend: str, sync_url: str, engine: Engine) -> None:
     """N replicas started together each run `alembic upgrade head` (as `python -m app` does): on PostgreSQL
     they queue on an advisory lock held to each migration's commit, so the first migrates and the others

@@ -281,6 +281,7 @@ SCRIPTS = _scripts()
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 @pytest.mark.parametrize("script", SCRIPTS, ids=[script.id for script in SCRIPTS])
 def test_the_scripted_snippets_run_twice_against_a_live_server(
     script: Script, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -53,7 +53,7 @@ async def test_an_idle_session_ends_at_once_and_a_replay_ends_after_its_last_eve
 
 async def test_a_stream_opened_during_a_turn_ends_after_its_turn_done(settings: Settings) -> None:
     """The live status turns idle just before the turn_done commits: the stream must still send it."""
-    slow = settings.model_copy(update={"demo_token_delay": 0.01})
+    slow = settings.model_copy(update={"demo_token_delay": 0.003})
     with live_server(slow) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
             sid = (await client.post("/v1/sessions", json={})).json()["id"]

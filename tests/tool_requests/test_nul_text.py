@@ -78,6 +78,7 @@ async def test_nul_everywhere_is_stored_and_restored(server: LiveServer, upstrea
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 @pytest.mark.parametrize("stop", ["kill", "terminate"])
 async def test_a_restart_after_a_turn_holding_nul(
     stop: str, database_url: str, tmp_path: Path, upstream: FakeUpstream
