@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import summary
+from bench.burst import burst
 from bench.context import Context, say
 from bench.figures import build, load_runs
 from bench.plan import STAGES, Config, config_from, parser
@@ -96,6 +97,8 @@ async def _stages(ctx: Context, results: dict[str, Any]) -> None:
     if {"sweep", "stop", "demo"} & set(stages):
         for index, adapter in enumerate(ctx.config.adapters):
             await guarded(results, f"server {adapter}", partial(_adapter, ctx, results, adapter, index == 0))
+    if "burst" in stages:
+        results["burst"] = await guarded(results, "burst", lambda: burst(ctx))
     if {"storage", "idle_streams"} & set(stages):
         with_streams = "idle_streams" in stages
         results["storage"] = await guarded(
@@ -117,7 +120,8 @@ def _turn_errors(results: dict[str, Any]) -> int:
     runs = load_runs(results)
     for baseline in (results.get("baselines") or {}).values():
         runs += baseline["levels"]
-    return sum(int(run["errors"]["count"]) for run in runs) + replica_turn_errors(results)
+    burst_errors = int((results.get("burst") or {}).get("errors", {}).get("count", 0))
+    return sum(int(run["errors"]["count"]) for run in runs) + replica_turn_errors(results) + burst_errors
 
 
 def _peak(ctx: Context, results: dict[str, Any]) -> float | None:
