@@ -2,7 +2,8 @@
 
 Order: the upstream starts (core 1) and stays up for the whole run; cold starts; the raw-SDK baselines
 (core 0, while no server runs); then per stream adapter one server (core 0) for the concurrency sweep, the
-stop stage and, on the first, the demo model; then a server over a seeded database for storage and idle
+stop stage and, on the first, the demo model; a fresh server for the burst (bench/burst.py, beside direct
+requests to the upstream); then a server over a seeded database for storage and idle
 streams; the sweep and storage again on PostgreSQL (bench/postgres.py); the cost of a tool call per kind
 of tool (bench/tools.py: its own servers, unpinned); last two replicas on PostgreSQL and Redis
 (bench/replicas.py). A stage that fails is recorded
