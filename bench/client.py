@@ -192,6 +192,8 @@ class EventStream:
                 if not data:
                     return
                 buffer += data
+            if b"\r" in buffer:  # older servers end SSE lines in CRLF (bench.compare runs them)
+                buffer[:] = buffer.replace(b"\r\n", b"\n")
             self._frames(buffer, time.monotonic())
 
     def _frames(self, buffer: bytearray, at: float) -> None:

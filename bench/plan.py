@@ -17,6 +17,7 @@ STAGES = (
     "sweep",
     "stop",
     "demo",
+    "burst",
     "storage",
     "idle_streams",
     "retained",
@@ -49,6 +50,10 @@ class Config:
     stop_chunks: int = 200
     stop_rounds: int = 3
     stop_after_s: float = 0.5  # earliest cancel after the first text_delta; a jitter of up to 1 s is added
+    # The burst (bench/burst.py): `burst_sessions` turns posted at the same moment on fresh sessions whose
+    # streams are open, against as many direct requests to the upstream, `burst_rounds` times.
+    burst_sessions: int = 50
+    burst_rounds: int = 3
     # The in-process demo model, paced.
     demo_levels: tuple[int, ...] = (50, 200)
     demo_delay: float = 0.02
@@ -118,6 +123,8 @@ SMOKE = Config(
     stop_chunks=40,
     stop_rounds=1,
     stop_after_s=0.02,
+    burst_sessions=4,
+    burst_rounds=1,
     demo_levels=(2,),
     demo_delay=0.002,
     cold_starts=1,
@@ -174,6 +181,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rounds", type=int, help="most turns per session per level")
     p.add_argument("--adapters", type=_names(ADAPTERS), help="stream adapters to sweep: auto,litellm")
     p.add_argument("--stop-sessions", type=int, help="active sessions in the stop stage")
+    p.add_argument("--burst-sessions", type=int, help="turns posted at the same moment in the burst stage")
+    p.add_argument("--burst-rounds", type=int, help="rounds of the burst stage (raw, then server)")
     p.add_argument("--demo-levels", type=_ints, help="concurrent demo-model sessions, e.g. 50,200")
     p.add_argument("--cold-starts", type=int, help="server spawns timed for the cold start")
     p.add_argument("--messages", type=int, help="messages in the seeded long session")

@@ -2,7 +2,8 @@
 
 Order: the upstream starts (core 1) and stays up for the whole run; cold starts; the raw-SDK baselines
 (core 0, while no server runs); then per stream adapter one server (core 0) for the concurrency sweep, the
-stop stage and, on the first, the demo model; then a server over a seeded database for storage and idle
+stop stage and, on the first, the demo model; a fresh server for the burst (bench/burst.py, beside direct
+requests to the upstream); then a server over a seeded database for storage and idle
 streams; the sweep and storage again on PostgreSQL (bench/postgres.py); the cost of a tool call per kind
 of tool (bench/tools.py: its own servers, unpinned); last two replicas on PostgreSQL and Redis
 (bench/replicas.py). A stage that fails is recorded
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import summary
+from bench.burst import burst
 from bench.context import Context, say
 from bench.figures import build, load_runs
 from bench.plan import STAGES, Config, config_from, parser
@@ -96,6 +98,8 @@ async def _stages(ctx: Context, results: dict[str, Any]) -> None:
     if {"sweep", "stop", "demo"} & set(stages):
         for index, adapter in enumerate(ctx.config.adapters):
             await guarded(results, f"server {adapter}", partial(_adapter, ctx, results, adapter, index == 0))
+    if "burst" in stages:
+        results["burst"] = await guarded(results, "burst", lambda: burst(ctx))
     if {"storage", "idle_streams"} & set(stages):
         with_streams = "idle_streams" in stages
         results["storage"] = await guarded(
@@ -117,7 +121,8 @@ def _turn_errors(results: dict[str, Any]) -> int:
     runs = load_runs(results)
     for baseline in (results.get("baselines") or {}).values():
         runs += baseline["levels"]
-    return sum(int(run["errors"]["count"]) for run in runs) + replica_turn_errors(results)
+    burst_errors = int((results.get("burst") or {}).get("errors", {}).get("count", 0))
+    return sum(int(run["errors"]["count"]) for run in runs) + replica_turn_errors(results) + burst_errors
 
 
 def _peak(ctx: Context, results: dict[str, Any]) -> float | None:

@@ -63,6 +63,10 @@ def test_smoke_run_reports_every_figure(tmp_path: Path) -> None:
         assert field in document["machine"]
     assert set(document["sweep"]) == {"auto", "litellm"}
     assert set(document["baselines"]) == {"litellm", "openai"}
+    # The burst timed every turn through the server and every direct request to the upstream.
+    burst = document["burst"]
+    expected = burst["sessions"] * len(burst["rounds"])
+    assert burst["server"]["first_text_ms"]["n"] == burst["raw"]["first_text_ms"]["n"] == expected > 0
 
     if "replicas" not in skipped:
         # Both capacity searches measured levels, and the streams on the other replica missed nothing.
