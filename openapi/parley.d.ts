@@ -636,7 +636,7 @@ export interface components {
             name: string;
             /**
              * Parameters
-             * @description The arguments' JSON schema (an object schema), as the model sees it.
+             * @description The arguments' JSON schema (an object schema, valid against JSON Schema 2020-12's metaschema; 422 otherwise), as the model sees it.
              */
             parameters?: {
                 /** @constant */

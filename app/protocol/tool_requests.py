@@ -33,7 +33,8 @@ class ClientTool(_Strict):
     description: str = Field("", max_length=10_000)
     parameters: dict[str, JsonValue] = Field(
         default_factory=_empty_object,
-        description="The arguments' JSON schema (an object schema), as the model sees it.",
+        description="The arguments' JSON schema (an object schema, valid against JSON Schema 2020-12's "
+        "metaschema; 422 otherwise), as the model sees it.",
         json_schema_extra={"properties": {"type": {"const": "object"}}},
     )
 

@@ -50,6 +50,8 @@ import hypothesis
 import pytest
 import requests
 import schemathesis
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from schemathesis import Case
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -211,7 +213,8 @@ class Target:
         case.query = query
 
     def _tool_rules(self, body: dict[str, Any]) -> None:
-        """Client tool names unique and none a server tool's (their descriptions say so); an approval rule
+        """Client tool names unique and none a server tool's, and their parameters valid JSON Schemas (their
+        descriptions say so: a generator drawing any object can write `{"if": [null]}`); an approval rule
         names the session's server tools (a reference, as `tools` is)."""
         client = body.get("client_tools")
         if isinstance(client, list):
@@ -221,6 +224,11 @@ class Target:
                     while tool["name"] in taken:
                         tool["name"] = f"client_{n}_{len(taken)}"
                     taken.add(tool["name"])
+                if isinstance(tool, dict) and isinstance(tool.get("parameters"), dict):
+                    try:
+                        Draft202012Validator.check_schema(tool["parameters"])  # as the service checks it
+                    except SchemaError:
+                        tool["parameters"] = {"type": "object", "properties": {}}
         rule = body.get("approval")
         named = body.get("tools")
         available = named if isinstance(named, list) else self.tools
