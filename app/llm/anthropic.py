@@ -257,10 +257,12 @@ class AnthropicAdapter:
                 _check_opening(opening, ended, response, endpoint)
                 for part in events.feed(opening):
                     yield part
+                events.check()
                 if not ended and not events.done:
                     async for data in chunks:
                         for part in events.feed(data):
                             yield part
+                        events.check()
                         if events.done:
                             break
                 if events.done:
@@ -339,6 +341,7 @@ class EventReader:
         "_tail",
         "_tools",
         "done",
+        "failure",
     )
 
     def __init__(self) -> None:
@@ -348,23 +351,33 @@ class EventReader:
         self._input = self._output = self._cache_read = self._cache_write = 0
         self._stop_reason: str | None = None
         self.done = False
+        # A failure the stream reported (an `error` event, a line that is no event): raised by `check`
+        # once the parts read before it have been given out.
+        self.failure: ProviderError | None = None
 
     def feed(self, data: bytes) -> list[StreamPart]:
         if self._tail:
             data = self._tail + data
         lines = data.split(b"\n")
         self._tail = lines.pop()
+        parts: list[StreamPart] = []
         if len(self._tail) > _MAX_LINE:
             log.warning("the provider sent a line of more than %d bytes", _MAX_LINE)
-            raise provider_error("provider_stream_interrupted")
-        parts: list[StreamPart] = []
+            self.failure = provider_error("provider_stream_interrupted")
         for line in lines:
-            if not line.startswith(b"data:") or self.done:
+            if not line.startswith(b"data:") or self.done or self.failure is not None:
                 continue
             payload = line[5:].strip()
             if payload:
-                self._event(payload, parts)
+                try:
+                    self._event(payload, parts)
+                except ProviderError as exc:
+                    self.failure = exc
         return parts
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
 
     def usage(self) -> UsagePart:
         """The response's usage: the prompt counts the cached tokens read and written too (its whole size)."""
