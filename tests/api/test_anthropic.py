@@ -111,8 +111,20 @@ async def test_text_with_cache_tokens_in_the_usage(server: LiveServer, upstream:
     assert _text(reader) == "Hello from Claude."
     usage = reader.of_type("response_done")[0]["response"]["usage"]
     # The prompt counts what was read from the cache and written to it: the context the call used.
-    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["estimated"]) == (1000, 7, False)
-    assert reader.of_type("token_usage")[0]["context_used"] == 1000
+    assert usage == {
+        "prompt_tokens": 1000,
+        "completion_tokens": 7,
+        "total_tokens": 1007,
+        "estimated": False,
+        "cache_read_tokens": 900,
+        "cache_write_tokens": 60,
+    }
+    context = reader.of_type("token_usage")[0]
+    assert (context["context_used"], context["cache_read_tokens"], context["cache_write_tokens"]) == (
+        1000,
+        900,
+        60,
+    )
     assert reader.of_type("response_done")[0]["response"]["finish_reason"] == "stop"
     [request] = upstream.requests
     assert request.headers["x-api-key"] == KEY
