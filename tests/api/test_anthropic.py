@@ -178,27 +178,34 @@ async def test_no_breakpoints_when_prompt_cache_is_off(server: LiveServer, upstr
     _assert_valid(upstream)
 
 
-@pytest.mark.parametrize("where", ["text", "tool input"])
+# Each script paces its content deltas 50 ms apart; the stop comes after `wanted` of them.
+STOPS = {
+    "text": (Script.text(" ".join(f"w{n}" for n in range(40)), chunks=40, delay=0.05), 3),
+    # Past the text ("Let me see." in three deltas), into the JSON input.
+    "tool input": (Script.tool_calls(CALLS[:1], fragments=10, text_before="Let me see.", delay=0.05), 4),
+    # Inside the thinking block (three thinking deltas and the signature's), before any text.
+    "thinking": (Script.text("The answer.", thinking="Let me think about this carefully.", delay=0.05), 2),
+}
+
+
+@pytest.mark.parametrize("where", list(STOPS))
 async def test_a_stop_mid_stream_disconnects_and_the_next_turn_completes(
     server: LiveServer, upstream: FakeUpstream, where: str
 ) -> None:
-    if where == "text":
-        upstream.enqueue(Script.text(" ".join(f"w{n}" for n in range(40)), chunks=40, delay=0.05))
-    else:
-        upstream.enqueue(Script.tool_calls(CALLS[:1], fragments=10, text_before="Let me see.", delay=0.05))
+    script, wanted = STOPS[where]
+    upstream.enqueue(script)
     sid = await _session(server)
     async with (
         httpx.AsyncClient(base_url=server.base_url, timeout=30) as client,
         EventReader(client, f"/v1/sessions/{sid}/events") as reader,
     ):
         assert (await client.post(f"/v1/sessions/{sid}/messages", json={"content": "go"})).status_code == 202
-        wanted = 3 if where == "text" else 4  # text: some words; tool input: past the text, into the JSON
         await upstream.await_request(lambda r: r.content_sent >= wanted, within=10)
         cancelled = await client.post(f"/v1/sessions/{sid}/cancel", json={})
         assert cancelled.status_code == 202
         request = await upstream.await_disconnect(within=5)
         await reader.wait_type("turn_done")
-    assert request.content_sent < (40 if where == "text" else 11)
+    assert request.content_sent < len(fake_anthropic.stream(script, model="m", message_id="m").paced)
     assert _status(reader) == "cancelled"
     upstream.enqueue(Script.text("Fine now."))
     again = await _post(server, sid, "again")

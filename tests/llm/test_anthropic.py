@@ -21,6 +21,7 @@ import pytest
 from app.llm.anthropic import (
     AnthropicAdapter,
     AnthropicEndpoint,
+    EventReader,
     convert_messages,
     messages_url,
     request_body,
@@ -237,6 +238,22 @@ def test_the_fake_refuses_what_anthropic_refuses(body: dict[str, Any], problem: 
 
 
 # --- the stream ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 100_000])
+def test_events_in_pieces_of_any_size_give_the_same_parts(size: int) -> None:
+    script = Script.tool_calls(CALLS, text_before="Checking.", thinking="Hmm.", redacted_thinking=True)
+    wire = b"".join(frame for frame, _ in fake_anthropic.events(script, model="m", message_id="msg_1"))
+    wire = wire.replace(b"\n", b"\r\n")  # CRLF line ends read the same
+    events = EventReader()
+    parts: list[StreamPart] = []
+    for start in range(0, len(wire), size):
+        parts += events.feed(wire[start : start + size])
+        events.check()
+    assert events.done
+    assert _text(parts) == "Checking."
+    assert _calls(parts) == {0: CALLS[0], 1: CALLS[1]}
+    assert (events.usage().prompt_tokens, events.finish()) == (10, FinishPart("tool_calls"))
 
 
 async def test_text_with_usage_and_the_headers(upstream: FakeUpstream) -> None:
