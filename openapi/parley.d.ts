@@ -1354,6 +1354,18 @@ export interface components {
         /** TokenUsage */
         TokenUsage: {
             /**
+             * Cache Read Tokens
+             * @description Of context_used, the tokens the latest response read from the provider's prompt cache.
+             * @default 0
+             */
+            cache_read_tokens: number;
+            /**
+             * Cache Write Tokens
+             * @description Of context_used, the tokens the latest response wrote to the provider's prompt cache.
+             * @default 0
+             */
+            cache_write_tokens: number;
+            /**
              * Context Percent
              * @description Null when the context window is unknown.
              */
@@ -1839,6 +1851,18 @@ export interface components {
         };
         /** Usage */
         Usage: {
+            /**
+             * Cache Read Tokens
+             * @description Of prompt_tokens, those read from the provider's prompt cache (0: none reported).
+             * @default 0
+             */
+            cache_read_tokens: number;
+            /**
+             * Cache Write Tokens
+             * @description Of prompt_tokens, those written to the provider's prompt cache (0: none reported).
+             * @default 0
+             */
+            cache_write_tokens: number;
             /** Completion Tokens */
             completion_tokens: number;
             /**

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 def _import_model_modules() -> ModuleType:
-    """litellm, then the lean reader's module, both in the loading thread.
+    """litellm, then the lean readers' modules, all in the loading thread.
 
     The lean reader is imported here rather than with this module: its aiohttp costs ~0.1 s of imports
     that a cold start would otherwise spend before /healthz answers, and no model stream is read before
@@ -42,6 +42,7 @@ def _import_model_modules() -> ModuleType:
     """
     module = import_litellm()
     importlib.import_module("app.llm.openai_compat")
+    importlib.import_module("app.llm.anthropic")
     return module
 
 
@@ -150,8 +151,8 @@ class ModelGateway:
 
     async def adapter(self, model: ResolvedModel) -> ModelAdapter:
         """Demo in-process; otherwise the models file's `adapter` choice, unless PARLEY_STREAM_ADAPTER
-        forces LiteLLM everywhere; "auto" takes the lean reader where routing.py finds the model
-        OpenAI-compatible."""
+        forces LiteLLM everywhere; "auto" takes the Anthropic reader (anthropic.py) for models LiteLLM
+        routes to Anthropic, the lean reader where routing.py finds the model OpenAI-compatible."""
         litellm = await self.ready()
         assert self._http is not None
         forced_litellm = self._settings.stream_adapter == "litellm"
@@ -160,6 +161,18 @@ class ModelGateway:
         choice = self.catalog.adapter(model.name)
         if forced_litellm or choice == "litellm":
             return self._litellm_adapter
+        if choice == "auto":
+            from app.llm import anthropic  # loaded by _import_model_modules
+
+            configured = self.catalog.get(model.name)
+            native = anthropic.resolve(
+                litellm,
+                model,
+                max_output_tokens=configured.max_output_tokens if configured is not None else None,
+                prompt_cache=configured.prompt_cache if configured is not None else None,
+            )
+            if native is not None:
+                return anthropic.AnthropicAdapter(self._http, native)
         endpoint = resolve_endpoint(litellm, model, forced=choice == "openai")
         if endpoint is None:
             return self._litellm_adapter

@@ -22,6 +22,10 @@ class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     context_window: int | None = Field(None, gt=0)
+    # Read by the Anthropic reader only (anthropic.py); None leaves them to the provider entry, then to
+    # the defaults (the known max output, else 4096; caching on).
+    max_output_tokens: int | None = Field(None, gt=0)
+    prompt_cache: bool | None = None
 
 
 class ProviderEntry(BaseModel):
@@ -30,6 +34,8 @@ class ProviderEntry(BaseModel):
     api_base: str | None = None
     api_key_env: str | None = None
     context_window: int | None = Field(None, gt=0)
+    max_output_tokens: int | None = Field(None, gt=0)
+    prompt_cache: bool | None = None
     adapter: AdapterChoice = "auto"
     models: list[str] | dict[str, ModelEntry] = Field(default_factory=list)
 
@@ -61,6 +67,8 @@ class ConfiguredModel(BaseModel):
     api_key_env: str | None
     context_window: int | None
     adapter: AdapterChoice = "auto"
+    max_output_tokens: int | None = None
+    prompt_cache: bool | None = None
 
 
 class ModelCatalog:
@@ -93,6 +101,8 @@ class ModelCatalog:
                     api_key_env=provider.api_key_env,
                     context_window=entry.context_window or provider.context_window,
                     adapter=provider.adapter,
+                    max_output_tokens=entry.max_output_tokens or provider.max_output_tokens,
+                    prompt_cache=provider.prompt_cache if entry.prompt_cache is None else entry.prompt_cache,
                 )
         return cls(models)
 

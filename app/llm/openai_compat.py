@@ -28,7 +28,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp.helpers import proxies_from_env
@@ -106,6 +106,17 @@ def env_proxy(url: str) -> EnvProxy:
     if parts.scheme == "https":
         return EnvProxy(str(found.proxy), connect_headers=login)
     return EnvProxy(str(found.proxy), headers=login)
+
+
+class Target(Protocol):
+    """What the log lines and errors below name of a stream's upstream: its URL and model (an `Endpoint`,
+    or the Anthropic reader's own, anthropic.py, which shares this module's transport and checks)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
 
 
 class OpenAICompatAdapter:
@@ -186,9 +197,7 @@ async def _drained(chunks: AsyncIterator[bytes]) -> bool:
     return False
 
 
-def _read_failed(
-    exc: aiohttp.ClientError | TimeoutError, endpoint: Endpoint, timeout: float
-) -> ProviderError:
+def _read_failed(exc: aiohttp.ClientError | TimeoutError, endpoint: Target, timeout: float) -> ProviderError:
     """A read of the body that failed: one that waited longer than `timeout` (aiohttp's read timeout is a
     TimeoutError too), or a connection that broke."""
     if isinstance(exc, TimeoutError):
@@ -198,7 +207,7 @@ def _read_failed(
     return provider_error("provider_stream_interrupted")
 
 
-def _ended_unfinished(opening: bytes, response: aiohttp.ClientResponse, endpoint: Endpoint) -> ProviderError:
+def _ended_unfinished(opening: bytes, response: aiohttp.ClientResponse, endpoint: Target) -> ProviderError:
     log.warning(
         "the stream of %s from %s ended with neither a finish_reason nor [DONE] (HTTP %s, %s): it began %r",
         endpoint.model,
@@ -234,7 +243,7 @@ def _first_line(opening: bytes, *, whole: bool) -> bytes | None:
     return None
 
 
-def _check_opening(opening: bytes, ended: bool, response: aiohttp.ClientResponse, endpoint: Endpoint) -> None:
+def _check_opening(opening: bytes, ended: bool, response: aiohttp.ClientResponse, endpoint: Target) -> None:
     """Raises `provider_bad_response` unless the opening reads as SSE: its first line a field of one, or
     only comments so far. Judged on the body, not the Content-Type: a stream labelled otherwise is read."""
     line = _first_line(opening, whole=ended or len(opening) >= _OPENING)
@@ -359,7 +368,7 @@ def _head(payload: bytes | str) -> str:
     return text[:_LOGGED_CHARS]
 
 
-def _before_response(exc: BaseException, endpoint: Endpoint) -> ProviderError:
+def _before_response(exc: BaseException, endpoint: Target) -> ProviderError:
     """No answer at all: a timeout (connect, or no headers in time) or a connection that failed."""
     log.warning("calling %s at %s failed: %r", endpoint.model, endpoint.url, exc)
     if isinstance(exc, TimeoutError):
@@ -367,7 +376,12 @@ def _before_response(exc: BaseException, endpoint: Endpoint) -> ProviderError:
     return provider_error("provider_unreachable")
 
 
-async def _status_error(response: aiohttp.ClientResponse, endpoint: Endpoint) -> ProviderError:
+async def _status_error(response: aiohttp.ClientResponse, endpoint: Target) -> ProviderError:
+    return from_status(response.status, await _error_text(response, endpoint))
+
+
+async def _error_text(response: aiohttp.ClientResponse, endpoint: Target) -> str:
+    """The body of an error answer (its first 64 KiB), logged."""
     received = bytearray()
     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
         async for data in response.content.iter_any():
@@ -376,4 +390,4 @@ async def _status_error(response: aiohttp.ClientResponse, endpoint: Endpoint) ->
                 break
     text = received[:_ERROR_BODY_LIMIT].decode("utf-8", "replace")
     log.warning("%s answered HTTP %s for %s: %s", endpoint.url, response.status, endpoint.model, _head(text))
-    return from_status(response.status, text)
+    return text

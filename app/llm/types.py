@@ -29,6 +29,10 @@ class UsagePart:
     total_tokens: int
     # Counted by LiteLLM's tokenizer because the provider sent no usage (app/llm/observed.py).
     estimated: bool = False
+    # Of prompt_tokens, those read from the provider's prompt cache and those written to it (Anthropic's
+    # cache_read_input_tokens and cache_creation_input_tokens, anthropic.py); 0 where not reported.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

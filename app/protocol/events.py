@@ -97,6 +97,14 @@ class Usage(BaseModel):
     estimated: bool = Field(
         False, description="Counted by LiteLLM's tokenizer: the provider sent no usage for this response."
     )
+    cache_read_tokens: int = Field(
+        0,
+        description="Of prompt_tokens, those read from the provider's prompt cache (0: none reported).",
+    )
+    cache_write_tokens: int = Field(
+        0,
+        description="Of prompt_tokens, those written to the provider's prompt cache (0: none reported).",
+    )
 
 
 class ResponseInfo(BaseModel):
@@ -189,6 +197,13 @@ class TokenUsage(_Event):
     model: str
     estimated: bool = Field(
         False, description="The latest response's usage was counted by LiteLLM's tokenizer (no usage sent)."
+    )
+    cache_read_tokens: int = Field(
+        0,
+        description="Of context_used, the tokens the latest response read from the provider's prompt cache.",
+    )
+    cache_write_tokens: int = Field(
+        0, description="Of context_used, the tokens the latest response wrote to the provider's prompt cache."
     )
 
 

@@ -140,6 +140,8 @@ async def test_text_with_usage_and_the_configured_window(
         "completion_tokens": 7,
         "total_tokens": 107,
         "estimated": False,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
     }
     assert done["response"]["finish_reason"] == "stop"
     usage = reader.of_type("token_usage")[0]
@@ -169,6 +171,8 @@ async def test_a_long_answer_keeps_every_chunk_and_the_providers_usage(
         "completion_tokens": len(words),
         "total_tokens": 321 + len(words),
         "estimated": False,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
     }
     assert reader.of_type("token_usage")[0]["context_used"] == 321
     texts = [m for m in await _history(server, sid) if m["type"] == "text" and m.get("model")]

@@ -128,6 +128,9 @@ class Script:
     must also accept). `trickle` writes the body in HTTP chunks of that many bytes, each chunk in two TCP
     writes, `delay` apart: a reader must join events across chunks and chunks across reads.
     `strict`/`forbid_tool_then_user` override the server's history validation for this request.
+    Read on the Anthropic route only (anthropic.py): `thinking` streams a thinking block of this text with
+    its signature before the text, `redacted_thinking` a redacted one; `cache` is the usage's
+    (cache_read_input_tokens, cache_creation_input_tokens).
     """
 
     text_pieces: list[str] = field(default_factory=list)
@@ -147,6 +150,9 @@ class Script:
     trickle: int | None = None
     strict: bool | None = None
     forbid_tool_then_user: bool | None = None
+    thinking: str | None = None
+    redacted_thinking: bool = False
+    cache: tuple[int, int] | None = None
 
     # ----- convenient constructors -------------------------------------------------------------------
 
@@ -255,9 +261,10 @@ class Script:
         kw["calls"] = [ToolCall(**c) if isinstance(c, dict) else ToolCall(*c) for c in kw.get("calls", [])]
         if kw.get("http_error") is not None:
             kw["http_error"] = HttpError(**kw["http_error"])
-        if kw.get("usage") is not None:
-            prompt, completion = kw["usage"]
-            kw["usage"] = (int(prompt), int(completion))
+        for pair in ("usage", "cache"):
+            if kw.get(pair) is not None:
+                first, second = kw[pair]
+                kw[pair] = (int(first), int(second))
         return cls(**kw)
 
     # ----- wire shapes -------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ Owns `validate_history`. OpenAI itself tolerates histories that Anthropic's Mess
 400; a service that may be pointed at either must only produce histories both accept. The fake upstream
 uses this in strict mode, and other tests can call it directly on the history they built.
 
+`validate_messages_request` checks a request in Anthropic's own format instead (the fake's Anthropic
+route, tests/fakes/anthropic.py), as the Messages API does.
+
 Rules (each violation yields one human-readable problem naming the message index):
 - the list is non-empty; a `system` (or `developer`) message may only be the first message;
 - the first non-system message is a `user` message;
@@ -151,3 +154,142 @@ def validate_history(messages: Sequence[Any], *, forbid_tool_then_user: bool = F
         checker.check(index, message)
     checker.close_pending(-1)
     return checker.problems
+
+
+# ----- Anthropic's own request format (the fake's POST /v1/messages) -------------------------------------
+
+_MAX_BREAKPOINTS = 4
+
+
+def _blank(text: Any) -> bool:
+    return not isinstance(text, str) or not text.strip()
+
+
+def _check_blocks(where: str, role: str, blocks: list[Any], problems: list[str]) -> None:
+    allowed = {
+        "user": {"text", "image", "document", "tool_result"},
+        "assistant": {"text", "tool_use", "thinking", "redacted_thinking"},
+    }[role]
+    seen_other = False
+    for n, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        at = f"{where}.content[{n}]"
+        if kind not in allowed:
+            problems.append(f"{at}: a {role} message cannot hold a {kind!r} block")
+        elif kind == "text" and _blank(block.get("text")):
+            problems.append(f"{at}: text content blocks must contain non-whitespace text")
+        elif kind == "tool_use" and not (
+            block.get("id") and block.get("name") and isinstance(block.get("input"), Mapping)
+        ):
+            problems.append(f"{at}: tool_use needs an id, a name and an input object")
+        elif kind == "thinking" and _blank(block.get("signature")):
+            problems.append(f"{at}: thinking blocks need their signature")
+        elif kind == "tool_result":
+            if seen_other:
+                problems.append(f"{at}: tool_result blocks must come first in the user message")
+            content = block.get("content")
+            if isinstance(content, str) and not content:
+                problems.append(f"{at}: tool_result content must not be an empty string")
+        if kind != "tool_result":
+            seen_other = True
+
+
+def _ids(blocks: list[Any], kind: str, key: str) -> list[str]:
+    return [str(b.get(key)) for b in blocks if isinstance(b, Mapping) and b.get("type") == kind]
+
+
+def _check_tool_pairs(messages: list[Any], problems: list[str]) -> None:
+    """Every tool_use is answered by a tool_result in the next message, and only those are answered."""
+    for i, message in enumerate(messages):
+        blocks = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(blocks, list):
+            blocks = []
+        results = _ids(blocks, "tool_result", "tool_use_id")
+        previous = messages[i - 1].get("content") if i > 0 and isinstance(messages[i - 1], Mapping) else []
+        uses = _ids(previous if isinstance(previous, list) else [], "tool_use", "id")
+        for result in results:
+            if result not in uses:
+                problems.append(
+                    f"messages.{i}: unexpected tool_use_id found in tool_result blocks: {result}. Each "
+                    "tool_result block must have a corresponding tool_use block in the previous message."
+                )
+        if i > 0 and uses:
+            missing = [u for u in uses if u not in results]
+            if missing:
+                problems.append(
+                    f"messages.{i}: tool_use ids were found without tool_result blocks immediately "
+                    f"after: {', '.join(missing)}"
+                )
+
+
+def _check_messages(messages: Any, problems: list[str]) -> None:
+    if not isinstance(messages, list) or not messages:
+        problems.append("messages: at least one message is required")
+        return
+    previous: str | None = None
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, Mapping) else None
+        if role not in ("user", "assistant"):
+            problems.append(
+                f"messages.{i}.role: Unexpected role {role!r}. The Messages API accepts a top-level "
+                '`system` parameter, not "system" as an input message role.'
+            )
+            continue
+        if previous is None and role != "user":
+            problems.append(f'messages.{i}: the first message must use the "user" role')
+        if role == previous:
+            problems.append(f'messages.{i}: roles must alternate between "user" and "assistant"')
+        previous = role
+        content = message.get("content")
+        if isinstance(content, str):
+            if _blank(content):
+                problems.append(f"messages.{i}: text content blocks must contain non-whitespace text")
+        elif isinstance(content, list) and content:
+            _check_blocks(f"messages.{i}", role, content, problems)
+        else:
+            problems.append(f"messages.{i}: all messages must have non-empty content")
+    _check_tool_pairs(messages, problems)
+
+
+def _breakpoints(body: Mapping[str, Any]) -> int:
+    blocks: list[Any] = []
+    for key in ("system", "tools"):
+        if isinstance(body.get(key), list):
+            blocks += body[key]
+    for message in body.get("messages") or []:
+        if isinstance(message, Mapping) and isinstance(message.get("content"), list):
+            blocks += message["content"]
+    return sum(1 for b in blocks if isinstance(b, Mapping) and b.get("cache_control") is not None)
+
+
+def validate_messages_request(body: Any) -> list[str]:
+    """The problems Anthropic's Messages API would answer a 400 for: `max_tokens` required, no system
+    role among the messages, roles alternating from a user message, non-blank text blocks, every
+    tool_result answering a tool_use of the message before (and each tool_use answered in the next
+    message), tools with an `input_schema`, at most four cache_control breakpoints."""
+    if not isinstance(body, Mapping):
+        return ["the body is not a JSON object"]
+    problems: list[str] = []
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        problems.append("model: Field required")
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        problems.append("max_tokens: Field required")
+    system = body.get("system")
+    if system is not None:
+        texts = [system] if isinstance(system, str) else system if isinstance(system, list) else [None]
+        for n, text in enumerate(texts):
+            value = text if isinstance(text, str) else text.get("text") if isinstance(text, Mapping) else None
+            if _blank(value):
+                problems.append(f"system.{n}: text content blocks must contain non-whitespace text")
+    for n, tool in enumerate(body.get("tools") or []):
+        if (
+            not isinstance(tool, Mapping)
+            or not tool.get("name")
+            or not isinstance(tool.get("input_schema"), Mapping)
+        ):
+            problems.append(f"tools.{n}: a tool needs a name and an input_schema")
+    _check_messages(body.get("messages"), problems)
+    if _breakpoints(body) > _MAX_BREAKPOINTS:
+        problems.append(f"A maximum of {_MAX_BREAKPOINTS} blocks with cache_control may be provided.")
+    return problems

@@ -2,8 +2,8 @@
 one fake of the test suite and of the benchmark.
 
 Owns `FakeUpstream` (served from a background thread or the current loop; a context manager), what each
-route answers (`/v1/chat/completions`, `/v1/models`, the `/_control/*` routes that script it from another
-process) and the command line:
+route answers (`/v1/chat/completions`, Anthropic's `/v1/messages` as anthropic.py streams it, `/v1/models`,
+the `/_control/*` routes that script it from another process) and the command line:
 
     python -m tests.fakes.upstream [--port N] [--strict] [--api-key K] [--chunks N --delay-ms D] [--cpu K]
 
@@ -29,12 +29,12 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from tests.fakes import answer, http11
+from tests.fakes import answer, anthropic, http11
 from tests.fakes.connection import Connection
 from tests.fakes.directive import directive
 from tests.fakes.record import RecordedRequest
 from tests.fakes.script import HttpError, Script, ToolCall, error_body, scripts_from_json
-from tests.fakes.strict import validate_history
+from tests.fakes.strict import validate_history, validate_messages_request
 
 # Everything a test needs is importable from here.
 __all__ = [
@@ -89,6 +89,11 @@ class FakeUpstream:
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """The server without a path: an Anthropic `api_base` (its client appends `/v1/messages`)."""
+        return f"http://{self.host}:{self.port}"
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -230,6 +235,8 @@ class FakeUpstream:
         try:
             if req.method == "POST" and req.path == "/v1/chat/completions":
                 reply = self._chat(rec)
+            elif req.method == "POST" and req.path == "/v1/messages":
+                reply = self._messages(rec)
             elif req.method == "GET" and req.path == "/v1/models":
                 models = [{"id": self.model, "object": "model", "created": 0, "owned_by": "fake-upstream"}]
                 reply = answer.whole(200, json.dumps({"object": "list", "data": models}).encode())
@@ -287,6 +294,28 @@ class FakeUpstream:
             return answer.completion(script, model=model, completion_id=completion_id)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return answer.stream(script, model=model, include_usage=include_usage, completion_id=completion_id)
+
+    def _messages(self, rec: RecordedRequest) -> answer.Answer:
+        """Anthropic's Messages API: the key in `x-api-key`, an `anthropic-version`, the request always
+        validated as Anthropic does (a 400 naming the problems), the answer streamed as its events."""
+        body: dict[str, Any] = rec.body if isinstance(rec.body, dict) else {}
+        script = self._next_script(directive(body.get("messages")))
+        if self.api_key is not None and rec.headers.get("x-api-key") != self.api_key:
+            return self._anthropic_error(401, "invalid x-api-key")
+        if not rec.headers.get("anthropic-version"):
+            return self._anthropic_error(400, "anthropic-version: header is required")
+        rec.problems = validate_messages_request(rec.body)
+        if rec.problems:
+            return self._anthropic_error(400, "; ".join(rec.problems))
+        if script.http_error is not None:
+            error = script.http_error
+            return answer.whole(error.status, error.payload(), error.headers, wait=script.hang_before_headers)
+        model = str(body.get("model") or self.model)
+        return anthropic.stream(script, model=model, message_id=f"msg_fake{next(self._ids):06d}")
+
+    @staticmethod
+    def _anthropic_error(status: int, message: str) -> answer.Answer:
+        return answer.whole(status, json.dumps(anthropic.error_body(status, message)).encode())
 
     def _control(self, req: http11.Request) -> bytes:
         status, result = 200, dict[str, Any](ok=True)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import pytest
 
+from app.llm.anthropic import AnthropicAdapter, AnthropicEndpoint
 from app.llm.demo import DemoAdapter
 from app.llm.gateway import ModelGateway
 from app.llm.litellm_adapter import LiteLLMAdapter
@@ -32,6 +33,15 @@ MODELS: dict[str, Any] = {
         "forced": {"adapter": "openai", "api_base": BASE, "models": ["ollama_chat/llama3.1", "house-model"]},
         "no-base": {"models": ["hosted_vllm/nobase"]},
         "forced-no-base": {"adapter": "openai", "models": ["ollama_chat/nobase"]},
+        "claude": {
+            "api_key_env": "PARLEY_TEST_CLAUDE_KEY",
+            "max_output_tokens": 2000,
+            "models": {
+                "anthropic/claude-opus-4-1": {"prompt_cache": False},
+                "anthropic/claude-sonnet-4-5": {},
+            },
+        },
+        "claude-pinned": {"adapter": "litellm", "models": ["anthropic/claude-3-haiku-20240307"]},
     }
 }
 
@@ -91,12 +101,34 @@ async def test_openai_compatible_models_take_the_lean_reader(
         "hosted_vllm/nobase",  # no base URL to call
         "ollama_chat/nobase",  # "adapter": "openai", but no base URL for a provider LiteLLM maps itself
         "o1-pro",  # LiteLLM bridges it to the Responses API
-        "anthropic/claude-sonnet-4-5",  # not OpenAI-compatible
+        "anthropic/claude-3-haiku-20240307",  # "adapter": "litellm" in the models file
         "threadprobe/anything",  # a custom provider
     ],
 )
 async def test_other_models_keep_litellms_stream(layer: ModelGateway, model: str) -> None:
     assert isinstance(await layer.adapter(await layer.resolve(model)), LiteLLMAdapter)
+
+
+async def test_anthropic_models_take_the_native_reader(
+    layer: ModelGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PARLEY_TEST_CLAUDE_KEY", "sk-ant-test")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-env")
+    sonnet = await layer.adapter(await layer.resolve("anthropic/claude-sonnet-4-5"))
+    assert isinstance(sonnet, AnthropicAdapter)
+    assert sonnet.endpoint == AnthropicEndpoint(
+        "https://api.anthropic.com/v1/messages", "claude-sonnet-4-5", "sk-ant-test", 2000, True
+    )
+    opus = await layer.adapter(await layer.resolve("anthropic/claude-opus-4-1"))
+    assert isinstance(opus, AnthropicAdapter)
+    assert (opus.endpoint.max_tokens, opus.endpoint.prompt_cache) == (2000, False)
+    # Not in the models file: the key from ANTHROPIC_API_KEY, max_tokens the model's known maximum output
+    # (LiteLLM's table), else 4096.
+    for name, max_tokens in (("anthropic/claude-haiku-4-5", 64000), ("anthropic/claude-unheard-of", 4096)):
+        other = await layer.adapter(await layer.resolve(name))
+        assert isinstance(other, AnthropicAdapter)
+        assert other.endpoint.api_key == "sk-ant-env"
+        assert (other.endpoint.max_tokens, other.endpoint.prompt_cache) == (max_tokens, True)
 
 
 async def test_the_demo_streams_in_process(layer: ModelGateway) -> None:

@@ -129,6 +129,31 @@ def test_the_adapter_is_a_provider_setting_auto_by_default(tmp_path: Path) -> No
     ]
 
 
+def test_max_output_tokens_and_prompt_cache_model_entry_first(tmp_path: Path) -> None:
+    content = {
+        "providers": {
+            "claude": {
+                "max_output_tokens": 2000,
+                "prompt_cache": False,
+                "models": {
+                    "anthropic/a": {},
+                    "anthropic/b": {"max_output_tokens": 500, "prompt_cache": True},
+                },
+            },
+            "plain": {"models": ["anthropic/c"]},
+        }
+    }
+    catalog = ModelCatalog.load(write(tmp_path, content))
+    found = {}
+    for name in ("anthropic/a", "anthropic/b", "anthropic/c"):
+        configured = catalog.get(name)
+        assert configured is not None
+        found[name] = (configured.max_output_tokens, configured.prompt_cache)
+    assert found == {"anthropic/a": (2000, False), "anthropic/b": (500, True), "anthropic/c": (None, None)}
+    with pytest.raises(ModelsFileError):
+        ModelCatalog.load(write(tmp_path, {"providers": {"p": {"max_output_tokens": 0, "models": ["x"]}}}))
+
+
 def test_no_file_and_empty_files_mean_no_models(tmp_path: Path) -> None:
     assert ModelCatalog.load(None).names() == []
     assert ModelCatalog.load(write(tmp_path, {})).names() == []

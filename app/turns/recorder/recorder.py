@@ -374,6 +374,8 @@ class TurnRecorder:
                     completion_tokens=usage.completion_tokens,
                     total_tokens=usage.prompt_tokens + usage.completion_tokens,
                     estimated=usage.estimated,
+                    cache_read_tokens=usage.cache_read_tokens,
+                    cache_write_tokens=usage.cache_write_tokens,
                 )
                 if usage is not None
                 else None,
@@ -390,6 +392,8 @@ class TurnRecorder:
                 session_total_tokens=total,
                 model=self.model,
                 estimated=usage is not None and usage.estimated,
+                cache_read_tokens=usage.cache_read_tokens if usage is not None else 0,
+                cache_write_tokens=usage.cache_write_tokens if usage is not None else 0,
             )
 
     # --- tools ---------------------------------------------------------------------------------------

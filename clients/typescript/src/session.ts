@@ -97,6 +97,8 @@ export class ChatSession {
           session_total_tokens: session.total_tokens,
           model: session.model,
           estimated: false,
+          cache_read_tokens: 0,
+          cache_write_tokens: 0,
         },
       };
     }

@@ -45,7 +45,7 @@ describe("the seed's display rules", () => {
 
   it("context header: percent colored green < 50, yellow to 80, red above; tokens when the window is unknown", () => {
     expect([0, 49.9, 50, 80, 80.1].map(contextLevel)).toEqual(["ok", "ok", "warn", "warn", "high"]);
-    const usage = { context_used: 15_234, context_window: 200_000, context_percent: 7.6, session_total_tokens: 28_500, model: "m", estimated: false };
+    const usage = { context_used: 15_234, context_window: 200_000, context_percent: 7.6, session_total_tokens: 28_500, model: "m", estimated: false, cache_read_tokens: 0, cache_write_tokens: 0 };
     expect(usageHeader({ ...emptyState(), usage })).toEqual({ context: "Context: 7.6%", session: "Session: 28.5K tokens", level: "ok" });
     expect(usageHeader({ ...emptyState(), usage: { ...usage, context_window: null, context_percent: null } })).toEqual({
       context: "Context: 15.2K tokens", session: "Session: 28.5K tokens", level: null,
