@@ -206,6 +206,14 @@ async def insert_messages(
     return renamed
 
 
+async def has_messages(db: AsyncSession, session_id: str) -> bool:
+    """Whether the session holds any message (in `db`'s transaction: one trip to the driver)."""
+    conn = await raw(db)
+    return bool(
+        await conn.fetchall("SELECT 1 FROM chat_messages WHERE session_id = ? LIMIT 1", (session_id,))
+    )
+
+
 async def _taken_ids(conn: Raw, rows: list[ChatMessageRow]) -> set[str]:
     """The ids of `rows` that other rows hold: what is stored under the id is not the row."""
     taken = set()

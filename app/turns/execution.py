@@ -15,7 +15,7 @@ from app.llm.gateway import ModelGateway
 from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
-from app.storage.tables import ChatSessionRow
+from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.tools.registry import ToolRegistry
 from app.turns.agent import AgentRun
 from app.turns.pending_calls import Inbox
@@ -46,13 +46,20 @@ class AgentFactory:
         should_pause: Callable[[], bool],
         inbox: Inbox | None = None,
         resuming: bool = False,
+        history: list[ChatMessageRow] | None = None,
     ) -> AgentRun:
         """`session` is the row the turn was started with, read just before (a deleted session stops its
         turn first, and an update between that read and this moment is not seen: the next turn sees it).
-        `resuming`: the turn was suspended before a restart; its waiting round goes on first."""
-        async with self._database.read() as db:
-            rows = await repository.list_messages(db, session.id)
-            plan = await resumed_round(db, turn_id, rows) if resuming else None
+        `resuming`: the turn was suspended before a restart; its waiting round goes on first. `history`:
+        the session's rows, when the turn holds them all already (the opening of a session's first turn
+        wrote them: TurnRows.history); else they are read."""
+        plan = None
+        if history is not None and not resuming:
+            rows = history
+        else:
+            async with self._database.read() as db:
+                rows = await repository.list_messages(db, session.id)
+                plan = await resumed_round(db, turn_id, rows) if resuming else None
         messages = rebuild(rows, session.system_prompt)
         if plan is not None:
             # The round's results enter the history when it ends, in call order.

@@ -24,12 +24,13 @@ from app.protocol.schemas import QueuedMessage
 from app.settings import DEMO_MODEL, Settings
 from app.storage import event_log, repository
 from app.storage.engine import Database
-from app.storage.tables import ChatSessionRow
+from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.log.write_behind import WriteBehind
 from app.tools.registry import build_default_registry
 from app.turns.agent import AgentRun, ResponseFinished, ResponseStarted, TextChunk
 from app.turns.execution import AgentFactory, run_turn
 from app.turns.live import LocalLiveStatus
+from app.turns.prompt import rebuild
 from app.turns.recorder.recorder import TurnRecorder
 
 pytestmark = pytest.mark.anyio
@@ -297,3 +298,35 @@ async def test_a_stop_while_the_completed_turns_end_waits_to_write_is_recorded(t
         "turn_done",
     ]
     assert events[-2]["interrupted_message_ids"] == []
+
+
+async def test_a_sessions_first_opening_holds_its_whole_history_and_a_later_one_does_not(turn: Turn) -> None:
+    """The turn builds its prompt from the rows its opening wrote instead of reading them back, only
+    when they are all of the session's history: its first turn's."""
+    async with turn.database.session() as db:
+        stored = await repository.list_messages(db, SID)
+    held = turn.recorder.rows.take_history()
+    assert held is not None
+    fields = ("id", "session_id", "turn_id", "type", "role", "content", "sender", "timestamp", "client_tools")
+
+    def view(rows: list[ChatMessageRow]) -> list[tuple[object, ...]]:
+        return [tuple(getattr(r, f) for f in fields) for r in rows]
+
+    assert view(held) == view(stored)
+    assert rebuild(held, "be brief") == rebuild(stored, "be brief")
+    assert turn.recorder.rows.take_history() is None  # taken once
+
+    writer = turn.recorder.rows.writer
+    later = TurnRecorder(
+        writer=writer,
+        events=writer.publisher(SID),
+        live=turn.live,
+        session_id=SID,
+        turn_id="t_000000000002",
+        model=DEMO_MODEL,
+    )
+    message = QueuedMessage(
+        id="m_000000000002", content="again", sender="User", timestamp=T0, delivery="steer"
+    )
+    await later.open([message])
+    assert later.rows.take_history() is None  # the session held rows before: the turn reads them

@@ -38,6 +38,10 @@ class TurnRows:
     model: str
     # The last agent_status this turn announced (ToolRequests.settle_status announces only a change).
     status: tuple[AgentState, str | None] | None = None
+    # The session's whole history once the opening committed, when the session held no message before it:
+    # the rows the opening wrote. The turn builds its prompt from them instead of reading them back
+    # (TurnAgent.prepare); taken once (take_history).
+    history: list[ChatMessageRow] | None = None
 
     def row(self, type_: str, timestamp: str, **fields: Any) -> ChatMessageRow:
         return new_message(
@@ -107,6 +111,8 @@ class TurnRows:
                 await claim(db)
             if waiting is not None:
                 await repository.dequeue(db, [m.id for m in messages])
+            # Under the opening's lease and the session's write lane: no other write of the session runs.
+            fresh = not await repository.has_messages(db, self.session_id)
             renamed = await repository.insert_messages(db, [start, *users], new_message_id)
             for m in messages:  # a message whose id another row held: the row's fresh id is its id now
                 m.id = renamed.get(m.id, m.id)
@@ -125,3 +131,9 @@ class TurnRows:
                     client_message_id=m.client_message_id,
                 )
             self.set_status("thinking")
+        self.history = [start, *users] if fresh else None
+
+    def take_history(self) -> list[ChatMessageRow] | None:
+        """The history the opening wrote, when it is the session's whole history (`history`), once."""
+        history, self.history = self.history, None
+        return history

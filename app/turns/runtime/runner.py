@@ -290,6 +290,7 @@ class Runner:
                     should_pause=state.wants_breakpoint,
                     inbox=state.inbox,
                     resuming=resuming,
+                    history=recorder.rows.take_history(),
                 )
                 await run_turn(prepare, recorder)
                 observed.status = recorder.closed_status
