@@ -3,7 +3,9 @@
 
 user text → user message (consecutive ones merged into one); an assistant text and the tool_groups of
 the same model response → one assistant message with `tool_calls`, followed by one role "tool" message
-per result; turn markers and errors are skipped: they never reach the model.
+per result; a reasoning row's signed or redacted blocks (Anthropic's) → that message's `thinking_blocks`,
+which the Anthropic reader sends first and no other reader sends (reasoning without them never goes
+back); turn markers and errors are skipped: they never reach the model.
 """
 
 from __future__ import annotations
@@ -43,12 +45,14 @@ def rebuild(rows: Iterable[ChatMessageRow], system_prompt: str | None) -> list[d
                 previous["content"] = f"{previous['content']}\n\n{row.content or ''}"
             else:
                 messages.append({"role": "user", "content": row.content or ""})
-        elif row.type in ("text", "tool_group"):
+        elif row.type in ("text", "tool_group", "reasoning"):
             if assistant is None or row.response_id != response_id:
                 close_response()
                 assistant = {"role": "assistant", "content": None}
                 response_id = row.response_id
-            if row.type == "text":
+            if row.type == "reasoning":
+                _keep_thinking(assistant, row)
+            elif row.type == "text":
                 text = row.content or ""
                 if row.interrupted:
                     text = f"{text}\n\n{INTERRUPTED_MARK}" if text else INTERRUPTED_MARK
@@ -70,3 +74,11 @@ def rebuild(rows: Iterable[ChatMessageRow], system_prompt: str | None) -> list[d
                 )
     close_response()
     return messages
+
+
+def _keep_thinking(assistant: dict[str, Any], row: ChatMessageRow) -> None:
+    """The provider's signed or redacted blocks of a reasoning row; a reasoning a stop cut short, or one
+    of a provider that takes none back, adds nothing."""
+    kept = row.arguments.get("thinking_blocks") if isinstance(row.arguments, dict) else None
+    if kept and not row.interrupted:
+        assistant.setdefault("thinking_blocks", []).extend(kept)

@@ -318,12 +318,12 @@ def test_thinking_goes_back_signed_first_in_the_tool_round_and_max_tokens_exceed
     endpoint = AnthropicEndpoint(
         url="http://x/v1/messages", model="claude", api_key="k", max_tokens=2048, thinking_budget=2048
     )
-    blocks = [
+    blocks: list[dict[str, Any]] = [
         {"type": "thinking", "thinking": "Look it up.", "signature": "sig"},
         {"type": "thinking", "thinking": "unsigned: cannot go back"},
         {"type": "redacted_thinking", "data": "enc"},
     ]
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "Time?"},
         {
             "role": "assistant",
