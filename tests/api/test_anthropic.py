@@ -86,6 +86,13 @@ async def _post(server: LiveServer, sid: str, content: str) -> EventReader:
     return reader
 
 
+async def _rows(server: LiveServer, sid: str) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        page = (await client.get(f"/v1/sessions/{sid}/messages")).json()
+        rows: list[dict[str, Any]] = page["chat_messages"]
+        return rows
+
+
 def _text(reader: EventReader) -> str:
     return "".join(d["text"] for d in reader.of_type("text_delta"))
 
@@ -260,6 +267,10 @@ async def test_a_stop_mid_stream_disconnects_and_the_next_turn_completes(
         await reader.wait_type("turn_done")
     assert request.content_sent < len(fake_anthropic.stream(script, model="m", message_id="m").paced)
     assert _status(reader) == "cancelled"
+    if where == "thinking":  # the reasoning streamed so far is kept, marked, and named as cut short
+        [reasoning] = [r for r in await _rows(server, sid) if r["type"] == "reasoning"]
+        assert reasoning["interrupted"] and reasoning["content"]
+        assert reasoning["id"] in reader.of_type("agent_cancelled")[0]["interrupted_message_ids"]
     upstream.enqueue(Script.text("Fine now."))
     again = await _post(server, sid, "again")
     assert _status(again) == "completed"

@@ -105,6 +105,7 @@ class TurnEnds:
         await repository.insert_messages(db, rows, new_message_id)
         # Named once written: a streamed message's id is final once its row is in (writer._rename).
         self.interrupted_message_ids = [
+            *([reasoning.message_id] if reasoning is not None else []),
             *([buffer.message_id] if buffer is not None else []),
             *(tool.row_id for tool in open_tools.values()),
             *(row.id for row in rows),
