@@ -470,3 +470,10 @@ def test_signed_reasoning_goes_back_with_its_response_and_unsigned_reasoning_doe
 def test_reasoning_a_stop_cut_short_is_not_sent_back() -> None:
     rows = [user("Hi"), thought("Hmm", "r1", [SIGNED], interrupted=True), said("Hel", "r1", interrupted=True)]
     assert "thinking_blocks" not in rebuild(rows, None)[1]
+
+
+def test_a_reasoning_whose_response_has_no_text_or_call_adds_no_message() -> None:
+    rows = [user("Hi"), thought("Hmm", "r1", [SIGNED]), user("Still there?")]
+    messages = rebuild(rows, None)
+    assert messages == [{"role": "user", "content": "Hi\n\nStill there?"}]
+    assert_valid(messages)
