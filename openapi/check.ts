@@ -39,7 +39,8 @@ export const asTurn = (waited: WaitedTurn): Turn => waited;
 export function transcript(turn: Turn): string[] {
   const lines = turn.user_messages.map((m) => `${m.sender}: ${m.content}`);
   for (const node of turn.nodes) {
-    lines.push(node.kind === "llm" ? node.content : `${node.tool_name} -> ${node.result ?? "…"}`);
+    if (node.kind === "reasoning") lines.push(`(thinking) ${node.content}`);
+    else lines.push(node.kind === "llm" ? node.content : `${node.tool_name} -> ${node.result ?? "…"}`);
   }
   if (turn.status !== "running" && turn.final_answer !== null) lines.push(turn.final_answer);
   return lines;

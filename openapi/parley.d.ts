@@ -836,7 +836,7 @@ export interface components {
         ErrorResponse: {
             error: components["schemas"]["ErrorBody"];
         };
-        Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["ErrorEvent"] | components["schemas"]["ClientToolRequested"] | components["schemas"]["ApprovalRequested"] | components["schemas"]["ClientToolResolved"] | components["schemas"]["ApprovalResolved"] | components["schemas"]["Resync"];
+        Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["ReasoningDelta"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["ErrorEvent"] | components["schemas"]["ClientToolRequested"] | components["schemas"]["ApprovalRequested"] | components["schemas"]["ClientToolResolved"] | components["schemas"]["ApprovalResolved"] | components["schemas"]["Resync"];
         /**
          * EventFrame
          * @description One frame of the event stream, as an SSE parser (EventSource) yields it. Frames without data (`retry:`, `: ping`) carry no event and are not described.
@@ -848,7 +848,7 @@ export interface components {
              * @description The event's `type`.
              * @enum {string}
              */
-            event: "agent_cancelled" | "agent_status" | "approval_requested" | "approval_resolved" | "client_tool_requested" | "client_tool_resolved" | "error" | "queue_updated" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
+            event: "agent_cancelled" | "agent_status" | "approval_requested" | "approval_resolved" | "client_tool_requested" | "client_tool_resolved" | "error" | "queue_updated" | "reasoning_delta" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
             /** @description The event's `seq`: send it back as Last-Event-ID to resume after it. */
             id: string;
         };
@@ -985,7 +985,7 @@ export interface components {
         /** MessagePage */
         MessagePage: {
             /** Chat Messages */
-            chat_messages: (components["schemas"]["TurnStartMessage"] | components["schemas"]["UserTextMessage"] | components["schemas"]["AssistantTextMessage"] | components["schemas"]["ToolGroupMessage"] | components["schemas"]["TurnDoneMessage"] | components["schemas"]["ErrorMessage"])[];
+            chat_messages: (components["schemas"]["TurnStartMessage"] | components["schemas"]["UserTextMessage"] | components["schemas"]["AssistantTextMessage"] | components["schemas"]["ReasoningMessage"] | components["schemas"]["ToolGroupMessage"] | components["schemas"]["TurnDoneMessage"] | components["schemas"]["ErrorMessage"])[];
             /**
              * Last Event Id
              * @description The stream position this history includes: subscribe with after=last_event_id.
@@ -1131,6 +1131,115 @@ export interface components {
             models_ready: boolean;
             /** Status */
             status: string;
+        };
+        /**
+         * ReasoningDelta
+         * @description A piece of the reasoning the model streams before its answer (Anthropic thinking, DeepSeek's and
+         *     Qwen's reasoning_content): shown as a collapsible block, never part of the answer.
+         */
+        ReasoningDelta: {
+            /**
+             * Id
+             * @description The reasoning chat message this delta belongs to.
+             */
+            id: string;
+            /**
+             * Model
+             * @description Only on the first delta of a message.
+             */
+            model?: string | null;
+            /**
+             * Seq
+             * @description Position in the session's stream; equals the SSE id.
+             */
+            seq: number;
+            /** Session Id */
+            session_id: string;
+            /** Text */
+            text: string;
+            /**
+             * Timestamp
+             * @description Only on the first delta of a message.
+             */
+            timestamp?: string | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "reasoning_delta";
+        };
+        /**
+         * ReasoningMessage
+         * @description The reasoning a model streamed before its answer (docs/protocol.md, reasoning); what the provider
+         *     needs back (a signature, encrypted thinking) is kept by the server and never shown.
+         */
+        ReasoningMessage: {
+            /** Content */
+            content: string;
+            /**
+             * Duration Ms
+             * @description From the model request to the reasoning's end; null while it streams or when a stop cut it short.
+             */
+            duration_ms: number | null;
+            /** Id */
+            id: string;
+            /**
+             * Interrupted
+             * @description True when a stop cut this reasoning short.
+             * @default false
+             */
+            interrupted: boolean;
+            /** Model */
+            model: string;
+            /**
+             * Role
+             * @default assistant
+             * @constant
+             */
+            role: "assistant";
+            /**
+             * Timestamp
+             * @description When the response's first reasoning arrived.
+             */
+            timestamp: string;
+            /**
+             * Type
+             * @default reasoning
+             * @constant
+             */
+            type: "reasoning";
+        };
+        /**
+         * ReasoningNode
+         * @description The reasoning a model response streamed before its text or tool calls.
+         */
+        ReasoningNode: {
+            /** Content */
+            content: string;
+            /**
+             * Duration Ms
+             * @description From the model request to the reasoning's end; null while it streams or when a stop cut it short.
+             */
+            duration_ms: number | null;
+            /**
+             * Id
+             * @description The reasoning chat message.
+             */
+            id: string;
+            /** Interrupted */
+            interrupted: boolean;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            kind: "reasoning";
+            /** Model */
+            model: string;
+            /**
+             * Timestamp
+             * @description When the first reasoning of the response arrived.
+             */
+            timestamp: string;
         };
         /** Resolution */
         Resolution: {
@@ -1696,9 +1805,9 @@ export interface components {
             final_answer: string | null;
             /**
              * Nodes
-             * @description Model texts and tool calls in the order they happened.
+             * @description Model reasoning, texts and tool calls in the order they happened.
              */
-            nodes: (components["schemas"]["LlmNode"] | components["schemas"]["ToolNode"])[];
+            nodes: (components["schemas"]["LlmNode"] | components["schemas"]["ReasoningNode"] | components["schemas"]["ToolNode"])[];
             /** Started At */
             started_at: string;
             /**

@@ -1,6 +1,6 @@
 """Stored rows as clients read them: chat_messages (docs/protocol.md) and turns grouped from them.
 
-A turn has its user input, its ordered nodes (each model text and each tool call, with its final
+A turn has its user input, its ordered nodes (each model reasoning, text and tool call, with its final
 content, model or tool name, timing and metadata), its status and times, and its final answer: the
 turn's last assistant text. Only final content exists to group: streamed text is stored as one message
 per model response, never once per delta (docs/protocol.md, Turns), so a node is never a chunk.
@@ -14,12 +14,13 @@ from app.protocol.schemas import (
     AssistantTextMessage,
     ChatMessage,
     ErrorMessage,
+    ReasoningMessage,
     ToolGroupMessage,
     TurnDoneMessage,
     TurnStartMessage,
     UserTextMessage,
 )
-from app.protocol.turns import LlmNode, ToolNode, Turn, TurnError, TurnInput
+from app.protocol.turns import LlmNode, ReasoningNode, ToolNode, Turn, TurnError, TurnInput
 from app.storage.tables import ChatMessageRow
 
 
@@ -51,6 +52,15 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
             executed_by="client" if row.executed_by == "client" else "server",
             decision=row.decision,
             wait_ms=row.wait_ms,
+        )
+    if row.type == "reasoning":  # its `arguments` (what the provider needs back) are never shown
+        return ReasoningMessage(
+            id=row.id,
+            content=row.content or "",
+            timestamp=row.timestamp,
+            duration_ms=row.duration_ms,
+            model=row.model or "",
+            interrupted=bool(row.interrupted),
         )
     if row.type == "error":
         return ErrorMessage(
@@ -92,7 +102,7 @@ def _turn(turn_id: str, messages: Sequence[ChatMessage]) -> Turn:
     done: TurnDoneMessage | None = None
     error: TurnError | None = None
     inputs: list[TurnInput] = []
-    nodes: list[LlmNode | ToolNode] = []
+    nodes: list[LlmNode | ReasoningNode | ToolNode] = []
     for message in messages:
         match message:
             case TurnStartMessage():
@@ -109,6 +119,18 @@ def _turn(turn_id: str, messages: Sequence[ChatMessage]) -> Turn:
                 )
             case AssistantTextMessage():
                 nodes.append(_llm(message))
+            case ReasoningMessage():
+                nodes.append(
+                    ReasoningNode(
+                        kind="reasoning",
+                        id=message.id,
+                        content=message.content,
+                        model=message.model,
+                        timestamp=message.timestamp,
+                        duration_ms=message.duration_ms,
+                        interrupted=message.interrupted,
+                    )
+                )
             case ToolGroupMessage():
                 nodes.append(_tool(message))
             case ErrorMessage():

@@ -14,8 +14,8 @@ default; `"prompt_cache": false` in the models file turns it off, docs/configura
 user turn, so the next call reads that prefix from the cache.
 
 The stream (https://docs.anthropic.com/en/docs/build-with-claude/streaming): `message_start` (input usage),
-`content_block_start/delta/stop` (text, tool_use with its input as streamed JSON; thinking and redacted
-thinking blocks are read and left out for now), `message_delta` (stop reason, output usage),
+`content_block_start/delta/stop` (text, tool_use with its input as streamed JSON, thinking with its
+signature and redacted thinking as ReasoningParts), `message_delta` (stop reason, output usage),
 `message_stop`, `ping`, and `error` mid-stream. A stream that ends before `message_stop` was cut short.
 """
 
@@ -45,6 +45,7 @@ from app.llm.types import (
     FinishPart,
     ModelRequest,
     ProviderError,
+    ReasoningPart,
     ResolvedModel,
     StreamPart,
     TextPart,
@@ -83,6 +84,8 @@ class AnthropicEndpoint:
     api_key: str | None = field(repr=False)
     max_tokens: int = DEFAULT_MAX_TOKENS
     prompt_cache: bool = True
+    # Extended thinking's budget (the models file's `reasoning.budget_tokens`); None: no thinking.
+    thinking_budget: int | None = None
 
 
 def messages_url(api_base: str | None) -> str:
@@ -111,6 +114,11 @@ def request_body(endpoint: AnthropicEndpoint, request: ModelRequest) -> dict[str
         "messages": messages,
         "stream": True,
     }
+    if endpoint.thinking_budget is not None:
+        body["thinking"] = {"type": "enabled", "budget_tokens": endpoint.thinking_budget}
+        # max_tokens counts the thinking too and must exceed its budget: room for an answer after it.
+        if endpoint.max_tokens <= endpoint.thinking_budget:
+            body["max_tokens"] = endpoint.thinking_budget + DEFAULT_MAX_TOKENS
     if system:
         body["system"] = [{"type": "text", "text": text} for text in system]
     tools = [convert_tool(tool) for tool in request.tools]
@@ -155,7 +163,13 @@ def convert_messages(messages: Sequence[dict[str, Any]]) -> tuple[list[str], lis
             system += [block["text"] for block in _text_blocks(message.get("content"))]
             continue
         if role == "assistant":
-            blocks = _text_blocks(message.get("content")) + _tool_uses(message.get("tool_calls") or [])
+            # The response's thinking first, as it came (a tool round requires it signed, before the
+            # tool_use); then its text and its calls.
+            blocks = (
+                _thinking_blocks(message.get("thinking_blocks"))
+                + _text_blocks(message.get("content"))
+                + _tool_uses(message.get("tool_calls") or [])
+            )
         elif role == "tool":
             blocks = [_tool_result(message)]
             role = "user"
@@ -180,6 +194,22 @@ def _text_blocks(content: Any) -> list[dict[str, Any]]:
         if isinstance(part, dict) and part.get("type") == "text" and str(part.get("text") or "").strip():
             blocks.append({"type": "text", "text": part["text"]})
     return blocks
+
+
+def _thinking_blocks(blocks: Any) -> list[dict[str, Any]]:
+    """The signed thinking and redacted thinking blocks an assistant message kept (LiteLLM's
+    `thinking_blocks`); a thinking block without its signature cannot go back and is left out."""
+    out: list[dict[str, Any]] = []
+    for block in blocks or []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "thinking" and block.get("signature"):
+            out.append(
+                {"type": "thinking", "thinking": block.get("thinking") or "", "signature": block["signature"]}
+            )
+        elif block.get("type") == "redacted_thinking" and block.get("data"):
+            out.append({"type": "redacted_thinking", "data": block["data"]})
+    return out
 
 
 def _user_blocks(content: Any) -> list[dict[str, Any]]:
@@ -429,7 +459,14 @@ class EventReader:
             self._blocks[index] = [self._tools, False]
             parts.append(ToolCallPart(index=self._tools, id=block["id"], name=block["name"], arguments=""))
             self._tools += 1
-        # thinking, redacted_thinking, server tools' blocks: not read yet
+        elif kind == "thinking":
+            if block.get("thinking"):
+                parts.append(ReasoningPart(block["thinking"]))
+            if block.get("signature"):
+                parts.append(ReasoningPart(signature=block["signature"]))
+        elif kind == "redacted_thinking":
+            parts.append(ReasoningPart(redacted=block["data"]))
+        # server tools' blocks: not read
 
     def _delta(self, index: int, delta: dict[str, Any], parts: list[StreamPart]) -> None:
         kind = delta["type"]
@@ -441,7 +478,12 @@ class EventReader:
             if tool is not None and delta["partial_json"]:
                 tool[1] = True
                 parts.append(ToolCallPart(index=tool[0], id=None, name=None, arguments=delta["partial_json"]))
-        # thinking_delta, signature_delta, citations: not read yet
+        elif kind == "thinking_delta":
+            if delta["thinking"]:
+                parts.append(ReasoningPart(delta["thinking"]))
+        elif kind == "signature_delta":
+            parts.append(ReasoningPart(signature=delta["signature"]))
+        # citations: not read
 
     def _stop(self, index: int, parts: list[StreamPart]) -> None:
         tool = self._blocks.pop(index, None)
@@ -469,10 +511,15 @@ def _stream_error(error: dict[str, Any], payload: bytes) -> ProviderError:
 
 
 def resolve(
-    litellm: Any, model: ResolvedModel, *, max_output_tokens: int | None, prompt_cache: bool | None
+    litellm: Any,
+    model: ResolvedModel,
+    *,
+    max_output_tokens: int | None,
+    prompt_cache: bool | None,
+    reasoning_budget: int | None = None,
 ) -> AnthropicEndpoint | None:
-    """The endpoint for `model` when LiteLLM routes it to Anthropic, else None. `max_output_tokens` and
-    `prompt_cache` are the models file's (None: not set there)."""
+    """The endpoint for `model` when LiteLLM routes it to Anthropic, else None. `max_output_tokens`,
+    `prompt_cache` and `reasoning_budget` are the models file's (None: not set there)."""
     try:
         bare, provider, _, api_base = litellm.get_llm_provider(model.name, api_base=model.api_base)
     except Exception:
@@ -491,4 +538,5 @@ def resolve(
         api_key=api_key(model.configured_key, model.key_env),
         max_tokens=max_output_tokens,
         prompt_cache=True if prompt_cache is None else prompt_cache,
+        thinking_budget=reasoning_budget,
     )

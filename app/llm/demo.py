@@ -10,7 +10,8 @@ per token). Replies are deterministic functions of the messages and the offered 
 - a request for a tool that is not offered: a plain "no such tool" answer;
 - anything else: "You said: ..." plus a fixed sentence, streamed word by word.
 
-Triggers in the last user message: "[slow]" (10x slower tokens), "[long]" (~400 tokens) and
+Triggers in the last user message: "[slow]" (10x slower tokens), "[long]" (~400 tokens),
+"[think]" (a short reasoning streamed before the reply, as a reasoning model's) and
 "[call:NAME {json}]" (call NAME with that JSON, even if it is not offered).
 
 The same replies are also served through LiteLLM (demo_litellm.py), for comparison runs with
@@ -28,7 +29,15 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.llm.types import FinishPart, ModelRequest, StreamPart, TextPart, ToolCallPart, UsagePart
+from app.llm.types import (
+    FinishPart,
+    ModelRequest,
+    ReasoningPart,
+    StreamPart,
+    TextPart,
+    ToolCallPart,
+    UsagePart,
+)
 
 PROVIDER = "parley"
 DEMO_MODEL = f"{PROVIDER}/demo"
@@ -84,6 +93,7 @@ class _Call:
 class _Plan:
     tokens: list[str] = field(default_factory=list)
     calls: list[_Call] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)  # streamed first ("[think]")
 
     @property
     def finish_reason(self) -> Literal["stop", "tool_calls"]:
@@ -229,7 +239,16 @@ def _plan(messages: Sequence[Mapping[str, object]], tools: object) -> tuple[_Pla
         plan = _plan_for_tool_results(messages)
     else:
         plan = _plan_for_user(user, _tool_names(tools), f"{len(messages)}\x00{user}")
+        if "[think]" in user:
+            plan.reasoning = _tokens(_thought(plan))
     return plan, "[slow]" in user
+
+
+def _thought(plan: _Plan) -> str:
+    if plan.calls:
+        names = " and ".join(sorted({call.name for call in plan.calls}))
+        return f"The user asks for something {names} can tell me. I will call it, then answer."
+    return "The user wants a reply. Nothing here needs a tool, so I will answer directly."
 
 
 def _prompt_tokens(messages: Sequence[Mapping[str, object]], tools: object) -> int:
@@ -312,10 +331,15 @@ async def demo_parts(
     # Tokens stay plain strings until their turn: 400 part objects per stream made up front were, at 200
     # streams, 80,000 objects the collector walked in every full collection (pauses of 200 ms and more).
     fragments = [fragment for index, call in enumerate(plan.calls) for fragment in _fragments(call, index)]
-    count = len(plan.tokens) + len(fragments)
+    count = len(plan.reasoning) + len(plan.tokens) + len(fragments)
     delay = token_delay * (_SLOW_FACTOR if slow else 1)
     start = asyncio.get_running_loop().time()
     n = 0
+    for token in plan.reasoning:
+        n += 1
+        if delay > 0:
+            await wait_until(start + n * delay)
+        yield ReasoningPart(token)
     for token in plan.tokens:
         n += 1
         if delay > 0:

@@ -170,6 +170,7 @@ class ModelGateway:
                 model,
                 max_output_tokens=configured.max_output_tokens if configured is not None else None,
                 prompt_cache=configured.prompt_cache if configured is not None else None,
+                reasoning_budget=configured.reasoning_budget if configured is not None else None,
             )
             if native is not None:
                 return anthropic.AnthropicAdapter(self._http, native)

@@ -39,6 +39,7 @@ from app.llm.types import (
     PLACEHOLDER_KEY,
     FinishPart,
     ProviderError,
+    ReasoningPart,
     StreamPart,
     TextPart,
     ToolCallPart,
@@ -305,6 +306,10 @@ def _parts(chunk: Any, kept: Any = None) -> list[StreamPart]:
         choice = choices[0]
         delta = choice.delta
         if delta is not None:
+            # LiteLLM gives every provider's streamed reasoning as `reasoning_content`.
+            reasoning = getattr(delta, "reasoning_content", None)
+            if reasoning and isinstance(reasoning, str):
+                parts.append(ReasoningPart(reasoning))
             if delta.content:
                 parts.append(TextPart(delta.content))
             for tc in delta.tool_calls or ():

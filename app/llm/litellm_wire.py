@@ -26,7 +26,15 @@ import json
 import logging
 from typing import Any, cast
 
-from app.llm.types import FinishPart, ProviderError, StreamPart, TextPart, ToolCallPart, UsagePart
+from app.llm.types import (
+    FinishPart,
+    ProviderError,
+    ReasoningPart,
+    StreamPart,
+    TextPart,
+    ToolCallPart,
+    UsagePart,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,8 @@ def encode_part(part: StreamPart) -> list[Any]:
         return ["c", part.index, part.id, part.name, part.arguments]
     if isinstance(part, UsagePart):
         return ["u", part.prompt_tokens, part.completion_tokens, part.total_tokens, part.estimated]
+    if isinstance(part, ReasoningPart):
+        return ["r", part.text, part.signature, part.redacted]
     return ["f", part.reason]
 
 
@@ -57,6 +67,8 @@ def decode_part(item: list[Any]) -> StreamPart:
         )
     if kind == "f":
         return FinishPart(item[1])
+    if kind == "r":
+        return ReasoningPart(item[1], item[2], item[3])
     raise ValueError(f"unknown part kind {kind!r}")
 
 

@@ -18,6 +18,14 @@ model to an OpenAI-compatible chat-completions endpoint, "openai" forces that re
 LiteLLM's own stream."""
 
 
+class ReasoningEntry(BaseModel):
+    """How much the model may think before it answers (docs/configuration.md, Reasoning)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    budget_tokens: int = Field(ge=1024)
+
+
 class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -26,6 +34,8 @@ class ModelEntry(BaseModel):
     # the defaults (the known max output, else 4096; caching on).
     max_output_tokens: int | None = Field(None, gt=0)
     prompt_cache: bool | None = None
+    # Extended thinking (Anthropic reader only); None: off.
+    reasoning: ReasoningEntry | None = None
 
 
 class ProviderEntry(BaseModel):
@@ -69,6 +79,7 @@ class ConfiguredModel(BaseModel):
     adapter: AdapterChoice = "auto"
     max_output_tokens: int | None = None
     prompt_cache: bool | None = None
+    reasoning_budget: int | None = None
 
 
 class ModelCatalog:
@@ -103,6 +114,7 @@ class ModelCatalog:
                     adapter=provider.adapter,
                     max_output_tokens=entry.max_output_tokens or provider.max_output_tokens,
                     prompt_cache=provider.prompt_cache if entry.prompt_cache is None else entry.prompt_cache,
+                    reasoning_budget=entry.reasoning.budget_tokens if entry.reasoning else None,
                 )
         return cls(models)
 

@@ -39,6 +39,7 @@ from app.llm.types import (
     FinishPart,
     ModelRequest,
     ProviderError,
+    ReasoningPart,
     StreamPart,
     TextPart,
     ToolCallPart,
@@ -342,6 +343,11 @@ class SSEReader:
     def _choice(self, choice: dict[str, Any], parts: list[StreamPart]) -> None:
         delta = choice.get("delta")
         if delta:
+            # DeepSeek and Qwen (and vLLM for them) stream reasoning as `reasoning_content`, others
+            # (OpenRouter, vLLM's newer releases) as `reasoning`: shown, never sent back.
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning and isinstance(reasoning, str):
+                parts.append(ReasoningPart(reasoning))
             content = delta.get("content")
             if content:
                 parts.append(TextPart(content))

@@ -151,7 +151,7 @@ def _litellm_prepare(litellm: ModuleType, config: Any, bare: str, provider: str,
             )
             body: dict[str, Any] = config.transform_request(
                 bare,
-                [dict(m) for m in messages],
+                [_without_thinking(m) for m in messages],
                 optional,
                 {"custom_llm_provider": provider, "api_base": api_base},
                 {},
@@ -171,7 +171,7 @@ def _plain_prepare(bare: str) -> Prepare:
     def prepare(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": bare,
-            "messages": list(messages),
+            "messages": [_without_thinking(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -180,6 +180,14 @@ def _plain_prepare(bare: str) -> Prepare:
         return body
 
     return prepare
+
+
+def _without_thinking(message: dict[str, Any]) -> dict[str, Any]:
+    """A copy without the Anthropic thinking an assistant message may keep (`thinking_blocks`): OpenAI-
+    compatible servers take no reasoning back (docs/protocol.md, The prompt a model reads)."""
+    if "thinking_blocks" not in message:
+        return dict(message)
+    return {key: value for key, value in message.items() if key != "thinking_blocks"}
 
 
 def _map_finish_reason(reason: str) -> str:

@@ -13,6 +13,17 @@ class TextPart:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningPart:
+    """A fragment of the model's reasoning: `text` shown to clients; `signature` (Anthropic's, closing a
+    thinking block) and `redacted` (a redacted_thinking block's encrypted data) kept only to send back to
+    the provider, never shown."""
+
+    text: str = ""
+    signature: str | None = None
+    redacted: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallPart:
     """A fragment of a tool call; fragments of one call share `index` (ids and names come only once)."""
 
@@ -40,7 +51,7 @@ class FinishPart:
     reason: str | None
 
 
-StreamPart = TextPart | ToolCallPart | UsagePart | FinishPart
+StreamPart = TextPart | ReasoningPart | ToolCallPart | UsagePart | FinishPart
 
 
 # Sent as the key to a base URL configured without one: local servers (vLLM, Ollama) take no key, but the

@@ -88,6 +88,25 @@ class TextDelta(_Event):
         return data
 
 
+class ReasoningDelta(_Event):
+    """A piece of the reasoning the model streams before its answer (Anthropic thinking, DeepSeek's and
+    Qwen's reasoning_content): shown as a collapsible block, never part of the answer."""
+
+    type: Literal["reasoning_delta"] = "reasoning_delta"
+    id: str = Field(description="The reasoning chat message this delta belongs to.")
+    text: str
+    timestamp: str | None = Field(None, description="Only on the first delta of a message.")
+    model: str | None = Field(None, description="Only on the first delta of a message.")
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("timestamp") is None:
+            data.pop("timestamp", None)
+            data.pop("model", None)
+        return data
+
+
 class Usage(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -305,6 +324,7 @@ class Resync(_Event):
 Event = Annotated[
     TurnStart
     | UserMessage
+    | ReasoningDelta
     | TextDelta
     | ResponseDone
     | ToolExecStart

@@ -227,6 +227,23 @@ class AssistantTextMessage(BaseModel):
     interrupted: bool = Field(False, description="True when a stop cut this text short.")
 
 
+class ReasoningMessage(BaseModel):
+    """The reasoning a model streamed before its answer (docs/protocol.md, reasoning); what the provider
+    needs back (a signature, encrypted thinking) is kept by the server and never shown."""
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    role: Literal["assistant"] = "assistant"
+    content: str
+    timestamp: str = Field(description="When the response's first reasoning arrived.")
+    duration_ms: int | None = Field(
+        description="From the model request to the reasoning's end; null while it streams or when a stop "
+        "cut it short."
+    )
+    model: str
+    interrupted: bool = Field(False, description="True when a stop cut this reasoning short.")
+
+
 class ToolGroupMessage(BaseModel):
     id: str
     type: Literal["tool_group"] = "tool_group"
@@ -279,6 +296,7 @@ ChatMessage = (
     TurnStartMessage
     | UserTextMessage
     | AssistantTextMessage
+    | ReasoningMessage
     | ToolGroupMessage
     | TurnDoneMessage
     | ErrorMessage

@@ -39,6 +39,21 @@ class LlmNode(BaseModel):
     interrupted: bool
 
 
+class ReasoningNode(BaseModel):
+    """The reasoning a model response streamed before its text or tool calls."""
+
+    kind: Literal["reasoning"]
+    id: str = Field(description="The reasoning chat message.")
+    content: str
+    model: str
+    timestamp: str = Field(description="When the first reasoning of the response arrived.")
+    duration_ms: int | None = Field(
+        description="From the model request to the reasoning's end; null while it streams or when a stop "
+        "cut it short."
+    )
+    interrupted: bool
+
+
 class ToolNode(BaseModel):
     """One tool call with its result and the server-measured execution time."""
 
@@ -55,7 +70,7 @@ class ToolNode(BaseModel):
     interrupted: bool = Field(description="A stop, a failure or a restart ended the call before its result.")
 
 
-TurnNode = Annotated[LlmNode | ToolNode, Field(discriminator="kind")]
+TurnNode = Annotated[LlmNode | ReasoningNode | ToolNode, Field(discriminator="kind")]
 
 
 class TurnError(BaseModel):
@@ -72,7 +87,9 @@ class Turn(BaseModel):
     ended_at: str | None = Field(description="Null while the turn runs.")
     duration_seconds: float | None = Field(description="Null while the turn runs.")
     user_messages: list[TurnInput]
-    nodes: list[TurnNode] = Field(description="Model texts and tool calls in the order they happened.")
+    nodes: list[TurnNode] = Field(
+        description="Model reasoning, texts and tool calls in the order they happened."
+    )
     final_answer: str | None = Field(description="The turn's last assistant text; null if it has none.")
     error: TurnError | None = Field(description="Why the turn failed; null unless it did.")
 

@@ -189,12 +189,12 @@ async def prune_logs(db: AsyncSession, cutoffs: Sequence[tuple[str, int]]) -> No
 
 
 async def message_deltas(db: AsyncSession, session_id: str, message_id: str) -> list[EventRow]:
-    """The logged text_delta events of one assistant message, in order."""
+    """The logged text_delta (or reasoning_delta) events of one assistant message, in order."""
     query = (
         select(EventRow)
         .where(
             col(EventRow.session_id) == session_id,
-            col(EventRow.type) == "text_delta",
+            col(EventRow.type).in_(("text_delta", "reasoning_delta")),
             json_text_field(db, EventRow.data, "id") == message_id,
         )
         .order_by(col(EventRow.seq))

@@ -226,7 +226,7 @@ async def _taken_ids(conn: Raw, rows: list[ChatMessageRow]) -> set[str]:
     return taken
 
 
-_UPDATABLE = frozenset(_MESSAGE_COLUMNS) - {"id", "session_id"} - _JSON_COLUMNS
+_UPDATABLE = frozenset(_MESSAGE_COLUMNS) - {"id", "session_id"}
 
 
 async def update_message(db: AsyncSession, message_id: str, values: dict[str, Any]) -> None:
@@ -234,8 +234,13 @@ async def update_message(db: AsyncSession, message_id: str, values: dict[str, An
     if unknown:
         raise ValueError(f"not updatable: {sorted(unknown)}")
     names = sorted(values)
+    # JSON columns written as an insert writes them (_params).
+    params = [
+        ("null" if values[n] is None else json.dumps(values[n])) if n in _JSON_COLUMNS else values[n]
+        for n in names
+    ]
     statement = f"UPDATE chat_messages SET {', '.join(f'{n} = ?' for n in names)} WHERE id = ?"
-    await (await raw(db)).execute(statement, [*(values[n] for n in names), message_id])
+    await (await raw(db)).execute(statement, [*params, message_id])
 
 
 async def set_message_texts(db: AsyncSession, texts: Sequence[tuple[str, str]]) -> None:

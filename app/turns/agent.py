@@ -20,6 +20,7 @@ from app.llm.types import (
     ModelAdapter,
     ModelRequest,
     ProviderError,
+    ReasoningPart,
     ResolvedModel,
     TextPart,
     ToolCallPart,
@@ -31,6 +32,7 @@ from app.turns.agent_events import (
     AgentEvent,
     BreakpointReached,
     CallRequest,
+    ReasoningChunk,
     ResponseFinished,
     ResponseStarted,
     TextChunk,
@@ -48,6 +50,7 @@ __all__ = [
     "AgentRun",
     "BreakpointReached",
     "CallRequest",
+    "ReasoningChunk",
     "ResponseFinished",
     "ResponseStarted",
     "TextChunk",
@@ -128,6 +131,7 @@ class AgentRun:
             started = time.monotonic()
             first: float | None = None
             text: list[str] = []
+            reasoning = Reasoning()
             calls: dict[int, list[str | None]] = {}
             finish: str | None = None
             usage: UsagePart | None = None
@@ -139,6 +143,10 @@ class AgentRun:
                         if isinstance(part, TextPart):
                             text.append(part.text)
                             yield TextChunk(part.text)
+                        elif isinstance(part, ReasoningPart):
+                            reasoning.add(part, started)
+                            if part.text:
+                                yield ReasoningChunk(part.text)
                         elif isinstance(part, ToolCallPart):
                             entry = calls.setdefault(part.index, [None, None, ""])
                             entry[0] = entry[0] or part.id
@@ -151,26 +159,22 @@ class AgentRun:
             except ProviderError as exc:
                 # Retry only while nothing reached the client: a retried call after visible text would
                 # show the user two different beginnings.
-                if text or not exc.retryable or attempt >= self.retries:
+                if text or reasoning.text or not exc.retryable or attempt >= self.retries:
                     raise
                 await asyncio.sleep(self.retry_backoff * (2**attempt))
                 attempt += 1
                 continue
             break
-        requests: list[CallRequest] = []
-        seen: set[str] = set()
-        for _, entry in sorted(calls.items()):
-            # A missing or repeated id would give a result no call (or two calls one result).
-            call_id = entry[0] if entry[0] and entry[0] not in seen else "call_" + secrets.token_hex(8)
-            seen.add(call_id)
-            requests.append(CallRequest(id=call_id, name=entry[1] or "", arguments_text=entry[2] or ""))
         yield ResponseFinished(
             text="".join(text),
-            calls=requests,
+            calls=_requests(calls),
             finish_reason=finish,
             usage=usage,
             duration_ms=round((time.monotonic() - started) * 1000),
             first_token_ms=None if first is None else round((first - started) * 1000),
+            reasoning="".join(reasoning.text),
+            reasoning_ms=reasoning.duration_ms,
+            thinking_blocks=reasoning.blocks(),
         )
 
     async def _run_tools(
@@ -220,8 +224,48 @@ class AgentRun:
         return call, outcome, round((time.monotonic() - started) * 1000)
 
 
+def _requests(calls: dict[int, list[str | None]]) -> list[CallRequest]:
+    requests: list[CallRequest] = []
+    seen: set[str] = set()
+    for _, entry in sorted(calls.items()):
+        # A missing or repeated id would give a result no call (or two calls one result).
+        call_id = entry[0] if entry[0] and entry[0] not in seen else "call_" + secrets.token_hex(8)
+        seen.add(call_id)
+        requests.append(CallRequest(id=call_id, name=entry[1] or "", arguments_text=entry[2] or ""))
+    return requests
+
+
+class Reasoning:
+    """A response's reasoning as it streams: its text, when it ended, and the signed or redacted blocks
+    the provider wants back (a thinking block closes with its signature)."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.duration_ms: int | None = None
+        self._blocks: list[dict[str, Any]] = []
+        self._open: list[str] = []
+
+    def add(self, part: ReasoningPart, started: float) -> None:
+        self.duration_ms = round((time.monotonic() - started) * 1000)
+        if part.text:
+            self.text.append(part.text)
+            self._open.append(part.text)
+        if part.signature:
+            self._blocks.append(
+                {"type": "thinking", "thinking": "".join(self._open), "signature": part.signature}
+            )
+            self._open = []
+        if part.redacted:
+            self._blocks.append({"type": "redacted_thinking", "data": part.redacted})
+
+    def blocks(self) -> list[dict[str, Any]]:
+        return list(self._blocks)
+
+
 def _assistant_message(finished: ResponseFinished) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": finished.text or None}
+    if finished.thinking_blocks:
+        message["thinking_blocks"] = list(finished.thinking_blocks)
     if finished.calls:
         message["tool_calls"] = [
             {

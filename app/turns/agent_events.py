@@ -48,6 +48,13 @@ class TextChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningChunk:
+    """A piece of the reasoning the model streams before its answer (shown, docs/events.md)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseFinished:
     text: str
     calls: list[CallRequest]
@@ -57,6 +64,12 @@ class ResponseFinished:
     # call fragment (None when it streamed neither).
     duration_ms: int
     first_token_ms: int | None = None
+    # The response's reasoning: its text, from the request to the reasoning's end (ms), and the blocks
+    # the provider needs back (Anthropic's signed thinking, redacted thinking; LiteLLM's
+    # `thinking_blocks` format), none for providers that take no reasoning back.
+    reasoning: str = ""
+    reasoning_ms: int | None = None
+    thinking_blocks: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +123,7 @@ class ApprovedStarting:
 
 AgentEvent = (
     ResponseStarted
+    | ReasoningChunk
     | TextChunk
     | ResponseFinished
     | ToolStarted

@@ -3,7 +3,9 @@
 
 user text → user message (consecutive ones merged into one); an assistant text and the tool_groups of
 the same model response → one assistant message with `tool_calls`, followed by one role "tool" message
-per result; turn markers and errors are skipped: they never reach the model.
+per result; a reasoning row's signed or redacted blocks (Anthropic's) → that message's `thinking_blocks`,
+which the Anthropic reader sends first and no other reader sends (reasoning without them never goes
+back); turn markers and errors are skipped: they never reach the model.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def rebuild(rows: Iterable[ChatMessageRow], system_prompt: str | None) -> list[d
     assistant: dict[str, Any] | None = None
     results: list[dict[str, Any]] = []
     response_id: str | None = None
+    thinking: dict[str | None, list[dict[str, Any]]] = {}
 
     def close_response() -> None:
         nonlocal assistant, results, response_id
@@ -43,30 +46,50 @@ def rebuild(rows: Iterable[ChatMessageRow], system_prompt: str | None) -> list[d
                 previous["content"] = f"{previous['content']}\n\n{row.content or ''}"
             else:
                 messages.append({"role": "user", "content": row.content or ""})
+        elif row.type == "reasoning":
+            # Comes before its response's text and calls; goes back only with them (a reasoning alone,
+            # its response cut short or failed, would be an empty assistant message).
+            kept = _kept_thinking(row)
+            if kept:
+                thinking[row.response_id] = kept
         elif row.type in ("text", "tool_group"):
             if assistant is None or row.response_id != response_id:
                 close_response()
                 assistant = {"role": "assistant", "content": None}
                 response_id = row.response_id
-            if row.type == "text":
-                text = row.content or ""
-                if row.interrupted:
-                    text = f"{text}\n\n{INTERRUPTED_MARK}" if text else INTERRUPTED_MARK
-                assistant["content"] = text
-            else:
-                assistant.setdefault("tool_calls", []).append(
-                    {
-                        "id": row.tool_call_id,
-                        "type": "function",
-                        "function": {"name": row.tool_name, "arguments": arguments_text(row.arguments)},
-                    }
-                )
-                results.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": row.tool_call_id,
-                        "content": row.result if row.result is not None else TOOL_INTERRUPTED,
-                    }
-                )
+                if response_id in thinking:
+                    assistant["thinking_blocks"] = thinking.pop(response_id)
+            _add_to_response(assistant, results, row)
     close_response()
     return messages
+
+
+def _add_to_response(assistant: dict[str, Any], results: list[dict[str, Any]], row: ChatMessageRow) -> None:
+    """A text row as the assistant message's content, a tool_group as one of its calls and a result."""
+    if row.type == "text":
+        text = row.content or ""
+        if row.interrupted:
+            text = f"{text}\n\n{INTERRUPTED_MARK}" if text else INTERRUPTED_MARK
+        assistant["content"] = text
+        return
+    assistant.setdefault("tool_calls", []).append(
+        {
+            "id": row.tool_call_id,
+            "type": "function",
+            "function": {"name": row.tool_name, "arguments": arguments_text(row.arguments)},
+        }
+    )
+    results.append(
+        {
+            "role": "tool",
+            "tool_call_id": row.tool_call_id,
+            "content": row.result if row.result is not None else TOOL_INTERRUPTED,
+        }
+    )
+
+
+def _kept_thinking(row: ChatMessageRow) -> list[dict[str, Any]] | None:
+    """The provider's signed or redacted blocks of a reasoning row; none for a reasoning a stop cut short
+    or one of a provider that takes none back."""
+    kept = row.arguments.get("thinking_blocks") if isinstance(row.arguments, dict) else None
+    return list(kept) if kept and not row.interrupted else None

@@ -261,7 +261,7 @@ def _unless_storage_refuses(exc: Exception) -> None:
 
 
 def _streaming(row: ChatMessageRow) -> bool:
-    return row.type == "text" and row.role == "assistant" and row.duration_ms is None
+    return row.type in ("text", "reasoning") and row.role == "assistant" and row.duration_ms is None
 
 
 async def _seen_text(database: Database, row: ChatMessageRow) -> str:

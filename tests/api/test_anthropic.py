@@ -29,6 +29,7 @@ pytestmark = pytest.mark.anyio
 
 MODEL = "anthropic/claude-fake"
 UNCACHED = "anthropic/claude-fake-uncached"
+THINKING = "anthropic/claude-fake-thinking"
 KEY = "sk-ant-test"
 CALLS = [
     ("toolu_a", "current_time", '{"timezone": "UTC"}'),
@@ -55,7 +56,11 @@ def server(
         "api_key_env": "PARLEY_TEST_CLAUDE_KEY",
         "context_window": 200_000,
         "max_output_tokens": 1024,
-        "models": {MODEL: {}, UNCACHED: {"prompt_cache": False}},
+        "models": {
+            MODEL: {},
+            UNCACHED: {"prompt_cache": False},
+            THINKING: {"reasoning": {"budget_tokens": 2048}},
+        },
     }
     path.write_text(json.dumps({"providers": {"claude": claude}}), encoding="utf-8")
     with live_server(settings.model_copy(update={"models_file": path, "default_model": MODEL})) as running:
@@ -79,6 +84,13 @@ async def _post(server: LiveServer, sid: str, content: str) -> EventReader:
         assert posted.status_code == 202
         await reader.wait_type("turn_done")
     return reader
+
+
+async def _rows(server: LiveServer, sid: str) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        page = (await client.get(f"/v1/sessions/{sid}/messages")).json()
+        rows: list[dict[str, Any]] = page["chat_messages"]
+        return rows
 
 
 def _text(reader: EventReader) -> str:
@@ -151,13 +163,19 @@ async def test_a_tool_round_with_two_calls_then_an_answer(server: LiveServer, up
     _assert_valid(upstream)
     second = upstream.requests[1].body
     assistant, results = second["messages"][-2:]
-    assert [b["type"] for b in assistant["content"]] == ["text", "tool_use", "tool_use"]
+    # The response's signed thinking goes back first, as Anthropic requires of a tool round.
+    assert [b["type"] for b in assistant["content"]] == ["thinking", "text", "tool_use", "tool_use"]
+    assert assistant["content"][0] == {
+        "type": "thinking",
+        "thinking": "Two tools at once.",
+        "signature": fake_anthropic.SIGNATURE,
+    }
     assert [(b["type"], b["tool_use_id"]) for b in results["content"]] == [
         ("tool_result", "toolu_a"),
         ("tool_result", "toolu_b"),
     ]
     n = len(second["messages"]) - 2
-    assert _marked(second)[-1] == f"messages.{n}.2"  # the last block before the results
+    assert _marked(second)[-1] == f"messages.{n}.3"  # the last block before the results
     assert f"tools.{len(second['tools']) - 1}" in _marked(second)
 
     # The next turn: alternation kept (the answer, then the new user message), the answer cached.
@@ -168,6 +186,48 @@ async def test_a_tool_round_with_two_calls_then_an_answer(server: LiveServer, up
     third = upstream.requests[2].body
     assert [m["role"] for m in third["messages"]] == ["user", "assistant", "user", "assistant", "user"]
     assert _marked(third)[-1] == f"messages.{len(third['messages']) - 2}.0"
+
+
+async def test_thinking_a_tool_round_and_an_answer(server: LiveServer, upstream: FakeUpstream) -> None:
+    upstream.enqueue(
+        Script.tool_calls(CALLS[:1], thinking="The user wants the time; the tool knows it."),
+        Script.text("It is noon.", thinking="The tool said noon."),
+    )
+    sid = await _session(server, THINKING)
+    reader = await _post(server, sid, "time?")
+    assert _status(reader) == "completed"
+    _assert_valid(upstream)  # the strict fake refuses a tool round without its signed thinking first
+    first, second = (r.body for r in upstream.requests)
+    assert first["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+    assert first["max_tokens"] > 2048
+    assistant = second["messages"][-2]
+    assert [b["type"] for b in assistant["content"]] == ["thinking", "tool_use"]
+    assert assistant["content"][0]["signature"] == fake_anthropic.SIGNATURE
+    deltas = reader.of_type("reasoning_delta")
+    assert "".join(d["text"] for d in deltas if d["id"] == deltas[0]["id"]) == (
+        "The user wants the time; the tool knows it."
+    )
+    assert (deltas[0]["model"], "timestamp" in deltas[0], "model" in deltas[1]) == (THINKING, True, False)
+    kinds = [e.event for e in reader.events if e.event in ("reasoning_delta", "text_delta")]
+    assert kinds.index("text_delta") > kinds.index("reasoning_delta")
+    assert _text(reader) == "It is noon."
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        rows = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
+        turn = (await client.get(f"/v1/sessions/{sid}/turns")).json()["turns"][-1]
+    reasoning = [r for r in rows if r["type"] == "reasoning"]
+    assert [r["content"] for r in reasoning] == [
+        "The user wants the time; the tool knows it.",
+        "The tool said noon.",
+    ]
+    assert all(r["duration_ms"] is not None and r["model"] == THINKING for r in reasoning)
+    assert fake_anthropic.SIGNATURE not in json.dumps(rows)  # kept for the provider, never shown
+    assert [n["kind"] for n in turn["nodes"]] == ["reasoning", "tool", "reasoning", "llm"]
+    # The next turn rebuilds the history from the rows: the signed thinking goes back again.
+    upstream.enqueue(Script.text("Bye.", thinking="Short."))
+    assert _status(await _post(server, sid, "thanks")) == "completed"
+    _assert_valid(upstream)
+    third = upstream.requests[2].body
+    assert [b["type"] for b in third["messages"][1]["content"]] == ["thinking", "tool_use"]
 
 
 async def test_no_breakpoints_when_prompt_cache_is_off(server: LiveServer, upstream: FakeUpstream) -> None:
@@ -207,6 +267,10 @@ async def test_a_stop_mid_stream_disconnects_and_the_next_turn_completes(
         await reader.wait_type("turn_done")
     assert request.content_sent < len(fake_anthropic.stream(script, model="m", message_id="m").paced)
     assert _status(reader) == "cancelled"
+    if where == "thinking":  # the reasoning streamed so far is kept, marked, and named as cut short
+        [reasoning] = [r for r in await _rows(server, sid) if r["type"] == "reasoning"]
+        assert reasoning["interrupted"] and reasoning["content"]
+        assert reasoning["id"] in reader.of_type("agent_cancelled")[0]["interrupted_message_ids"]
     upstream.enqueue(Script.text("Fine now."))
     again = await _post(server, sid, "again")
     assert _status(again) == "completed"

@@ -223,6 +223,28 @@ async def test_fragmented_parallel_tool_calls_then_answer(server: LiveServer, up
     assert kinds == ["turn_start", "text", "text", "tool_group", "tool_group", "text", "turn_done"]
 
 
+async def test_reasoning_content_streams_as_reasoning_and_never_goes_back(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    upstream.enqueue(
+        Script.tool_calls([("call_a", "current_time", '{"timezone": "UTC"}')], thinking="The clock knows."),
+        Script.text("It is noon.", thinking="Noon, said the tool."),
+    )
+    sid, reader = await _turn(server, "time?")
+    assert reader.of_type("turn_done")[0]["status"] == "completed"
+    deltas = reader.of_type("reasoning_delta")
+    assert "".join(d["text"] for d in deltas) == "The clock knows.Noon, said the tool."
+    assert deltas[0]["model"] == MODEL
+    assert "".join(d["text"] for d in reader.of_type("text_delta")) == "It is noon."
+    # OpenAI-compatible providers take no reasoning back
+    assert "thinking_blocks" not in json.dumps(upstream.requests[1].body)
+    assert "The clock knows" not in json.dumps(upstream.requests[1].body)
+    _assert_strictly_valid(upstream)
+    history = await _history(server, sid)
+    kinds = [m["type"] for m in history]
+    assert kinds == ["turn_start", "text", "reasoning", "tool_group", "reasoning", "text", "turn_done"]
+
+
 async def test_unknown_tool_is_an_error_result_not_a_crash(
     server: LiveServer, upstream: FakeUpstream
 ) -> None:

@@ -101,3 +101,33 @@ async def test_time_question_runs_a_tool_round(server: LiveServer) -> None:
         assert again == history
         final = (await client.get(f"/v1/sessions/{sid}")).json()
         assert final["agent_status"] == "idle" and final["total_tokens"] == usage[-1]["session_total_tokens"]
+
+
+@pytest.mark.both_backends
+async def test_the_demos_think_streams_reasoning_before_its_text_and_stores_it(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions", json={})).json()["id"]
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+            posted = await client.post(f"/v1/sessions/{sid}/messages", json={"content": "Hi [think]"})
+            assert posted.status_code == 202, posted.text
+            await reader.wait_type("turn_done")
+        types = [e.event for e in reader.events if e.event in ("reasoning_delta", "text_delta")]
+        assert types[0] == "reasoning_delta" and "text_delta" in types
+        assert types.index("text_delta") == types.count("reasoning_delta")  # all reasoning first
+        deltas = reader.of_type("reasoning_delta")
+        assert ISO.match(deltas[0]["timestamp"]) and deltas[0]["model"] == "parley/demo"
+        assert all("timestamp" not in d and "model" not in d for d in deltas[1:])
+        assert {d["id"] for d in deltas} == {deltas[0]["id"]}
+        reasoning = "".join(d["text"] for d in deltas)
+        assert "answer directly" in reasoning
+
+        rows = (await client.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
+        assert [r["type"] for r in rows] == ["turn_start", "text", "reasoning", "text", "turn_done"]
+        row = rows[2]
+        assert row["id"] == deltas[0]["id"] and row["content"] == reasoning
+        assert row["model"] == "parley/demo" and row["duration_ms"] is not None and not row["interrupted"]
+        assert "arguments" not in row  # nothing for the provider: the demo signs nothing
+        turn = (await client.get(f"/v1/sessions/{sid}/turns")).json()["turns"][-1]
+        assert [n["kind"] for n in turn["nodes"]] == ["reasoning", "llm"]
+        assert turn["nodes"][0]["content"] == reasoning
+        assert turn["final_answer"].startswith("You said: Hi [think].")

@@ -331,6 +331,11 @@ class Script:
             return (before + delta + after).encode()
 
         events = [event(_COMPACT.encode({"role": "assistant", "content": "", "refusal": None}))]
+        if self.thinking is not None:  # reasoning as DeepSeek and Qwen stream it, before the answer
+            events += [
+                event('{"reasoning_content":' + json.dumps(p) + ',"content":null}')
+                for p in split_evenly(self.thinking, 3)
+            ]
         texts: dict[str, bytes] = {}  # a piece said again is the same bytes object (see answer.stream)
         for piece in self.text_pieces:
             text = texts.get(piece)

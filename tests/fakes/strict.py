@@ -262,11 +262,43 @@ def _breakpoints(body: Mapping[str, Any]) -> int:
     return sum(1 for b in blocks if isinstance(b, Mapping) and b.get("cache_control") is not None)
 
 
+def _check_thinking(body: Mapping[str, Any], problems: list[str]) -> None:
+    """With thinking enabled: a budget of at least 1024 tokens under max_tokens, and a tool round's
+    assistant message (the one whose tool_use the last user message answers) starting with its thinking
+    block, signed (checked by _check_blocks), or a redacted_thinking block, as Anthropic requires."""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, Mapping) or thinking.get("type") != "enabled":
+        return
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or budget < 1024:
+        problems.append("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024")
+    elif isinstance(body.get("max_tokens"), int) and body["max_tokens"] <= budget:
+        problems.append("`max_tokens` must be greater than `thinking.budget_tokens`")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or len(messages) < 2:
+        return
+    last, answered = messages[-1], messages[-2]
+    if not (isinstance(last, Mapping) and isinstance(answered, Mapping)):
+        return
+    if not isinstance(last.get("content"), list) or not _ids(last["content"], "tool_result", "tool_use_id"):
+        return
+    blocks = answered.get("content")
+    head = blocks[0] if isinstance(blocks, list) and blocks else None
+    first = head.get("type") if isinstance(head, Mapping) else None
+    if first not in ("thinking", "redacted_thinking"):
+        problems.append(
+            f"messages.{len(messages) - 2}.content.0.type: Expected `thinking` or `redacted_thinking`, but "
+            f"found {first!r}. When `thinking` is enabled, a final `assistant` message must start with a "
+            "thinking block (preceding the lastmost set of `tool_use` and `tool_result` blocks)."
+        )
+
+
 def validate_messages_request(body: Any) -> list[str]:
     """The problems Anthropic's Messages API would answer a 400 for: `max_tokens` required, no system
     role among the messages, roles alternating from a user message, non-blank text blocks, every
     tool_result answering a tool_use of the message before (and each tool_use answered in the next
-    message), tools with an `input_schema`, at most four cache_control breakpoints."""
+    message), tools with an `input_schema`, at most four cache_control breakpoints, and with thinking on
+    a tool round's signed thinking block first (_check_thinking)."""
     if not isinstance(body, Mapping):
         return ["the body is not a JSON object"]
     problems: list[str] = []
@@ -290,6 +322,7 @@ def validate_messages_request(body: Any) -> list[str]:
         ):
             problems.append(f"tools.{n}: a tool needs a name and an input_schema")
     _check_messages(body.get("messages"), problems)
+    _check_thinking(body, problems)
     if _breakpoints(body) > _MAX_BREAKPOINTS:
         problems.append(f"A maximum of {_MAX_BREAKPOINTS} blocks with cache_control may be provided.")
     return problems

@@ -31,6 +31,7 @@ from app.llm.types import (
     FinishPart,
     ModelRequest,
     ProviderError,
+    ReasoningPart,
     ResolvedModel,
     StreamPart,
     TextPart,
@@ -294,7 +295,7 @@ async def test_a_call_without_arguments_gets_an_empty_object(upstream: FakeUpstr
     assert _calls(await _parts(upstream)) == {0: ("toolu_n", "current_time", "{}")}
 
 
-async def test_thinking_and_redacted_thinking_change_nothing(upstream: FakeUpstream) -> None:
+async def test_thinking_and_redacted_thinking_are_reasoning_parts(upstream: FakeUpstream) -> None:
     upstream.enqueue(
         Script.tool_calls(
             CALLS[:1], text_before="Let me look.", thinking="The user wants the time.", redacted_thinking=True
@@ -304,6 +305,47 @@ async def test_thinking_and_redacted_thinking_change_nothing(upstream: FakeUpstr
     assert _text(parts) == "Let me look."
     assert _calls(parts) == {0: CALLS[0]}
     assert parts[-1] == FinishPart("tool_calls")
+    reasoning = [p for p in parts if isinstance(p, ReasoningPart)]
+    assert "".join(p.text for p in reasoning) == "The user wants the time."
+    assert [p.signature for p in reasoning if p.signature] == [fake_anthropic.SIGNATURE]
+    assert [p.redacted for p in reasoning if p.redacted] == [fake_anthropic.REDACTED]
+    # all of it before the text
+    first_text = next(n for n, p in enumerate(parts) if isinstance(p, TextPart))
+    assert max(parts.index(p) for p in reasoning) < first_text
+
+
+def test_thinking_goes_back_signed_first_in_the_tool_round_and_max_tokens_exceeds_the_budget() -> None:
+    endpoint = AnthropicEndpoint(
+        url="http://x/v1/messages", model="claude", api_key="k", max_tokens=2048, thinking_budget=2048
+    )
+    blocks: list[dict[str, Any]] = [
+        {"type": "thinking", "thinking": "Look it up.", "signature": "sig"},
+        {"type": "thinking", "thinking": "unsigned: cannot go back"},
+        {"type": "redacted_thinking", "data": "enc"},
+    ]
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Time?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "thinking_blocks": blocks,
+            "tool_calls": [
+                {"id": "toolu_1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "noon"},
+    ]
+    body = request_body(endpoint, _request(history, []))
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+    assert body["max_tokens"] > 2048
+    kinds = [b["type"] for b in body["messages"][1]["content"]]
+    assert kinds == ["thinking", "redacted_thinking", "tool_use"]
+    assert body["messages"][1]["content"][0]["signature"] == "sig"
+    assert validate_messages_request(body) == []
+    # without the thinking block the fake refuses the tool round, as Anthropic does
+    del history[1]["thinking_blocks"]
+    problems = validate_messages_request(request_body(endpoint, _request(history, [])))
+    assert any("must start with a thinking block" in problem for problem in problems)
 
 
 async def test_a_tool_round_then_an_answer_is_a_valid_history(upstream: FakeUpstream) -> None:

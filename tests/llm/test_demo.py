@@ -28,6 +28,7 @@ from app.llm.demo_litellm import DemoChunk, register_demo
 from app.llm.types import (
     FinishPart,
     ModelRequest,
+    ReasoningPart,
     ResolvedModel,
     StreamPart,
     TextPart,
@@ -68,6 +69,7 @@ class Reply:
     finish: str | None = None
     usage: tuple[int, int, int] | None = None
     usage_last: bool = False  # the usage came last, after everything else
+    reasoning: str = ""
 
 
 def _request(messages: list[Message], tools: list[dict[str, object]] | None) -> ModelRequest:
@@ -86,6 +88,8 @@ def _collect(parts: list[StreamPart]) -> Reply:
             entry[2] += part.arguments
         elif isinstance(part, FinishPart):
             reply.finish = part.reason
+        elif isinstance(part, ReasoningPart):
+            reply.reasoning += part.text
         else:
             reply.usage = (part.prompt_tokens, part.completion_tokens, part.total_tokens)
     return reply
@@ -221,6 +225,20 @@ def test_long_trigger() -> None:
     assert 380 <= len(reply.text.split()) <= 420
     assert reply.usage is not None
     assert reply.usage[1] == 400
+
+
+def test_think_trigger_streams_a_short_reasoning_first() -> None:
+    parts = asyncio.run(_parts(DemoAdapter(token_delay=0), user("Hello [think]"), TOOLS))
+    reasoning = [n for n, part in enumerate(parts) if isinstance(part, ReasoningPart)]
+    text = [n for n, part in enumerate(parts) if isinstance(part, TextPart)]
+    assert reasoning and text and max(reasoning) < min(text)
+    reply = _collect(parts)
+    assert "answer directly" in reply.reasoning
+    assert reply.text.startswith("You said: Hello [think].")
+    assert reply.usage is not None and reply.usage[1] == len(reasoning) + len(text)
+    with_tool = run(user("[think] What time is it?"))
+    assert "current_time" in with_tool.reasoning and with_tool.finish == "tool_calls"
+    assert run(user("Hello")).reasoning == ""
 
 
 # --- pacing: an absolute schedule, checked on a simulated clock ----------------------------------------

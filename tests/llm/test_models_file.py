@@ -154,6 +154,23 @@ def test_max_output_tokens_and_prompt_cache_model_entry_first(tmp_path: Path) ->
         ModelCatalog.load(write(tmp_path, {"providers": {"p": {"max_output_tokens": 0, "models": ["x"]}}}))
 
 
+def test_reasoning_is_per_model_and_off_by_default(tmp_path: Path) -> None:
+    content = {
+        "providers": {
+            "claude": {
+                "models": {"anthropic/think": {"reasoning": {"budget_tokens": 4000}}, "anthropic/plain": {}}
+            }
+        }
+    }
+    catalog = ModelCatalog.load(write(tmp_path, content))
+    budgets = {name: getattr(catalog.get(name), "reasoning_budget", "?") for name in catalog.names()}
+    assert budgets == {"anthropic/think": 4000, "anthropic/plain": None}
+    for wrong in ({"budget_tokens": 100}, {"effort": "high"}, {}):
+        bad = {"providers": {"p": {"models": {"x": {"reasoning": wrong}}}}}
+        with pytest.raises(ModelsFileError):
+            ModelCatalog.load(write(tmp_path, bad))
+
+
 def test_no_file_and_empty_files_mean_no_models(tmp_path: Path) -> None:
     assert ModelCatalog.load(None).names() == []
     assert ModelCatalog.load(write(tmp_path, {})).names() == []

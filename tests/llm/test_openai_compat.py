@@ -26,6 +26,7 @@ from app.llm.types import (
     FinishPart,
     ModelRequest,
     ProviderError,
+    ReasoningPart,
     ResolvedModel,
     StreamPart,
     TextPart,
@@ -113,6 +114,20 @@ def test_events_in_pieces_of_any_size_give_the_same_parts() -> None:
     decorated = _decorated(wire)
     for size in (1, 2, 3, 7, 64, len(decorated)):
         assert _read(decorated, _split(decorated, size)) == whole, size
+
+
+def test_reasoning_content_and_reasoning_deltas_are_reasoning_parts() -> None:
+    wire = _wire(Script.text("It is noon.", thinking="The clock says twelve."))
+    parts = _read(wire, iter([wire]))
+    reasoning = [p for p in parts if isinstance(p, ReasoningPart)]
+    assert "".join(p.text for p in reasoning) == "The clock says twelve."
+    assert all(p.signature is None and p.redacted is None for p in reasoning)
+    assert parts.index(reasoning[-1]) < next(n for n, p in enumerate(parts) if isinstance(p, TextPart))
+    assert _summary(parts)[0] == "It is noon."
+    # vLLM's and OpenRouter's name for it
+    event = {"choices": [{"index": 0, "delta": {"reasoning": "Hmm."}, "finish_reason": "stop"}]}
+    other = b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n"
+    assert ReasoningPart("Hmm.") in _read(other, iter([other]))
 
 
 def test_finish_reasons_as_litellm_reports_them() -> None:

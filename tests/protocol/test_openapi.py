@@ -35,7 +35,7 @@ def type_of(model: type[BaseModel]) -> str:
 def test_every_event_model_is_a_component_with_its_type() -> None:
     components, union = event_schemas()
     models = event_models()
-    assert len(models) == 17
+    assert len(models) == 18
     for model in models:
         schema = components[model.__name__]
         assert schema["properties"]["type"]["const"] == type_of(model)
@@ -50,9 +50,10 @@ def test_every_event_model_is_a_component_with_its_type() -> None:
 
 def test_fields_a_model_leaves_out_when_absent_have_no_default() -> None:
     components, _ = event_schemas()
-    delta = components["TextDelta"]["properties"]
-    assert "timestamp" not in components["TextDelta"]["required"]
-    assert "default" not in delta["timestamp"] and "default" not in delta["model"]
+    for name in ("TextDelta", "ReasoningDelta"):
+        delta = components[name]["properties"]
+        assert "timestamp" not in components[name]["required"]
+        assert "default" not in delta["timestamp"] and "default" not in delta["model"]
     # Elsewhere a default is what is sent when the field is not set.
     assert components["AgentStatus"]["properties"]["tool_name"]["default"] is None
 

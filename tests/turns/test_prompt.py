@@ -432,3 +432,48 @@ def test_rebuild_takes_any_iterable_and_does_not_touch_the_rows() -> None:
     first = rebuild(iter(rows), None)
     assert [row.model_dump() for row in rows] == before
     assert rebuild(rows, None) == first
+
+
+def thought(text: str, response: str, blocks: list[Message] | None, **fields: Any) -> ChatMessageRow:
+    arguments = {"thinking_blocks": blocks} if blocks else None
+    return _row(
+        "reasoning", role="assistant", content=text, response_id=response, arguments=arguments, **fields
+    )
+
+
+SIGNED = {"type": "thinking", "thinking": "The clock knows.", "signature": "sig"}
+
+
+def test_signed_reasoning_goes_back_with_its_response_and_unsigned_reasoning_does_not() -> None:
+    rows = [
+        user("What time is it?"),
+        thought("The clock knows.", "r1", [SIGNED, {"type": "redacted_thinking", "data": "enc"}]),
+        tool("call_a", "current_time", {}, "noon", "r1"),
+        thought("Noon.", "r2", None),  # an OpenAI-compatible provider's: shown, never sent back
+        said("It is noon.", "r2"),
+    ]
+    messages = rebuild(rows, None)
+    assert messages == [
+        {"role": "user", "content": "What time is it?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "thinking_blocks": [SIGNED, {"type": "redacted_thinking", "data": "enc"}],
+            "tool_calls": [call("call_a", "current_time", "{}")],
+        },
+        result("call_a", "noon"),
+        {"role": "assistant", "content": "It is noon."},
+    ]
+    assert_valid(messages)
+
+
+def test_reasoning_a_stop_cut_short_is_not_sent_back() -> None:
+    rows = [user("Hi"), thought("Hmm", "r1", [SIGNED], interrupted=True), said("Hel", "r1", interrupted=True)]
+    assert "thinking_blocks" not in rebuild(rows, None)[1]
+
+
+def test_a_reasoning_whose_response_has_no_text_or_call_adds_no_message() -> None:
+    rows = [user("Hi"), thought("Hmm", "r1", [SIGNED]), user("Still there?")]
+    messages = rebuild(rows, None)
+    assert messages == [{"role": "user", "content": "Hi\n\nStill there?"}]
+    assert_valid(messages)

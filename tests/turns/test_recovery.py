@@ -246,3 +246,42 @@ async def test_an_event_postgresql_json_refuses_does_not_stop_the_repair(databas
     closed = {r.id: r for r in rows}["m_000000text"]
     assert closed.interrupted is True and (closed.content or "").startswith("Hel")
     assert rows[-1].type == "turn_done" and rows[-1].status == "interrupted"
+
+
+async def test_reasoning_killed_mid_stream_is_closed_with_its_logged_deltas(database_url: str) -> None:
+    database = Database(database_url)
+    async with database.session() as db:
+        db.add(ChatSessionRow(id=SID, model="parley/demo", tools=[], created_at=T0, updated_at=T0))
+        await db.flush()
+        await repository.insert_messages(
+            db,
+            [
+                row("m_00000start", "turn_start", T0),
+                row("m_000000user", "text", T0, role="user", content="hi [think]", sender="User"),
+                row("m_00thinking", "reasoning", T1, role="assistant", model="parley/demo", content="Let"),
+            ],
+        )
+        await event_log.insert_events(
+            db,
+            [
+                event(1, "turn_start", id="m_00000start", turn_id=TURN, timestamp=T0),
+                event(2, "reasoning_delta", id="m_00thinking", text="Let", timestamp=T1, model="parley/demo"),
+                event(3, "reasoning_delta", id="m_00thinking", text=" me think"),
+            ],
+        )
+        await db.commit()
+    writer = WriteBehind(database, deliver=lambda _batch: None)
+    try:
+        assert await close_open_turns(database, writer, LocalLiveStatus()) == 1
+        async with database.session() as db:
+            rows = {r.id: r for r in await repository.list_messages(db, SID)}
+            logged = [json.loads(e.data) for e in await event_log.events_after(db, SID, 0, 100)]
+    finally:
+        await database.dispose()
+    thinking = rows["m_00thinking"]
+    assert (thinking.content, thinking.interrupted) == ("Let me think", True)
+    cancelled = next(e for e in logged if e["type"] == "agent_cancelled")
+    assert cancelled["interrupted_message_ids"] == ["m_00thinking"]
+    # cut short, it never goes back to a model
+    history = rebuild([*rows.values(), row("m_00000next", "text", T0, role="user", content="and?")], None)
+    assert history == [{"role": "user", "content": "hi [think]\n\nand?"}]

@@ -71,7 +71,7 @@ def rename(texts: dict[str, TextBuffer], events: PendingEvents, renamed: dict[st
         mark, fresh = f',"id":{json_string(old)},', f',"id":{json_string(new)},'
         drafts = events.session(buffer.session_id)
         for i, draft in enumerate(drafts):
-            if draft.type == "text_delta":
+            if draft.type in ("text_delta", "reasoning_delta"):
                 drafts[i] = draft._replace(rest=draft.rest.replace(mark, fresh, 1))
 
 

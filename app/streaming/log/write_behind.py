@@ -98,7 +98,9 @@ class WriteBehind:
         """A published event: numbered and logged by the next commit, delivered after it."""
         self._events.add(draft)
         self.schedule.wake()
-        if draft.type != "text_delta" and draft.session_id not in self._writing:
+        # A delta waits for the next batch (its row's first one commits with the row, track()).
+        delta = draft.type == "text_delta" or draft.type == "reasoning_delta"
+        if not delta and draft.session_id not in self._writing:
             self.schedule.mark_urgent(draft.session_id)
 
     def has_events(self) -> bool:

@@ -92,6 +92,12 @@ class TurnEnds:
             await repository.update_message(
                 db, buffer.message_id, {"content": buffer.text(), "interrupted": True}
             )
+        reasoning = self.round.reasoning
+        if reasoning is not None:  # cut short: shown as it came, never sent back (it has no signature)
+            self.rows.writer.untrack(reasoning)
+            await repository.update_message(
+                db, reasoning.message_id, {"content": reasoning.text(), "interrupted": True}
+            )
         for tool in open_tools.values():
             await repository.update_message(
                 db, tool.row_id, {"result": tool_result, "is_error": True, "interrupted": True}
@@ -99,6 +105,7 @@ class TurnEnds:
         await repository.insert_messages(db, rows, new_message_id)
         # Named once written: a streamed message's id is final once its row is in (writer._rename).
         self.interrupted_message_ids = [
+            *([reasoning.message_id] if reasoning is not None else []),
             *([buffer.message_id] if buffer is not None else []),
             *(tool.row_id for tool in open_tools.values()),
             *(row.id for row in rows),
@@ -202,6 +209,7 @@ class TurnEnds:
         self.deferred = None
         if partial is not None:
             self.round.text, self.round.tools, self.round.calls = None, {}, []
+            self.round.reasoning = None
         self.closed = True
         self.closed_status = status
 
@@ -307,7 +315,9 @@ class TurnEnds:
                     await repository.update_message(db, row.id, values)
                     self.interrupted_message_ids.append(row.id)
                     self.interrupted_tool_call_ids.append(row.tool_call_id or "")
-                elif row.type == "text" and row.role == "assistant" and row.duration_ms is None:
+                elif (
+                    row.type in ("text", "reasoning") and row.role == "assistant" and row.duration_ms is None
+                ):
                     content = seen_text.get(row.id, row.content or "")
                     await repository.update_message(db, row.id, {"content": content, "interrupted": True})
                     self.interrupted_message_ids.append(row.id)

@@ -31,6 +31,7 @@ from app.llm.types import ProviderError
 from app.protocol.clock import now_iso
 from app.protocol.events import (
     QueuedItem,
+    ReasoningDelta,
     ResponseDone,
     ResponseInfo,
     TokenUsage,
@@ -55,6 +56,7 @@ from app.turns.agent import (
     AgentEvent,
     AgentRun,
     BreakpointReached,
+    ReasoningChunk,
     ResponseFinished,
     ResponseStarted,
     TextChunk,
@@ -273,6 +275,9 @@ class TurnRecorder:
                 buffer.parts.append(text)
                 self.events.text_delta(buffer.message_id, text)
             return
+        if type(event) is ReasoningChunk:
+            await self._on_reasoning(event)
+            return
         with self.stop.atomic():
             await self._dispatch(event)
 
@@ -281,7 +286,7 @@ class TurnRecorder:
             await self.ends.write_deferred()
         if isinstance(event, ResponseStarted):
             self.round.response_id = new_message_id()
-            self.round.text = None
+            self.round.text = self.round.reasoning = None
         elif isinstance(event, ResponseFinished):
             self.round.calls, self.round.started = list(event.calls), set()
             await self._on_response_done(event)
@@ -320,12 +325,56 @@ class TurnRecorder:
         self.events.text_delta(buffer.message_id, text, timestamp=at, model=self.model)
         self.writer.track(buffer)
 
+    async def _on_reasoning(self, event: ReasoningChunk) -> None:
+        """Reasoning streams as text does (no write per delta): its `reasoning` row opens at its first
+        delta and is written behind; its event goes out with the commit that inserts the row."""
+        if self.writer.failure is not None:
+            raise self.writer.failure
+        refused = self.writer.refused(self.session_id)
+        if refused is not None:
+            raise StorageFailed(REFUSED_MESSAGE, retry_after=STORAGE_FULL_RETRY_AFTER) from refused
+        text = clean_text(event.text)
+        buffer = self.round.reasoning
+        if buffer is not None:
+            buffer.parts.append(text)
+            self.rows.emit(ReasoningDelta, id=buffer.message_id, text=text)
+            return
+        at = now_iso()
+        row = self.rows.row(
+            "reasoning",
+            at,
+            role="assistant",
+            content=text,
+            model=self.model,
+            response_id=self.round.response_id,
+        )
+        buffer = self.round.reasoning = TextBuffer(row)
+        self.rows.emit(ReasoningDelta, id=row.id, text=text, timestamp=at, model=self.model)
+        self.writer.track(buffer)
+        await self.writer.opened(self.session_id)
+
     async def _on_response_done(self, event: ResponseFinished) -> None:
         buffer, self.round.text = self.round.text, None
+        reasoning, self.round.reasoning = self.round.reasoning, None
         usage = event.usage
         at = now_iso()
 
         async def write(db: AsyncSession) -> None:
+            if reasoning is not None:
+                self.writer.untrack(reasoning)
+                # The provider's signed or redacted blocks kept in `arguments`, never shown to clients
+                # (docs/protocol.md, reasoning).
+                await repository.update_message(
+                    db,
+                    reasoning.message_id,
+                    {
+                        "content": reasoning.text(),
+                        "duration_ms": event.reasoning_ms,
+                        "arguments": {"thinking_blocks": event.thinking_blocks}
+                        if event.thinking_blocks
+                        else None,
+                    },
+                )
             if buffer is not None:
                 self.writer.untrack(buffer)
                 await repository.update_message(

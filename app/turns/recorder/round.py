@@ -25,6 +25,8 @@ class OpenTool:
 class OpenRound:
     response_id: str | None = None
     text: TextBuffer | None = None
+    # The response's reasoning row while it streams (written behind like its text).
+    reasoning: TextBuffer | None = None
     # Calls whose tool_group row is written and has no result yet, by call id (calls that wait too).
     tools: dict[str, OpenTool] = field(default_factory=dict)
     # The calls of the current tool round, so a stop can give the ones not started yet their result.

@@ -91,7 +91,13 @@ export function statusLine(state: ChatState): string | null {
 /** Whether an item opens a run of the same role (only those get the bubble's arrow, docs/frontend.md). */
 export function startsRun(items: ChatItem[], index: number): boolean {
   const role = (i: ChatItem | undefined): string | null =>
-    !i ? null : i.kind === "user" ? "user" : i.kind === "assistant" || i.kind === "tool_group" || i.kind === "error" ? "assistant" : null;
+    !i
+      ? null
+      : i.kind === "user"
+        ? "user"
+        : i.kind === "assistant" || i.kind === "reasoning" || i.kind === "tool_group" || i.kind === "error"
+          ? "assistant"
+          : null;
   const mine = role(items[index]);
   if (mine === null) return false;
   for (let j = index - 1; j >= 0; j--) {

@@ -35,6 +35,19 @@ export interface AssistantTextItem {
   /** Still streaming: no response_done yet. */
   streaming: boolean;
 }
+/** The reasoning a model streamed before its answer (docs/events.md, reasoning_delta): shown collapsed. */
+export interface ReasoningItem {
+  kind: "reasoning";
+  id: string;
+  content: string;
+  timestamp: string;
+  model: string | null;
+  /** From the model request to the reasoning's end: known from the history, null while live. */
+  durationMs: number | null;
+  interrupted: boolean;
+  /** Still streaming: its response has not ended yet. */
+  streaming: boolean;
+}
 export interface ToolGroupItem {
   kind: "tool_group";
   id: string;
@@ -68,7 +81,19 @@ export interface ErrorItem {
   model: string | null;
   timestamp: string;
 }
-export type ChatItem = TurnStartItem | UserTextItem | AssistantTextItem | ToolGroupItem | TurnDoneItem | ErrorItem;
+export type ChatItem =
+  | TurnStartItem
+  | UserTextItem
+  | AssistantTextItem
+  | ReasoningItem
+  | ToolGroupItem
+  | TurnDoneItem
+  | ErrorItem;
+
+/** A streaming assistant text or reasoning, ended (a response, a turn or a history read without a running turn). */
+function ended(item: ChatItem): ChatItem {
+  return (item.kind === "assistant" || item.kind === "reasoning") && item.streaming ? { ...item, streaming: false } : item;
+}
 
 /** A message this tab sent that no event has confirmed yet (optimistic rendering). */
 export interface OptimisticItem {
@@ -153,6 +178,17 @@ export function itemFromRow(row: HistoryRow): ChatItem {
         interrupted: row.interrupted,
         streaming: row.duration_ms === null && !row.interrupted,
       };
+    case "reasoning":
+      return {
+        kind: "reasoning",
+        id: row.id,
+        content: row.content,
+        timestamp: row.timestamp,
+        model: row.model,
+        durationMs: row.duration_ms,
+        interrupted: row.interrupted,
+        streaming: row.duration_ms === null && !row.interrupted,
+      };
     case "tool_group":
       return {
         kind: "tool_group",
@@ -194,7 +230,7 @@ export function fromHistory(rows: HistoryRow[], lastEventId: number, previous: C
     if (item.kind === "turn_done" && item.turnId === runningTurnId) runningTurnId = null;
   }
   if (runningTurnId === null) {
-    items = items.map((i) => (i.kind === "assistant" && i.streaming ? { ...i, streaming: false } : i));
+    items = items.map(ended);
   }
   const lastModel = [...items].reverse().find((i) => i.kind === "assistant" || i.kind === "tool_group");
   return {
@@ -288,13 +324,33 @@ export function reduce(state: ChatState, event: ParleyEvent): ChatState {
       };
       return { ...s, currentModel: event.model ?? s.currentModel, items: [...s.items, item] };
     }
-    case "response_done":
-      if (event.id === null) return { ...s, currentModel: event.response.model };
+    case "reasoning_delta": {
+      const existing = s.items.find((i) => i.id === event.id);
+      if (existing && existing.kind === "reasoning") {
+        return { ...s, items: replaceItem<ReasoningItem>(s.items, event.id, (i) => ({ ...i, content: i.content + event.text })) };
+      }
+      const item: ReasoningItem = {
+        kind: "reasoning",
+        id: event.id,
+        content: event.text,
+        timestamp: event.timestamp ?? new Date().toISOString(),
+        model: event.model ?? s.currentModel,
+        durationMs: null,
+        interrupted: false,
+        streaming: true,
+      };
+      return { ...s, currentModel: event.model ?? s.currentModel, items: [...s.items, item] };
+    }
+    case "response_done": {
+      // The response's reasoning (it has its own id) ends with it.
+      const items = s.items.map((i) => (i.kind === "reasoning" ? ended(i) : i));
+      if (event.id === null) return { ...s, items, currentModel: event.response.model };
       return {
         ...s,
         currentModel: event.response.model,
-        items: replaceItem<AssistantTextItem>(s.items, event.id, (i) => ({ ...i, durationMs: event.duration_ms, streaming: false })),
+        items: replaceItem<AssistantTextItem>(items, event.id, (i) => ({ ...i, durationMs: event.duration_ms, streaming: false })),
       };
+    }
     case "tool_exec_start":
       return {
         ...s,
@@ -345,7 +401,8 @@ export function reduce(state: ChatState, event: ParleyEvent): ChatState {
         approvals: [],
         clientTools: [],
         items: s.items.map((i) => {
-          if (i.kind === "assistant" && cut.has(i.id)) return { ...i, interrupted: true, streaming: false };
+          if ((i.kind === "assistant" || i.kind === "reasoning") && cut.has(i.id)) return { ...i, interrupted: true, streaming: false };
+          if (i.kind === "reasoning" && i.streaming) return { ...i, streaming: false };
           if (i.kind === "tool_group" && (cut.has(i.id) || cut.has(i.toolCallId))) return { ...i, interrupted: true };
           return i;
         }),
@@ -370,7 +427,7 @@ export function reduce(state: ChatState, event: ParleyEvent): ChatState {
         status: "idle",
         toolName: null,
         items: upsert(
-          s.items.map((i) => (i.kind === "assistant" && i.streaming ? { ...i, streaming: false } : i)),
+          s.items.map(ended),
           {
             kind: "turn_done",
             id: event.id,

@@ -9,6 +9,7 @@ export type SpecEvent = Schemas["Event"];
 export type TurnStartEvent = Schemas["TurnStart"];
 export type UserMessageEvent = Schemas["UserMessage"];
 export type TextDeltaEvent = Schemas["TextDelta"];
+export type ReasoningDeltaEvent = Schemas["ReasoningDelta"];
 export type ResponseDoneEvent = Schemas["ResponseDone"];
 export type ToolExecStartEvent = Schemas["ToolExecStart"];
 export type ToolExecEndEvent = Schemas["ToolExecEnd"];

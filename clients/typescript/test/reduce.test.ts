@@ -1,7 +1,7 @@
 // The reducer's pending requests: from GET .../pending (a reload) and from the events that follow.
 import { describe, expect, it } from "vitest";
-import { emptyState, fromPending, reduce, type ChatState } from "../src/reduce";
-import type { ParleyEvent, PendingRequest } from "../src/types";
+import { emptyState, fromHistory, fromPending, reduce, type ChatState } from "../src/reduce";
+import type { HistoryRow, ParleyEvent, PendingRequest } from "../src/types";
 
 const AT = "2026-11-23T10:00:00+00:00";
 const request = (kind: PendingRequest["kind"], id: string): PendingRequest => ({
@@ -48,5 +48,37 @@ describe("fromPending", () => {
     const after = reduce(before, resolved);
     expect(after.items).toMatchObject([{ kind: "tool_group", arguments: { expression: "6*7" }, decision: "edit", reason: null }]);
     expect(before.items).toMatchObject([{ arguments: { expression: "2+3" }, decision: null }]);
+  });
+});
+
+describe("reasoning", () => {
+  const delta = (seq: number, id: string, text: string, first = false) =>
+    ({ session_id: "s_1", seq, type: "reasoning_delta", id, text, ...(first ? { timestamp: AT, model: "parley/demo" } : {}) }) as ParleyEvent;
+
+  it("reasoning_delta opens a streaming reasoning item before the text, and the response's end closes it", () => {
+    let state = reduce(running, delta(6, "m_r", "Let me ", true));
+    state = reduce(state, delta(7, "m_r", "think."));
+    state = reduce(state, { session_id: "s_1", seq: 8, type: "text_delta", id: "m_t", text: "Hi", timestamp: AT, model: "parley/demo" } as ParleyEvent);
+    expect(state.items).toMatchObject([
+      { kind: "reasoning", id: "m_r", content: "Let me think.", model: "parley/demo", streaming: true },
+      { kind: "assistant", id: "m_t", content: "Hi", streaming: true },
+    ]);
+    const done = { session_id: "s_1", seq: 9, type: "response_done", id: "m_t", duration_ms: 5, first_token_ms: 1, response: { model: "parley/demo", finish_reason: "stop", usage: null } } as ParleyEvent;
+    state = reduce(state, done);
+    expect(state.items.map((i) => ("streaming" in i ? i.streaming : null))).toEqual([false, false]);
+  });
+
+  it("a stop marks a reasoning it cut short as interrupted", () => {
+    const state = reduce(reduce(running, delta(6, "m_r", "Hmm", true)), {
+      session_id: "s_1", seq: 7, type: "agent_cancelled", turn_id: "t_1", interrupted_message_ids: ["m_r"], interrupted_tool_call_ids: [],
+    } as ParleyEvent);
+    expect(state.items).toMatchObject([{ kind: "reasoning", interrupted: true, streaming: false }]);
+  });
+
+  it("a reasoning row of the history is an item with its duration", () => {
+    const row = { id: "m_r", type: "reasoning", role: "assistant", content: "Thought.", timestamp: AT, duration_ms: 1200, model: "parley/demo", interrupted: false } as HistoryRow;
+    expect(fromHistory([row], 3).items).toEqual([
+      { kind: "reasoning", id: "m_r", content: "Thought.", timestamp: AT, model: "parley/demo", durationMs: 1200, interrupted: false, streaming: false },
+    ]);
   });
 });

@@ -4,6 +4,7 @@ import {
   ChatSession,
   ParleyClient,
   ParleyHttpError,
+  formatDuration,
   messageMeta,
   startsRun,
   statusLine,
@@ -139,6 +140,18 @@ function renderItem(items: ChatItem[], index: number): HTMLElement | null {
       const { row, bubble } = bubbleRow("assistant", first, item.id, meta);
       if (first) row.prepend(el("div", "agent-name", item.model ?? "assistant"));
       bubble.textContent = item.content;
+      if (item.interrupted) bubble.append(el("span", "interrupted-mark", "■ interrupted"));
+      return row;
+    }
+    case "reasoning": {
+      // Collapsed: the reasoning is not the answer (docs/events.md, reasoning_delta).
+      const { row, bubble } = bubbleRow("reasoning", first, item.id, meta);
+      if (first) row.prepend(el("div", "agent-name", item.model ?? "assistant"));
+      const block = el("details", "thinking");
+      const took = item.durationMs !== null ? ` for ${formatDuration(item.durationMs)}` : "";
+      block.append(el("summary", "", item.streaming ? "Thinking…" : `Thought${took}`));
+      block.append(el("pre", "thinking-text", item.content));
+      bubble.append(block);
       if (item.interrupted) bubble.append(el("span", "interrupted-mark", "■ interrupted"));
       return row;
     }
