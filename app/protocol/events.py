@@ -72,6 +72,14 @@ def clean_text(text: str) -> str:
     return text
 
 
+def _first_delta_only(data: dict[str, Any]) -> dict[str, Any]:
+    """A streamed message's `timestamp` and `model` go on its first delta only; later ones leave them out."""
+    if data.get("timestamp") is None:
+        data.pop("timestamp", None)
+        data.pop("model", None)
+    return data
+
+
 class TextDelta(_Event):
     type: Literal["text_delta"] = "text_delta"
     id: str = Field(description="The assistant text chat message this delta belongs to.")
@@ -81,11 +89,7 @@ class TextDelta(_Event):
 
     @model_serializer(mode="wrap")
     def _drop_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("timestamp") is None:
-            data.pop("timestamp", None)
-            data.pop("model", None)
-        return data
+        return _first_delta_only(handler(self))
 
 
 class ReasoningDelta(_Event):
@@ -100,11 +104,7 @@ class ReasoningDelta(_Event):
 
     @model_serializer(mode="wrap")
     def _drop_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("timestamp") is None:
-            data.pop("timestamp", None)
-            data.pop("model", None)
-        return data
+        return _first_delta_only(handler(self))
 
 
 class Usage(BaseModel):
