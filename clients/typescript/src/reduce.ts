@@ -263,6 +263,33 @@ export function fromPending(state: ChatState, pending: PendingRequest[]): ChatSt
   return { ...state, approvals, clientTools, status: waiting ? "awaiting_input" : state.status };
 }
 
+/** A text or reasoning delta: appended to its streaming item, or the item's first piece (which carries the
+ * message's timestamp and model). */
+function appendDelta(
+  s: ChatState,
+  event: { id: string; text: string; timestamp?: string | null; model?: string | null },
+  kind: "assistant" | "reasoning",
+): ChatState {
+  const existing = s.items.find((i) => i.id === event.id);
+  if (existing && existing.kind === kind) {
+    return {
+      ...s,
+      items: replaceItem<AssistantTextItem | ReasoningItem>(s.items, event.id, (i) => ({ ...i, content: i.content + event.text })),
+    };
+  }
+  const item: AssistantTextItem | ReasoningItem = {
+    kind,
+    id: event.id,
+    content: event.text,
+    timestamp: event.timestamp ?? new Date().toISOString(),
+    model: event.model ?? s.currentModel,
+    durationMs: null,
+    interrupted: false,
+    streaming: true,
+  };
+  return { ...s, currentModel: event.model ?? s.currentModel, items: [...s.items, item] };
+}
+
 function replaceItem<T extends ChatItem>(items: ChatItem[], id: string, update: (item: T) => T): ChatItem[] {
   const index = items.findIndex((i) => i.id === id);
   if (index < 0) return items;
@@ -307,40 +334,10 @@ export function reduce(state: ChatState, event: ParleyEvent): ChatState {
       };
       return { ...s, optimistic, currentModel, items: upsert(s.items, item) };
     }
-    case "text_delta": {
-      const existing = s.items.find((i) => i.id === event.id);
-      if (existing && existing.kind === "assistant") {
-        return { ...s, items: replaceItem<AssistantTextItem>(s.items, event.id, (i) => ({ ...i, content: i.content + event.text })) };
-      }
-      const item: AssistantTextItem = {
-        kind: "assistant",
-        id: event.id,
-        content: event.text,
-        timestamp: event.timestamp ?? new Date().toISOString(),
-        model: event.model ?? s.currentModel,
-        durationMs: null,
-        interrupted: false,
-        streaming: true,
-      };
-      return { ...s, currentModel: event.model ?? s.currentModel, items: [...s.items, item] };
-    }
-    case "reasoning_delta": {
-      const existing = s.items.find((i) => i.id === event.id);
-      if (existing && existing.kind === "reasoning") {
-        return { ...s, items: replaceItem<ReasoningItem>(s.items, event.id, (i) => ({ ...i, content: i.content + event.text })) };
-      }
-      const item: ReasoningItem = {
-        kind: "reasoning",
-        id: event.id,
-        content: event.text,
-        timestamp: event.timestamp ?? new Date().toISOString(),
-        model: event.model ?? s.currentModel,
-        durationMs: null,
-        interrupted: false,
-        streaming: true,
-      };
-      return { ...s, currentModel: event.model ?? s.currentModel, items: [...s.items, item] };
-    }
+    case "text_delta":
+      return appendDelta(s, event, "assistant");
+    case "reasoning_delta":
+      return appendDelta(s, event, "reasoning");
     case "response_done": {
       // The response's reasoning (it has its own id) ends with it.
       const items = s.items.map((i) => (i.kind === "reasoning" ? ended(i) : i));
