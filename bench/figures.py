@@ -315,8 +315,8 @@ def _start(results: dict[str, Any]) -> list[Figure]:
             max((w.get("children_rss_mb") or 0.0 for w in _load_windows(results)), default=None),
             "MB",
             None,
-            note="largest over the load windows: the zygote plus its child, which run LiteLLM's streams "
-            "(started by the first one; pages they share by the fork count twice); not in the server's RSS",
+            note="largest over the load windows: the child that runs LiteLLM's streams (started by the "
+            "first one); not in the server's RSS",
         ),
     ]
 

@@ -228,7 +228,7 @@ class Probe:
             "stalls": stats.get("stalls"),
             "rss_mb": round(memory["rss_mb"], 1),
             "peak_rss_mb": round(memory["peak_rss_mb"], 1),
-            # The LiteLLM zygote and child, once a LiteLLM stream started them (0 before).
+            # The LiteLLM child, once a LiteLLM stream started it (0 before).
             "children_rss_mb": round(memory["children_rss_mb"], 1),
         }
 

@@ -92,9 +92,9 @@ def cpu_seconds(pid: int) -> float:
 def descendants(pid: int) -> list[int]:
     """Every live process below `pid` (children, their children, ...), from /proc/<pid>/task/*/children.
 
-    The server's LiteLLM zygote and the child it forks for LiteLLM's streams are the server's work: their
-    CPU and memory count as the server's. (A child that has exited is not counted: the zygote reaps its
-    children without wait, so their CPU is not added to anyone's; the child lives as long as the server.)
+    The server's LiteLLM child, which runs LiteLLM's streams, is the server's work: its CPU and memory
+    count as the server's. (A child that has exited is not counted; the child lives as long as the
+    server.)
     """
     found: list[int] = []
     pending = [pid]
@@ -166,8 +166,7 @@ def memory_mb(pid: int) -> dict[str, float]:
 
 
 def children_rss_mb(pid: int) -> float:
-    """RSS of every live process below `pid` (the LiteLLM zygote and its child), in MB: pages they share
-    with each other by the fork count in each."""
+    """RSS of every live process below `pid` (the LiteLLM child), in MB."""
     total = 0.0
     for child in descendants(pid):
         with contextlib.suppress(OSError):

@@ -26,11 +26,9 @@ NOT_IMPORTED = {
     "app.api.sessions": _OVER_HTTP,
     "app.api.turns": _OVER_HTTP,
     "app.api.turn_wait": _OVER_HTTP,
-    "app.llm.litellm_zygote": "a process of its own (python -m): tests/llm/test_litellm_process.py starts it",
+    "app.llm.litellm_child": "a process of its own (python -m): tests/llm/test_litellm_process.py starts it",
     "app.turns.replicas.lease": _REPLICAS,
     "app.turns.replicas.sweeper": _REPLICAS,
-    "app.llm.lazy_encoding": "it acts before litellm's import: tests/llm/test_gateway.py runs it in a fresh "
-    "interpreter",
 }
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 
+from app.llm.litellm_tables import ModelMap
 from app.llm.openai_compat import (
     _before_response,
     _check_opening,
@@ -89,8 +90,14 @@ class AnthropicEndpoint:
 
 
 def messages_url(api_base: str | None) -> str:
-    """The Messages endpoint under a base URL, as LiteLLM builds it (`/v1/messages` appended unless there)."""
-    base = (api_base or DEFAULT_BASE).rstrip("/")
+    """The Messages endpoint under a base URL (the models file's, else ANTHROPIC_BASE_URL or
+    ANTHROPIC_API_BASE, as the SDK and LiteLLM read them), `/v1/messages` appended unless there."""
+    base = (
+        api_base
+        or os.environ.get("ANTHROPIC_BASE_URL")
+        or os.environ.get("ANTHROPIC_API_BASE")
+        or DEFAULT_BASE
+    ).rstrip("/")
     return base if base.endswith("/v1/messages") else base + "/v1/messages"
 
 
@@ -511,30 +518,26 @@ def _stream_error(error: dict[str, Any], payload: bytes) -> ProviderError:
 
 
 def resolve(
-    litellm: Any,
+    models: ModelMap,
     model: ResolvedModel,
     *,
     max_output_tokens: int | None,
     prompt_cache: bool | None,
     reasoning_budget: int | None = None,
 ) -> AnthropicEndpoint | None:
-    """The endpoint for `model` when LiteLLM routes it to Anthropic, else None. `max_output_tokens`,
-    `prompt_cache` and `reasoning_budget` are the models file's (None: not set there)."""
-    try:
-        bare, provider, _, api_base = litellm.get_llm_provider(model.name, api_base=model.api_base)
-    except Exception:
-        return None
-    if provider != "anthropic":
+    """The endpoint for `model` when it routes to Anthropic (LiteLLM's files say so: litellm_tables), else
+    None. `max_output_tokens`, `prompt_cache` and `reasoning_budget` are the models file's (None: not set
+    there; the output limit then comes from LiteLLM's model map)."""
+    routed = models.route(model.name)
+    if routed is None or routed[1] != "anthropic":
         return None
     if max_output_tokens is None:
-        try:
-            known = litellm.get_model_info(model.name).get("max_output_tokens")
-        except Exception:
-            known = None
-        max_output_tokens = known if isinstance(known, int) and known > 0 else DEFAULT_MAX_TOKENS
+        info = models.info(model.name)
+        known = info.max_output_tokens if info is not None else None
+        max_output_tokens = known or DEFAULT_MAX_TOKENS
     return AnthropicEndpoint(
-        url=messages_url(model.api_base or api_base),
-        model=str(bare),
+        url=messages_url(model.api_base),
+        model=routed[0],
         api_key=api_key(model.configured_key, model.key_env),
         max_tokens=max_output_tokens,
         prompt_cache=True if prompt_cache is None else prompt_cache,

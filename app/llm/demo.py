@@ -14,8 +14,7 @@ Triggers in the last user message: "[slow]" (10x slower tokens), "[long]" (~400 
 "[think]" (a short reasoning streamed before the reply, as a reasoning model's) and
 "[call:NAME {json}]" (call NAME with that JSON, even if it is not offered).
 
-The same replies are also served through LiteLLM (demo_litellm.py), for comparison runs with
-`PARLEY_STREAM_ADAPTER=litellm`; this module does not import LiteLLM.
+It always runs in the service's process, whatever PARLEY_STREAM_ADAPTER says.
 """
 
 from __future__ import annotations

@@ -9,34 +9,29 @@ core LiteLLM gets a core of its own. The service talks to this process over one 
 happen here; the service receives parts in batches, and a safe `ProviderError` when a call fails (the
 upstream's own words go to the log only).
 
-`prepare` is what the zygote (litellm_zygote.py) does once before it forks children: import litellm as
-the service does, register the demo provider, warm LiteLLM's call path up, freeze all of it out of the
-collector's way. `run` serves one connection from the service until it closes, then returns (the child
-exits). The child ignores SIGINT: a Ctrl-C reaches the whole process group, and the service, which stops
-its turns first, closes the connection itself.
+The service starts it as a plain process (`python -m app.llm.litellm_child`) with the first stream of a
+tail model, the only time litellm is imported. `run` imports it and serves the connection from the service
+until it closes, then returns (the child exits). The child ignores SIGINT: a Ctrl-C reaches the whole
+process group, and the service, which stops its turns first, closes the connection itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-import pydantic
-
-from app.llm.demo import DEMO_MODEL, PROVIDER
-from app.llm.litellm_import import frozen_afterwards, import_litellm
+from app.llm.litellm_import import import_litellm
 from app.llm.litellm_wire import VERSION, Outbox, Peer, encode_error, encode_part
 from app.llm.provider_errors import call_failed, hidden_failure, map_error
 from app.llm.types import (
-    PLACEHOLDER_KEY,
     FinishPart,
     ProviderError,
     ReasoningPart,
@@ -48,7 +43,6 @@ from app.llm.types import (
 
 log = logging.getLogger(__name__)
 
-_WARM_UP_SECONDS = 2.0
 # When the child and the service want the same core, the service's loop (every session's stream, stops,
 # history) goes first: LiteLLM's ~0.45 ms per chunk is what waits. Measured on one shared core at 50-100
 # LiteLLM streams, more than the core can serve: the service's loop lag max went from ~110 ms at equal
@@ -58,109 +52,9 @@ NICENESS_ABOVE_SERVICE = 5
 _CLOSE_SECONDS = 3.0
 
 
-@functools.cache
-def prepare() -> ModuleType:
-    """Imports litellm (as the service does: import_litellm), registers the demo model, warms LiteLLM's
-    OpenAI call path up and freezes everything that built. Once per process; leaves no thread behind, so
-    the zygote can fork safely afterwards."""
-    litellm = import_litellm()
-    from app.llm.demo_litellm import register_demo  # imports litellm: only after import_litellm
-
-    with frozen_afterwards():
-        register_demo(0.0)  # for the warm-up; each child registers it with the service's pace
-        # Builds LiteLLM's model-name index, as the first stream's cost lookup would.
-        with contextlib.suppress(Exception):
-            litellm.get_model_info(DEMO_MODEL)
-        asyncio.run(_warm_up(litellm))
-        _build_chunk_models()
-    return litellm
-
-
-# A turn offers tools; LiteLLM loads its tool handling (~7 modules) on the first call that has some.
-_WARM_UP_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "warm_up",
-        "description": "Warms LiteLLM up.",
-        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
-    },
-}
-
-
-async def _warm_up(litellm: ModuleType) -> None:
-    """Calls LiteLLM twice, so that what its paths build lazily on the first real call is built in the
-    zygote and shared by every child (~450 modules, ~45k lasting objects; without it each child's first
-    stream took ~0.7 s more, measured). Both calls offer a tool, as turns do:
-
-    - an OpenAI-compatible model at a port where nothing listens: parameter mapping, the openai client, its
-      transport up to the refused connection, and the error path;
-    - the demo provider, asked for a tool call, under a name LiteLLM has no price for (as most self-hosted
-      models): the stream wrapper, text and tool-call chunks, usage, the end-of-stream rebuild and the
-      failed cost lookup.
-
-    No stand-in upstream is needed: what only an upstream's bytes would build, the openai SDK's chunk
-    models, `_build_chunk_models` builds. The SDK clients cached for this loop are closed and dropped: the
-    cache keys them by `id(loop)`, and a child's loop could get the same id."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        refused = probe.getsockname()[1]
-    common = {
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "max_retries": 0,
-        "timeout": _WARM_UP_SECONDS,
-        "tools": [_WARM_UP_TOOL],
-        "api_key": PLACEHOLDER_KEY,
-    }
-    calls = [
-        {
-            **common,
-            "model": "openai/parley-warm-up",
-            "api_base": f"http://127.0.0.1:{refused}/v1",
-            "messages": [{"role": "user", "content": "."}],
-        },
-        {
-            **common,
-            "model": f"{PROVIDER}/warm-up",
-            "messages": [{"role": "user", "content": "[call:warm_up {}]"}],
-        },
-    ]
-    logging.disable(logging.WARNING)  # the refused call is logged as a failed provider call
-    try:
-        for kwargs in calls:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_WARM_UP_SECONDS * 2):
-                    error = await read_stream(litellm, kwargs, lambda _: None)
-                    log.debug("LiteLLM warm-up call to %s ended: %s", kwargs["model"], error and error.code)
-    finally:
-        logging.disable(logging.NOTSET)
-        await forget_loop_clients(litellm)
-
-
-def _build_chunk_models() -> None:
-    """Builds the validators of the openai SDK's chat-completion chunk models, which it defers to their
-    first use (pydantic's `defer_build`): the first chunk of every child's first OpenAI stream would build
-    them (~10 ms of CPU, measured). A warm-up must never stop the zygote: if the SDK moves these modules,
-    the first stream builds the models as before."""
-    try:
-        from openai.types import completion_usage
-        from openai.types.chat import chat_completion_chunk
-    except ImportError:
-        return
-
-    for module in (chat_completion_chunk, completion_usage):
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, pydantic.BaseModel)
-                and value.__module__ == module.__name__
-            ):
-                value.model_rebuild()
-
-
 def run(sock: socket.socket) -> int:
     """Serves the service's connection on `sock` until it closes; the exit code of the child."""
-    litellm = prepare()
+    litellm = import_litellm()
     asyncio.run(_serve(litellm, sock))
     return 0
 
@@ -210,21 +104,6 @@ class _Server(Peer, asyncio.Protocol):
             assert self._transport is not None
             self._transport.close()
             return
-        # What a child started by the service itself would inherit: its environment (API keys included)
-        # and its CPU affinity, as they are now.
-        os.environ.clear()
-        os.environ.update(config["env"])
-        affinity = config.get("affinity")
-        if affinity and hasattr(os, "sched_setaffinity"):
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, affinity)
-        niceness = config.get("niceness")
-        if niceness is not None and hasattr(os, "setpriority"):
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, 0, min(19, int(niceness) + NICENESS_ABOVE_SERVICE))
-        from app.llm.demo_litellm import register_demo
-
-        register_demo(float(config["demo_token_delay"]))
         _forward_logging(self._outbox, int(config["log_level"]))
         self._outbox.send(["hello", VERSION, os.getpid()])
 
@@ -394,3 +273,23 @@ async def forget_loop_clients(litellm: ModuleType) -> None:
             result = close()
             if asyncio.iscoroutine(result):
                 await result
+
+
+def main() -> int:
+    """`python -m app.llm.litellm_child`, started by the service (litellm_process.py) with its end of the
+    connection as stdin; the environment, CPU affinity and priority are the service's, inherited."""
+    sock = socket.socket(fileno=os.dup(0))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    # A Ctrl-C reaches the whole process group; the service, which stops its turns first, closes the
+    # connection itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(os, "nice"):
+        with contextlib.suppress(OSError):
+            os.nice(NICENESS_ABOVE_SERVICE)
+    return run(sock)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

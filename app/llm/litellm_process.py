@@ -8,8 +8,9 @@ cancellation closes the upstream connection. A child that dies ends every stream
 `provider_stream_interrupted` (the agent retries it only when nothing of the answer was streamed yet), and
 the next stream starts another child.
 
-Children are forked by the zygote (litellm_zygote.py), one per service process, shared by every model
-layer of the process: a fork costs milliseconds, an import of litellm seconds.
+The child is a plain process (`python -m app.llm.litellm_child`, the service's environment, CPU affinity
+and priority inherited), its end of the connection as its stdin. It imports litellm (seconds), so the first
+tail stream waits for that once; it exits when its connection closes, so none outlives the service.
 """
 
 from __future__ import annotations
@@ -21,23 +22,23 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from app.llm.litellm_wire import VERSION, Peer, decode_error, decode_part
-from app.llm.litellm_zygote import Zygote
 from app.llm.provider_errors import provider_error
 from app.llm.types import ProviderError, StreamPart
 
 log = logging.getLogger(__name__)
 
-# From the fork to the child's hello: fast after a fork, seconds when the zygote itself must start first.
-_HELLO_TIMEOUT = 30.0
+# From the spawn to the child's hello: the import of litellm, 2-5 s on a 2-core machine, several times that
+# on a busy one.
+_HELLO_TIMEOUT = 120.0
 STOP_TIMEOUT = 5.0
-
-# One per service process (see the module docstring): it holds no state of any stream or model layer.
-SHARED_ZYGOTE = Zygote()
 
 
 def child_died() -> ProviderError:
@@ -149,11 +150,35 @@ class Link(Peer, asyncio.BufferedProtocol):
             self._transport.close()
 
 
+_COMMAND = [sys.executable, "-m", "app.llm.litellm_child"]
+_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `app` package
+
+
+def _spawn(connection: socket.socket) -> subprocess.Popen[bytes]:
+    """The child, its end of the connection as its stdin (closed here in any case)."""
+    try:
+        return subprocess.Popen(_COMMAND, stdin=connection.fileno(), env=_environment())
+    finally:
+        connection.close()
+
+
+def _environment() -> dict[str, str]:
+    """The service's environment, with the `app` package importable whatever the working directory."""
+    env = dict(os.environ)
+    paths = [str(_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
 @dataclass(eq=False)
 class _Child:
-    pid: int
+    process: subprocess.Popen[bytes]
     pidfd: int | None
     link: Link
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     async def end(self, grace: float) -> None:
         """Waits `grace` seconds for the process to exit (its connection is closed or lost), then kills it."""
@@ -163,6 +188,7 @@ class _Child:
                 self.kill()
                 await _exited(self.pid, self.pidfd, grace)
         finally:
+            self.process.poll()  # reaps it once it has exited: no zombie
             if self.pidfd is not None:
                 os.close(self.pidfd)
                 self.pidfd = None
@@ -178,9 +204,7 @@ class _Child:
 class LiteLLMProcess:
     """The child that runs the LiteLLM streams of one model layer; see the module docstring."""
 
-    def __init__(self, demo_token_delay: float, zygote: Zygote = SHARED_ZYGOTE) -> None:
-        self._demo_token_delay = demo_token_delay
-        self._zygote = zygote
+    def __init__(self) -> None:
         self._child: _Child | None = None
         self._starting: asyncio.Task[_Child] | None = None
         self._ending: set[asyncio.Task[None]] = set()
@@ -218,11 +242,12 @@ class LiteLLMProcess:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
         try:
-            pid = await asyncio.to_thread(self._zygote.fork, theirs)  # closes `theirs`
-            child = _Child(pid, _pidfd(pid), Link(loop, self._lost))
+            process = await asyncio.to_thread(_spawn, theirs)  # closes `theirs`
+            pid = process.pid
+            child = _Child(process, _pidfd(pid), Link(loop, self._lost))
             await loop.create_unix_connection(lambda: child.link, sock=ours)
         except BaseException:
-            ours.close()  # a child forked meanwhile sees its connection end, and exits
+            ours.close()  # a child started meanwhile sees its connection end, and exits
             raise
         child.link.send(["init", VERSION, self._init()])
         try:
@@ -241,14 +266,7 @@ class LiteLLMProcess:
         return child
 
     def _init(self) -> dict[str, Any]:
-        affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        return {
-            "env": dict(os.environ),
-            "affinity": affinity,
-            "niceness": os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else None,
-            "demo_token_delay": self._demo_token_delay,
-            "log_level": logging.getLogger().getEffectiveLevel(),
-        }
+        return {"log_level": logging.getLogger().getEffectiveLevel()}
 
     def _lost(self, link: Link) -> None:
         child = self._child

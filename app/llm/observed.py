@@ -2,8 +2,8 @@
 and never without token usage.
 
 A provider that sends no usage chunk (some OpenAI-compatible servers, or one without `include_usage`)
-still gets its `token_usage`: LiteLLM's token counter estimates the prompt and the completion, and the
-usage is marked `estimated`. A stream closed early (a stop) gets no estimate: it has no usage either way.
+still gets its `token_usage`: the prompt and the completion are estimated (tokens.py), and the usage is
+marked `estimated`. A stream closed early (a stop) gets no estimate: it has no usage either way.
 """
 
 from __future__ import annotations

@@ -1,31 +1,32 @@
-"""Which models the lean OpenAI-compatible reader takes, and everything it needs, as LiteLLM resolves it.
+"""Which models the lean OpenAI-compatible reader takes, and everything it needs, without LiteLLM.
 
-LiteLLM stays the authority on providers: `get_llm_provider` gives the bare model name, the provider, its
-default key and base URL; the provider's chat config (`ProviderConfigManager`) maps the parameters and
-messages exactly as `acompletion` would (O-series system messages, vLLM's tool schemas, ...) and builds
-the URL; `map_finish_reason` normalizes the finish reason. Only the stream itself is read by our code.
+The provider of a name comes from LiteLLM's files read as data (litellm_tables.ModelMap: a known provider
+prefix, or a bare name LiteLLM's model map routes), the base URL, key and headers from the models file and
+the provider's usual environment variables (as LiteLLM and the openai SDK read them), the request body is
+the plain OpenAI chat-completions body. Only the stream is read by our code (openai_compat.py).
 
-"auto" takes the lean reader for the providers whose LiteLLM path is a plain OpenAI chat-completions
-call: `openai` (unless LiteLLM would bridge the model to the Responses API) and `hosted_vllm` (with a
-base URL). Everything else keeps LiteLLM's stream.
+"auto" takes the lean reader for `openai` models (unless LiteLLM's map says the model speaks only the
+Responses API) and `hosted_vllm` (with a base URL). Everything else is a tail model: LiteLLM's own stream,
+in its child process.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
-from app.llm.provider_errors import map_error
+from app.llm.litellm_tables import ModelMap
 from app.llm.types import ResolvedModel
 
 log = logging.getLogger(__name__)
 
 OPENAI_COMPATIBLE = frozenset({"openai", "hosted_vllm"})
+OPENAI_BASE = "https://api.openai.com/v1"
+# What hosted_vllm sends without a key of its own (LiteLLM's HostedVLLMChatConfig does the same).
+VLLM_PLACEHOLDER_KEY = "fake-api-key"
 
 Prepare = Callable[[Sequence[dict[str, Any]], Sequence[dict[str, Any]]], dict[str, Any]]
 
@@ -43,131 +44,86 @@ class Endpoint:
     finish_reason: Callable[[str], str] = field(repr=False)
 
 
-def resolve_endpoint(litellm: ModuleType, model: ResolvedModel, *, forced: bool) -> Endpoint | None:
+def resolve_endpoint(models: ModelMap, model: ResolvedModel, *, forced: bool) -> Endpoint | None:
     """The lean reader's endpoint for `model`, or None when LiteLLM's own stream must read it.
 
     `forced` (the models file's `"adapter": "openai"`) also takes models of other providers, or unknown to
     LiteLLM, when the file gives their base URL: the bare name and the messages are sent as they are.
     """
-    try:
-        bare, provider, dynamic_key, api_base = litellm.get_llm_provider(model.name, api_base=model.api_base)
-    except Exception:
+    routed = models.route(model.name)
+    bare, provider = routed if routed is not None else (model.name, None)
+    compatible = provider in OPENAI_COMPATIBLE
+    if not compatible:
         if not forced:
             return None
-        bare, provider, dynamic_key, api_base = model.name, None, None, model.api_base
-    compatible = provider in OPENAI_COMPATIBLE
-    if not compatible and not (forced and model.api_base):
-        if forced:
+        if not model.api_base:
             log.warning(
                 "model %s needs an api_base for the OpenAI-compatible reader: LiteLLM reads it", model.name
             )
-        return None
-    if provider == "openai":
-        if not forced and _bridged_to_responses(litellm, bare, api_base):
             return None
-        api_base = litellm.OpenAIGPTConfig.get_api_base(api_base)
-    api_base = model.api_base or api_base or litellm.api_base
+        provider = None  # sent as it is, under its bare name where a known prefix gives one
+    if provider == "openai" and not forced and _responses_only(models, model.name):
+        return None
+    api_base = model.api_base or _environment_base(provider)
     if not api_base:
         if forced:
             log.warning(
                 "model %s has no base URL for the OpenAI-compatible reader: LiteLLM reads it", model.name
             )
         return None
-    key = _api_key(litellm, model, provider, dynamic_key)
-    if compatible:
-        assert provider is not None
-        config = litellm.ProviderConfigManager.get_provider_chat_config(
-            model=bare, provider=litellm.LlmProviders(provider)
-        )
-        url = str(config.get_complete_url(api_base, key, bare, {}, {}))
-        prepare = _litellm_prepare(litellm, config, bare, provider, api_base)
-        finish: Callable[[str], str] = _map_finish_reason
-    else:
-        url = api_base.rstrip("/") + "/chat/completions"
-        prepare = _plain_prepare(bare)
-        finish = str
-    return Endpoint(url, bare, provider, key, _headers(litellm, provider, key), prepare, finish)
+    key = _api_key(model, provider)
+    url = api_base.rstrip("/") + "/chat/completions"
+    prepare = _prepare(bare, strip_schemas=provider == "hosted_vllm")
+    finish: Callable[[str], str] = map_finish_reason if compatible else str
+    return Endpoint(url, bare, provider, key, _headers(provider, key), prepare, finish)
 
 
-def _bridged_to_responses(litellm: ModuleType, bare: str, api_base: str | None) -> bool:
-    """Whether LiteLLM would send this OpenAI model to the Responses API (assuming tools are offered)."""
-    check = getattr(getattr(litellm, "main", None), "responses_api_bridge_check", None)
-    if check is None:
-        return True
-    try:
-        info, _ = check(
-            model=bare, custom_llm_provider="openai", tools=[{"type": "function"}], api_base=api_base
-        )
-    except Exception:
-        return True
-    return isinstance(info, dict) and info.get("mode") == "responses"
+def _responses_only(models: ModelMap, name: str) -> bool:
+    """Models LiteLLM's map lists for the Responses API only (o1-pro, the codex models): LiteLLM bridges
+    them there, the lean reader speaks chat completions only."""
+    info = models.info(name)
+    return info is not None and info.mode == "responses"
 
 
-def _api_key(
-    litellm: ModuleType, model: ResolvedModel, provider: str | None, dynamic: str | None
-) -> str | None:
-    """The models file's key, or the placeholder for a base URL without a key variable (as LiteLLMAdapter
-    sends), or none when the entry's key variable is unset;
-    otherwise LiteLLM's own lookup (OPENAI_API_KEY, HOSTED_VLLM_API_KEY, litellm.api_key)."""
+def _environment_base(provider: str | None) -> str | None:
+    if provider == "openai":
+        return os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE") or OPENAI_BASE
+    if provider == "hosted_vllm":
+        return os.environ.get("HOSTED_VLLM_API_BASE") or None
+    return None
+
+
+def _api_key(model: ResolvedModel, provider: str | None) -> str | None:
+    """The models file's key, or the placeholder for a base URL without a key variable, or none when the
+    entry's key variable is unset; otherwise the provider's variable (OPENAI_API_KEY, HOSTED_VLLM_API_KEY)."""
     if configured := model.configured_key:
         return configured
     if model.key_env:
-        # The entry names its key variable and it is unset: no stand-in key (LiteLLM's own, such as
-        # hosted_vllm's "fake-api-key"); the call fails as provider_auth_missing and the launcher said why.
+        # The entry names its key variable and it is unset: no stand-in key; the call fails as
+        # provider_auth_missing and the launcher said why.
         return None
     if provider == "openai":
-        key = litellm.OpenAIGPTConfig.get_api_key()
-        return str(key) if key else None
-    key = dynamic or litellm.api_key
-    return str(key) if key else None
+        return os.environ.get("OPENAI_API_KEY") or None
+    if provider == "hosted_vllm":
+        return os.environ.get("HOSTED_VLLM_API_KEY") or VLLM_PLACEHOLDER_KEY
+    return None
 
 
-def _headers(litellm: ModuleType, provider: str | None, key: str | None) -> dict[str, str]:
+def _headers(provider: str | None, key: str | None) -> dict[str, str]:
     headers = {"content-type": "application/json", "accept": "text/event-stream"}
     if key:
         headers["authorization"] = f"Bearer {key}"
     if provider == "openai":
-        # What LiteLLM hands the openai SDK, and what the SDK itself reads from the environment.
-        organization = (
-            litellm.organization or os.environ.get("OPENAI_ORGANIZATION") or os.environ.get("OPENAI_ORG_ID")
-        )
+        # What the openai SDK reads from the environment.
+        organization = os.environ.get("OPENAI_ORGANIZATION") or os.environ.get("OPENAI_ORG_ID")
         if organization:
-            headers["openai-organization"] = str(organization)
+            headers["openai-organization"] = organization
         if project := os.environ.get("OPENAI_PROJECT_ID"):
             headers["openai-project"] = project
     return headers
 
 
-def _litellm_prepare(litellm: ModuleType, config: Any, bare: str, provider: str, api_base: str) -> Prepare:
-    def prepare(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        try:
-            # LiteLLM's mappings edit what they are given (vLLM strips schema keys in place): copies.
-            optional = litellm.get_optional_params(
-                model=bare,
-                custom_llm_provider=provider,
-                tools=copy.deepcopy(list(tools)) or None,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            body: dict[str, Any] = config.transform_request(
-                bare,
-                [_without_thinking(m) for m in messages],
-                optional,
-                {"custom_llm_provider": provider, "api_base": api_base},
-                {},
-            )
-        except Exception as exc:
-            raise map_error(litellm, exc, streamed=False) from exc
-        # The openai SDK merges `extra_body` into the JSON it sends; so do we.
-        extra = body.pop("extra_body", None)
-        if isinstance(extra, dict):
-            body.update(extra)
-        return body
-
-    return prepare
-
-
-def _plain_prepare(bare: str) -> Prepare:
+def _prepare(bare: str, *, strip_schemas: bool) -> Prepare:
     def prepare(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": bare,
@@ -176,7 +132,7 @@ def _plain_prepare(bare: str) -> Prepare:
             "stream_options": {"include_usage": True},
         }
         if tools:
-            body["tools"] = list(tools)
+            body["tools"] = [_without_strict_keys(t) for t in tools] if strip_schemas else list(tools)
         return body
 
     return prepare
@@ -190,8 +146,36 @@ def _without_thinking(message: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in message.items() if key != "thinking_blocks"}
 
 
-def _map_finish_reason(reason: str) -> str:
-    """LiteLLM's normalization ("eos" -> "stop", ...); only called once LiteLLM is loaded."""
-    from litellm.litellm_core_utils.core_helpers import map_finish_reason
+_VLLM_REFUSED_KEYS = frozenset({"additionalProperties", "strict"})
 
-    return str(map_finish_reason(reason))
+
+def _without_strict_keys(value: Any) -> Any:
+    """A copy of a tool definition without `additionalProperties` and `strict` at any depth: vLLM's guided
+    decoding refuses them (LiteLLM's hosted_vllm mapping removes them the same way)."""
+    if isinstance(value, dict):
+        return {k: _without_strict_keys(v) for k, v in value.items() if k not in _VLLM_REFUSED_KEYS}
+    if isinstance(value, list):
+        return [_without_strict_keys(v) for v in value]
+    return value
+
+
+# Finish reasons as LiteLLM normalizes them (its map_finish_reason), for servers that answer in another
+# provider's words; anything unknown is "stop", as there.
+_FINISH_REASONS = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "function_call",
+    "content_filter": "content_filter",
+    "stop_sequence": "stop",
+    "end_turn": "stop",
+    "eos": "stop",
+    "eos_token": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+
+
+def map_finish_reason(reason: str) -> str:
+    return _FINISH_REASONS.get(reason, "stop")

@@ -60,10 +60,3 @@ def test_the_container_serves_a_whole_turn() -> None:
     assert "/data" in config["Volumes"]
     assert "/healthz" in " ".join(image["Healthcheck"]["Test"])
     assert "PARLEY_DATABASE_URL=sqlite+aiosqlite:////data/parley.db" in config["Env"]
-
-
-def test_litellm_streams_run_in_the_image() -> None:
-    """Every model read through LiteLLM: its streams run only in the LiteLLM child process (forked by its
-    zygote, `python -m app.llm.litellm_zygote`), so this turn completes only if both start in the image,
-    as its non-root user."""
-    _drive_a_turn("PARLEY_STREAM_ADAPTER=litellm")

@@ -213,6 +213,6 @@ async def disconnect_after(
 
 async def request_number(upstream: FakeUpstream, n: int, within: float = 20.0) -> RecordedRequest:
     """The n-th (1-based) chat request, once it arrived. A bound, not a timing: the first LiteLLM turn of
-    a test process waits for the LiteLLM zygote to start (3 to 5 s alone, more on a busy machine)."""
+    a test process waits for the LiteLLM child to start (3 to 5 s alone, more on a busy machine)."""
     await upstream.await_request(lambda _: len(chat_requests(upstream)) >= n, within=within)
     return chat_requests(upstream)[n - 1]

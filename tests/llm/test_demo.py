@@ -1,30 +1,17 @@
-"""The demo model: its replies through `DemoAdapter` (in-process), and the same replies through LiteLLM.
+"""The demo model: its replies through `DemoAdapter`, in-process (it never goes through LiteLLM).
 
-No network, no API key. The reply tests drive the adapter the service uses; the last tests check the
-LiteLLM registration (model info, the custom provider behind `PARLEY_STREAM_ADAPTER=litellm`).
+No network, no API key. The reply tests drive the adapter the service uses.
 """
 
 from __future__ import annotations
 
-import os
-
-# Before importing litellm: no cost-map download at import, no HF tokenizer download.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import asyncio
 import json
-import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
-import litellm
 import pytest
-from litellm.types.utils import GenericStreamingChunk
 
-from app.llm.demo import DEMO_CONTEXT_WINDOW, DEMO_MODEL, DemoAdapter, Pacer, sleep_until
-from app.llm.demo_litellm import DemoChunk, register_demo
+from app.llm.demo import DEMO_CONTEXT_WINDOW, DEMO_MODEL, DemoAdapter, sleep_until
 from app.llm.types import (
     FinishPart,
     ModelRequest,
@@ -35,8 +22,6 @@ from app.llm.types import (
     ToolCallPart,
     UsagePart,
 )
-
-litellm.suppress_debug_info = True
 
 # litellm installs these "ignore" filters at import, but pytest's filterwarnings=error replaces the filter
 # list for each test, so pydantic's lazy schema build inside litellm would fail the first call.
@@ -321,141 +306,3 @@ def test_cancelling_a_paced_stream_stops_it_at_once() -> None:
     received, total, done = asyncio.run(scenario())
     assert done
     assert 3 <= received < total  # cut off mid-way
-
-
-# --- the LiteLLM side: model info, and the custom provider behind PARLEY_STREAM_ADAPTER=litellm ----------
-
-
-@pytest.fixture
-def _registered() -> Iterator[None]:
-    register_demo(token_delay=0)
-    yield
-    register_demo(token_delay=0)
-
-
-async def _through_litellm(messages: list[Message], tools: list[dict[str, object]] | None) -> Reply:
-    stream = await litellm.acompletion(
-        model=DEMO_MODEL,
-        messages=messages,
-        tools=tools,
-        stream=True,
-        stream_options={"include_usage": True},
-        max_retries=0,
-    )
-    reply = Reply()
-    try:
-        async for chunk in stream:
-            usage = getattr(chunk, "usage", None)
-            reply.usage_last = usage is not None
-            if usage is not None:
-                reply.usage = (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
-            if not chunk.choices:
-                continue
-            delta = chunk.choices[0].delta
-            reply.text += delta.content or ""
-            for call in delta.tool_calls or []:
-                reply.fragments += 1
-                entry = reply.calls.setdefault(call.index, [call.id, call.function.name, ""])
-                entry[2] += call.function.arguments or ""
-            reply.finish = chunk.choices[0].finish_reason or reply.finish
-    finally:
-        await stream.aclose()
-    return reply
-
-
-@pytest.mark.usefixtures("_registered")
-@pytest.mark.parametrize(
-    "text",
-    ["Tell me something nice about Tuesdays.", "What time is it, and what is 2 + 3 * 4?", "[call:nope {}]"],
-)
-def test_litellm_streams_the_same_reply(text: str) -> None:
-    assert asyncio.run(_through_litellm(user(text), TOOLS)) == run(user(text))
-
-
-@pytest.mark.usefixtures("_registered")
-def test_model_info_and_registration_is_idempotent() -> None:
-    info = litellm.get_model_info(DEMO_MODEL)
-    assert info["max_input_tokens"] == DEMO_CONTEXT_WINDOW == 32768
-    assert info["max_output_tokens"] == 4096
-    assert info["litellm_provider"] == "parley"
-    assert info["mode"] == "chat"
-    assert info["input_cost_per_token"] == 0
-    assert litellm.get_llm_provider(DEMO_MODEL)[:2] == ("demo", "parley")
-    other = {"provider": "someone-else", "custom_handler": litellm.CustomLLM()}
-    saved = list(litellm.custom_provider_map)
-    try:
-        litellm.custom_provider_map = [*saved, other]
-        register_demo(token_delay=0)
-        providers = [item["provider"] for item in litellm.custom_provider_map]
-        assert providers.count("parley") == 1
-        assert "someone-else" in providers
-    finally:
-        litellm.custom_provider_map = saved
-
-
-def test_chunk_mirror_matches_litellm() -> None:
-    assert set(DemoChunk.__annotations__) <= set(GenericStreamingChunk.__annotations__)
-
-
-@pytest.mark.usefixtures("_registered")
-def test_non_streaming_acompletion() -> None:
-    async def call() -> tuple[str, object, object, int]:
-        response = await litellm.acompletion(
-            model=DEMO_MODEL, messages=user("Please compute 6 * 7"), tools=TOOLS, max_retries=0
-        )
-        choice = response.choices[0]
-        call = choice.message.tool_calls[0]
-        return choice.finish_reason, call.function.name, call.function.arguments, response.usage.total_tokens
-
-    finish, name, arguments, total = asyncio.run(call())
-    assert (finish, name, arguments) == ("tool_calls", "calculate", '{"expression": "6 * 7"}')
-    assert total > 0
-
-
-# --- the pacer: one timer per slot, never early ----------------------------------------------------------
-
-
-def test_the_pacer_wakes_streams_due_in_one_slot_with_one_timer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """How "one timer per slot" is proven: loop.call_at is counted while 40 waiters, due within two
-    slots, wait; none wakes before its due time (but for the millisecond a loop timer may be early)."""
-
-    async def scenario() -> tuple[int, list[float]]:
-        loop = asyncio.get_running_loop()
-        timers = 0
-        call_at = loop.call_at
-
-        def counted(when: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
-            nonlocal timers
-            timers += 1
-            return call_at(when, callback, *args)
-
-        monkeypatch.setattr(loop, "call_at", counted)
-        pacer = Pacer(quantum=0.05)
-        base = (math.floor(loop.time() / 0.05) + 2) * 0.05  # a slot boundary, ahead of now
-        dues = [base + 0.001 * (1 + i % 20) + (0.05 if i >= 20 else 0.0) for i in range(40)]
-
-        async def wait(due: float) -> float:
-            await pacer.until(due)
-            return loop.time() - due
-
-        late = await asyncio.gather(*(wait(due) for due in dues))
-        return timers, late
-
-    timers, late = asyncio.run(scenario())
-    assert timers == 2
-    assert min(late) >= -0.001  # a loop timer may fire up to a millisecond early
-
-
-def test_a_waiter_cancelled_in_a_slot_leaves_the_others_waiting() -> None:
-    async def scenario() -> list[str]:
-        loop = asyncio.get_running_loop()
-        pacer = Pacer(quantum=0.05)
-        due = loop.time() + 0.06
-        first = asyncio.create_task(pacer.until(due))
-        second = asyncio.create_task(pacer.until(due))
-        await asyncio.sleep(0)
-        first.cancel()
-        await asyncio.gather(first, second, return_exceptions=True)
-        return ["cancelled" if t.cancelled() else "done" for t in (first, second)]
-
-    assert asyncio.run(scenario()) == ["cancelled", "done"]

@@ -1,10 +1,11 @@
-"""The model layer: which stream adapter each model gets, and litellm imported without building its
-default tiktoken encoding. Where LiteLLM's streams run (a child process): test_litellm_process.py.
+"""The model layer: which stream adapter each model gets, and no litellm in the service's process unless a
+tail model streams. Where LiteLLM's streams run (a child process): test_litellm_process.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -135,13 +136,14 @@ async def test_the_demo_streams_in_process(layer: ModelGateway) -> None:
     assert isinstance(await layer.adapter(await layer.resolve(DEMO_MODEL)), DemoAdapter)
 
 
-async def test_stream_adapter_litellm_forces_litellm_everywhere(tmp_path: Path) -> None:
+async def test_stream_adapter_litellm_forces_litellm_for_every_model_but_the_demo(tmp_path: Path) -> None:
     forced = ModelGateway(_settings(tmp_path, stream_adapter="litellm"))
     forced.start()
     await forced.ready()
     try:
-        for model in (DEMO_MODEL, "hosted_vllm/qwen", "gpt-4o-mini", "house-model"):
+        for model in ("hosted_vllm/qwen", "gpt-4o-mini", "house-model", "anthropic/claude-sonnet-4-5"):
             assert isinstance(await forced.adapter(await forced.resolve(model)), LiteLLMAdapter), model
+        assert isinstance(await forced.adapter(await forced.resolve(DEMO_MODEL)), DemoAdapter)
     finally:
         await forced.stop()
 
@@ -177,51 +179,61 @@ async def test_stop_without_any_litellm_stream(tmp_path: Path) -> None:
     assert model_layer.litellm_process.pid is None
 
 
-# --- litellm without its default encoding ------------------------------------------------------------------
+# --- no litellm in the service's process without a tail model ---------------------------------------------
 
-_LAZY_SCRIPT = """
-import asyncio, gc, json, sys
-from app.llm.gateway import ModelGateway
-from app.llm.lazy_encoding import REAL_MODULE, default_encoding_loaded
-from app.settings import Settings
+_NO_LITELLM_SCRIPT = """
+import json, sys
+import httpx
+from app.settings import DEMO_MODEL, Settings
+from tests.fakes.upstream import FakeUpstream, Script
+from tests.support.server import live_server, migrate
 
-async def main() -> None:
-    layer = ModelGateway(Settings(database_url=sys.argv[1]))
-    layer.start()
-    litellm = await layer.ready()
-    import tiktoken.registry
-    report = {"after_load": default_encoding_loaded(), "encodings": sorted(tiktoken.registry.ENCODINGS)}
-    report["frozen"] = gc.get_freeze_count()
-    report["gpt_4o"] = litellm.token_counter(model="gpt-4o", text="Hello there, how are you today?")
-    report["before_default_use"] = default_encoding_loaded()
-    # What litellm bound at import, used: the proxy builds the real encoding and delegates to it.
-    bound = litellm.litellm_core_utils.token_counter.default_encoding
-    report["default_tokens"] = len(bound.encode("Hello there, how are you today?"))
-    report["after_default_use"] = default_encoding_loaded()
-    report["real_module"] = type(sys.modules[REAL_MODULE].encoding).__name__
-    await layer.stop()
-    print(json.dumps(report))
-
-asyncio.run(main())
+url, path = sys.argv[1], sys.argv[2]
+report = {}
+with FakeUpstream(api_key="sk-test") as upstream:
+    keyed = {"api_key_env": "PARLEY_TEST_KEY"}
+    providers = {
+        "house": {**keyed, "api_base": upstream.base_url, "models": ["openai/house"]},
+        "vllm": {**keyed, "api_base": upstream.base_url, "models": ["hosted_vllm/q"]},
+        "claude": {**keyed, "api_base": upstream.root_url, "models": ["anthropic/claude-sonnet-4-5"]},
+    }
+    with open(path, "w") as file:
+        json.dump({"providers": providers}, file)
+    migrate(url)
+    settings = Settings(database_url=url, models_file=path, demo_token_delay=0.0)
+    with live_server(settings) as server, httpx.Client(base_url=server.base_url, timeout=60) as client:
+        for model in (DEMO_MODEL, "openai/house", "hosted_vllm/q", "anthropic/claude-sonnet-4-5"):
+            if model != DEMO_MODEL:
+                upstream.enqueue(Script.text("answered"))
+            sid = client.post("/v1/sessions", json={"model": model}).json()["id"]
+            turn = client.post(f"/v1/sessions/{sid}/messages?wait=true", json={"content": "hello"}).json()
+            report[model] = turn["status"]
+        report["gpt-4o window"] = client.post("/v1/sessions", json={"model": "gpt-4o"}).json()
+report["litellm"] = sorted(name for name in sys.modules if name.split(".")[0] == "litellm")
+print(json.dumps(report))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.processes
-def test_litellm_loads_lean(tmp_path: Path) -> None:
-    """Without building tiktoken's default encoding (until it is used), with its objects frozen."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}"
+def test_the_service_never_imports_litellm_without_a_tail_model(tmp_path: Path) -> None:
+    """A fresh process serves the demo, an OpenAI-compatible, a vLLM and an Anthropic model over real HTTP
+    (fake upstreams), and resolves a model from LiteLLM's map: litellm is never imported (only a tail
+    model's stream starts the child that imports it: test_litellm_process.py)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'parley.db'}"
+    env = {**os.environ, "PARLEY_TEST_KEY": "sk-test"}
     done = subprocess.run(
-        [sys.executable, "-c", _LAZY_SCRIPT, url], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _NO_LITELLM_SCRIPT, url, str(tmp_path / "models.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["after_load"] is False
-    # What the import left behind is out of the cyclic collector's way (no 100 ms full collections).
-    assert report["frozen"] > 100_000
-    assert "cl100k_base" not in report["encodings"]
-    assert report["gpt_4o"] == 8
-    assert report["before_default_use"] is False  # gpt-4o counts with o200k_base
-    assert report["default_tokens"] == 8
-    assert report["after_default_use"] is True
-    assert report["real_module"] == "Encoding"
+    statuses = {name: report[name] for name in (DEMO_MODEL, "openai/house", "hosted_vllm/q")}
+    assert set(statuses.values()) == {"completed"}, report
+    assert report["anthropic/claude-sonnet-4-5"] == "completed", report
+    assert report["gpt-4o window"]["context_window"] == 128000
+    assert report["litellm"] == []

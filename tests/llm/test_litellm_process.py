@@ -25,7 +25,6 @@ import pytest
 from app.llm.gateway import ModelGateway
 from app.llm.litellm_adapter import LiteLLMAdapter
 from app.llm.litellm_child import NICENESS_ABOVE_SERVICE
-from app.llm.litellm_process import SHARED_ZYGOTE
 from app.llm.types import ModelAdapter, ModelRequest, ProviderError, StreamPart, TextPart
 from app.settings import DEMO_MODEL, Settings
 from tests.fakes.upstream import FakeUpstream, Script
@@ -99,11 +98,9 @@ async def test_no_child_until_the_first_litellm_stream(gateway: ModelGateway, up
     assert _text([part async for part in adapter.stream(request)]) == "from the child"
     pid = _child_pid(gateway)
     assert pid != os.getpid() and running(pid)
-    # Forked by the zygote, which this process started (and which serves every model gateway of it).
-    assert SHARED_ZYGOTE.pid is not None
-    assert pid in children(SHARED_ZYGOTE.pid)
-    assert SHARED_ZYGOTE.pid in children(os.getpid())
-    assert "app.llm.litellm_zygote" in command_line(pid)
+    # A plain process of this one: `python -m app.llm.litellm_child`.
+    assert pid in children(os.getpid())
+    assert "app.llm.litellm_child" in command_line(pid)
 
 
 @needs_proc
@@ -220,8 +217,8 @@ async def test_stop_ends_the_child_its_streams_and_any_later_start(
 async def test_children_get_the_services_environment_and_affinity_and_a_lower_priority(
     gateway: ModelGateway, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Set after the zygote may have started: each child takes the service's environment (API keys) and
-    CPU affinity as they are when it starts."""
+    """Set after the model layer started: the child takes the service's environment (API keys) and CPU
+    affinity as they are when it starts, with the first tail stream."""
     monkeypatch.setenv("OPENAI_API_BASE", upstream.base_url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-only-in-the-environment")
     pinned = None
@@ -271,28 +268,28 @@ async def test_errors_are_mapped_in_the_child_and_the_upstreams_words_reach_only
 @needs_proc
 @pytest.mark.slow
 @pytest.mark.processes
-def test_a_killed_service_leaves_no_process_behind(database_url: str, tmp_path: Path) -> None:
-    """`python -m uvicorn app.main:app`: no child once ready; a LiteLLM turn starts the zygote and one child;
-    after kill -9 of the server both exit (their connections to it closed)."""
-    env = {
-        "PARLEY_DATABASE_URL": database_url,
-        "PARLEY_STREAM_ADAPTER": "litellm",
-        "PARLEY_DEMO_TOKEN_DELAY": "0",
-    }
+def test_a_killed_service_leaves_no_process_behind(
+    database_url: str, tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    """`python -m uvicorn app.main:app`: no child once ready; a tail model's turn starts one child; after
+    kill -9 of the server it exits (its connection to the server closed)."""
+    models = tmp_path / "models.json"
+    tail = {"adapter": "litellm", "api_base": upstream.base_url, "models": [MODEL]}
+    models.write_text(json.dumps({"providers": {"tail": tail}}), encoding="utf-8")
+    env = {"PARLEY_DATABASE_URL": database_url, "PARLEY_MODELS_FILE": str(models)}
+    upstream.enqueue(Script.text("from the tail"))
     with server_process(env, tmp_path / "server.log") as server:
         assert server.process is not None
         service = server.process.pid
         assert children(service) == []
         with httpx.Client(base_url=server.base_url, timeout=60) as client:
-            sid = client.post("/v1/sessions", json={}).json()["id"]
+            sid = client.post("/v1/sessions", json={"model": MODEL}).json()["id"]
             turn = client.post(f"/v1/sessions/{sid}/messages?wait=true", json={"content": "hello"}).json()
         assert turn["status"] == "completed", server.log()
-        [zygote] = children(service)
-        assert "app.llm.litellm_zygote" in command_line(zygote)
-        [child] = children(zygote)
+        [child] = children(service)
+        assert "app.llm.litellm_child" in command_line(child)
         server.kill()
     deadline = time.monotonic() + 30  # a bound against hanging, not a measurement
-    while (running(child) or running(zygote)) and time.monotonic() < deadline:
+    while running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running(child)
-    assert not running(zygote)

@@ -14,7 +14,7 @@ import pytest
 
 from app.llm.checks import model_problems, undecided
 from app.llm.litellm_import import import_litellm
-from app.llm.litellm_tables import Routes
+from app.llm.litellm_tables import ModelMap, Routes
 from app.llm.models_file import ModelCatalog
 from tests.support.server import ROOT
 
@@ -101,3 +101,43 @@ def test_a_models_file_the_files_vouch_for_is_checked_without_importing_litellm(
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, False]
+
+
+# --- the model map read as data, against LiteLLM's own answers ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_map() -> ModelMap:
+    return ModelMap.read()
+
+
+def test_routes_agree_with_litellms_provider_resolution(litellm: ModuleType, model_map: ModelMap) -> None:
+    names = [
+        *sorted(model_map.routes.bare_names),
+        "openai/gpt-4o",
+        "anthropic/claude-sonnet-4-5",
+        "hosted_vllm/qwen",
+        "ollama_chat/llama3.1",
+        "deepseek/deepseek-chat",
+    ]
+    for name in names:
+        routed = model_map.route(name)
+        assert routed is not None, name
+        bare, provider, _, _ = litellm.get_llm_provider(model=name)
+        assert routed == (bare, provider), name
+    assert model_map.route("fake-model") is None
+    assert model_map.route("no-such-provider/x") is None
+
+
+def test_windows_and_output_limits_agree_with_litellms_model_info(
+    litellm: ModuleType, model_map: ModelMap
+) -> None:
+    chat = sorted(name for name, info in model_map.models.items() if info.mode == "chat" and "/" not in name)
+    sample = [*chat[::25], "openai/gpt-4o", "anthropic/claude-sonnet-4-5", "claude-haiku-4-5"]
+    for name in sample:
+        info = model_map.info(name)
+        assert info is not None, name
+        known = litellm.get_model_info(name)
+        assert info.max_input_tokens == known.get("max_input_tokens"), name
+        assert info.max_output_tokens == known.get("max_output_tokens"), name
+    assert model_map.info("hosted_vllm/anything") is None

@@ -257,9 +257,9 @@ async def layer(tmp_path: Path) -> AsyncIterator[ModelGateway]:
 
 
 def litellm_window(model: str) -> int:
-    import litellm
+    from app.llm.litellm_import import import_litellm
 
-    value = litellm.get_model_info(model)["max_input_tokens"]
+    value = import_litellm().get_model_info(model)["max_input_tokens"]
     assert isinstance(value, int)
     assert value > 0
     return value

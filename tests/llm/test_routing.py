@@ -1,20 +1,19 @@
-"""Which models the lean OpenAI-compatible reader takes, and the endpoint it gets (app.llm.routing), with
-LiteLLM itself resolving them. Which adapter the model layer then builds: test_gateway.py."""
+"""Which models the lean OpenAI-compatible reader takes, and the endpoint it gets (app.llm.routing), from
+LiteLLM's files read as data. Which adapter the model layer then builds: test_gateway.py."""
 
 from __future__ import annotations
 
 import json
 import logging
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from app.llm.litellm_import import import_litellm
+from app.llm.litellm_tables import ModelMap
 from app.llm.models_file import ModelCatalog
 from app.llm.routing import Endpoint, resolve_endpoint
-from app.llm.types import PLACEHOLDER_KEY, ProviderError, ResolvedModel
+from app.llm.types import PLACEHOLDER_KEY, ResolvedModel
 
 BASE = "http://127.0.0.1:9/v1"
 KEY_ENV = "PARLEY_TEST_ROUTING_KEY"
@@ -24,8 +23,8 @@ OPENAI_ENV = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "OPENAI_API_KEY", "OPENAI_OR
 
 
 @pytest.fixture(scope="module")
-def litellm() -> ModuleType:
-    return import_litellm()
+def models() -> ModelMap:
+    return ModelMap.read()
 
 
 @pytest.fixture(autouse=True)
@@ -41,17 +40,17 @@ def from_models_file(tmp_path: Path, name: str) -> ResolvedModel:
     return ModelCatalog.load(path).resolve(name, None)
 
 
-def endpoint(litellm: ModuleType, model: ResolvedModel, *, forced: bool = False) -> Endpoint:
-    found = resolve_endpoint(litellm, model, forced=forced)
+def endpoint(models: ModelMap, model: ResolvedModel, *, forced: bool = False) -> Endpoint:
+    found = resolve_endpoint(models, model, forced=forced)
     assert found is not None
     return found
 
 
 def test_a_models_file_entry_is_called_at_its_base_with_its_key(
-    litellm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    models: ModelMap, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(KEY_ENV, "sk-house-123")
-    found = endpoint(litellm, from_models_file(tmp_path, "hosted_vllm/qwen"))
+    found = endpoint(models, from_models_file(tmp_path, "hosted_vllm/qwen"))
     assert (found.url, found.model, found.provider) == (f"{BASE}/chat/completions", "qwen", "hosted_vllm")
     assert found.api_key == "sk-house-123"
     assert found.headers == {
@@ -72,25 +71,25 @@ def test_a_models_file_entry_is_called_at_its_base_with_its_key(
 
 
 def test_a_models_file_entry_whose_key_variable_is_unset_never_sends_the_placeholder(
-    litellm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    models: ModelMap, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The entry asked for a key: sending `Bearer no-key` would hide the missing variable behind the
     server's 401. No key is sent (the launcher names the variable at startup; a call fails with
     provider_auth_missing, which says what is wrong)."""
     monkeypatch.delenv(KEY_ENV, raising=False)
     monkeypatch.delenv("HOSTED_VLLM_API_KEY", raising=False)
-    found = endpoint(litellm, from_models_file(tmp_path, "hosted_vllm/qwen"))
+    found = endpoint(models, from_models_file(tmp_path, "hosted_vllm/qwen"))
     assert found.api_key is None
     assert "authorization" not in found.headers
 
 
 def test_a_provider_prefix_takes_the_providers_base_and_environment(
-    litellm: ModuleType, monkeypatch: pytest.MonkeyPatch
+    models: ModelMap, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
     monkeypatch.setenv("OPENAI_ORGANIZATION", "org-1")
     monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-1")
-    found = endpoint(litellm, ResolvedModel("openai/gpt-4o-mini", None))
+    found = endpoint(models, ResolvedModel("openai/gpt-4o-mini", None))
     assert (found.url, found.model, found.provider) == (
         "https://api.openai.com/v1/chat/completions",
         "gpt-4o-mini",
@@ -101,8 +100,8 @@ def test_a_provider_prefix_takes_the_providers_base_and_environment(
     assert (found.headers["openai-organization"], found.headers["openai-project"]) == ("org-1", "proj-1")
 
 
-def test_without_any_key_none_is_sent(litellm: ModuleType) -> None:
-    found = endpoint(litellm, ResolvedModel("openai/gpt-4o-mini", None))
+def test_without_any_key_none_is_sent(models: ModelMap) -> None:
+    found = endpoint(models, ResolvedModel("openai/gpt-4o-mini", None))
     assert found.api_key is None
     assert "authorization" not in found.headers
 
@@ -117,13 +116,13 @@ def test_without_any_key_none_is_sent(litellm: ModuleType) -> None:
     ],
 )
 def test_models_the_lean_reader_cannot_call_are_left_to_litellm(
-    litellm: ModuleType, model: ResolvedModel
+    models: ModelMap, model: ResolvedModel
 ) -> None:
-    assert resolve_endpoint(litellm, model, forced=False) is None
+    assert resolve_endpoint(models, model, forced=False) is None
 
 
-def test_forced_takes_an_unknown_model_at_its_base_as_it_is(litellm: ModuleType) -> None:
-    found = endpoint(litellm, ResolvedModel("house-model", None, api_base=BASE), forced=True)
+def test_forced_takes_an_unknown_model_at_its_base_as_it_is(models: ModelMap) -> None:
+    found = endpoint(models, ResolvedModel("house-model", None, api_base=BASE), forced=True)
     assert (found.url, found.model, found.provider, found.api_key) == (
         f"{BASE}/chat/completions",
         "house-model",
@@ -140,23 +139,10 @@ def test_forced_takes_an_unknown_model_at_its_base_as_it_is(litellm: ModuleType)
 
 
 def test_forced_without_a_base_url_is_left_to_litellm_with_a_warning(
-    litellm: ModuleType, caplog: pytest.LogCaptureFixture
+    models: ModelMap, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="app.llm.routing"):
-        assert resolve_endpoint(litellm, ResolvedModel("house-model", None), forced=True) is None
+        assert resolve_endpoint(models, ResolvedModel("house-model", None), forced=True) is None
     assert [r.getMessage() for r in caplog.records if r.name == "app.llm.routing"] == [
         "model house-model needs an api_base for the OpenAI-compatible reader: LiteLLM reads it"
     ]
-
-
-def test_a_request_litellm_cannot_map_is_a_provider_error_with_a_safe_message(
-    litellm: ModuleType, tmp_path: Path
-) -> None:
-    found = endpoint(litellm, from_models_file(tmp_path, "hosted_vllm/qwen"))
-    with pytest.raises(ProviderError) as caught:
-        found.prepare([{"content": "a message without a role"}], [])
-    assert (caught.value.code, caught.value.message, caught.value.retryable) == (
-        "provider_error",
-        "The model call failed.",
-        False,
-    )

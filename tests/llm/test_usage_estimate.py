@@ -1,8 +1,9 @@
-"""A provider that sends no usage chunk still gets its token_usage: LiteLLM's token counter estimates the
-prompt and the completion, and the events say `estimated: true`. Run through both stream adapters against
-the fake OpenAI-compatible upstream over HTTP. How it proves it: the upstream's script has no usage, so
-any usage in the events can only be the estimate; the counts are compared with LiteLLM's own counter on
-the same text, and a provider that does send usage keeps its figures with `estimated: false`."""
+"""A provider that sends no usage chunk still gets its token_usage: estimated (app.llm.tokens on the lean
+reader; LiteLLM's own counter in its child on the tail path), and the events say `estimated: true`. Run
+through both stream adapters against the fake OpenAI-compatible upstream over HTTP. How it proves it: the
+upstream's script has no usage, so any usage in the events can only be the estimate; the counts are
+compared with the estimator's on the same text, and a provider that does send usage keeps its figures with
+`estimated: false`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.llm import tokens
 from app.llm.litellm_import import import_litellm
 from app.settings import Settings
 from tests.fakes.upstream import FakeUpstream, Script
@@ -61,17 +63,19 @@ async def _turn(settings: Settings) -> EventReader:
 async def test_no_usage_chunk_gives_an_estimated_token_usage(
     configured: Settings, upstream: FakeUpstream
 ) -> None:
-    """The lean reader passes on only what the provider sent, and the estimate fills the gap; LiteLLM's own
-    stream (the `litellm` adapter) counts the tokens itself when none come, and its figures are marked
-    estimated because no usage chunk came from the upstream (the provider's own is kept in its chunks)."""
+    """The lean reader passes on only what the provider sent, and the estimate (app.llm.tokens) fills the
+    gap; LiteLLM's own stream (the `litellm` adapter) counts the tokens itself when none come, and its
+    figures are marked estimated because no usage chunk came from the upstream."""
     upstream.enqueue(Script.text(ANSWER, chunks=3, usage=None))
     reader = await _turn(configured)
     [usage] = reader.of_type("token_usage")
     [done] = reader.of_type("response_done")
     assert usage["estimated"] is True
     assert done["response"]["usage"]["estimated"] is True
-    litellm = import_litellm()
-    expected_completion = litellm.token_counter(model=MODEL, text=ANSWER)
+    if configured.stream_adapter == "litellm":
+        expected_completion = import_litellm().token_counter(model=MODEL, text=ANSWER)
+    else:
+        expected_completion = tokens.text_tokens(ANSWER)
     assert done["response"]["usage"]["completion_tokens"] == expected_completion
     prompt = done["response"]["usage"]["prompt_tokens"]
     assert usage["context_used"] == prompt and prompt > 0
