@@ -90,6 +90,12 @@ class Settings(BaseSettings):
         2, ge=0, description="Retries of a model call that failed before any output."
     )
     provider_retry_backoff: float = Field(0.5, ge=0, description="First retry delay in seconds; doubles.")
+    provider_retry_max_wait: float = Field(
+        10.0,
+        ge=0,
+        description="Longest Retry-After of a rate limited or unavailable provider that a retry waits out; "
+        "a longer one fails the turn at once with `retry_after` in its error event (0: never wait).",
+    )
     stream_adapter: Literal["auto", "litellm"] = Field(
         "auto",
         description="How model streams are read: `auto` (the lean reader for OpenAI-compatible providers, "

@@ -787,6 +787,12 @@ export interface components {
              */
             model: string | null;
             /**
+             * Retry After
+             * @description Seconds the model provider asked to wait before trying again (its Retry-After), when it said: a rate limit or an overload longer than the server waits out itself.
+             * @default null
+             */
+            retry_after: number | null;
+            /**
              * Seq
              * @description Position in the session's stream; equals the SSE id.
              */
@@ -1976,12 +1982,18 @@ export interface components {
             completion_tokens: number;
             /**
              * Estimated
-             * @description Counted by LiteLLM's tokenizer: the provider sent no usage for this response.
+             * @description Estimated by the server: the provider sent no usage for this response.
              * @default false
              */
             estimated: boolean;
             /** Prompt Tokens */
             prompt_tokens: number;
+            /**
+             * Reasoning Tokens
+             * @description Of completion_tokens, the model's reasoning (null where the provider does not count them apart).
+             * @default null
+             */
+            reasoning_tokens: number | null;
             /** Total Tokens */
             total_tokens: number;
         };

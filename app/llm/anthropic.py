@@ -41,7 +41,7 @@ from app.llm.openai_compat import (
     _read_failed,
     env_proxy,
 )
-from app.llm.provider_errors import ended_unfinished, from_status, provider_error
+from app.llm.provider_errors import ended_unfinished, from_status, provider_error, retry_after_of
 from app.llm.types import (
     FinishPart,
     ModelRequest,
@@ -354,11 +354,13 @@ async def _status_error(response: aiohttp.ClientResponse, endpoint: AnthropicEnd
     classification both readers share."""
     text = await _error_text(response, endpoint)
     if response.status == 529 or "overloaded_error" in text:
-        return provider_error("provider_unavailable", status=response.status)
+        overloaded = provider_error("provider_unavailable", status=response.status)
+        overloaded.retry_after = retry_after_of(response.headers)
+        return overloaded
     lowered = text.lower()
     if response.status == 400 and any(marker in lowered for marker in _CONTEXT_MARKERS):
         return provider_error("context_window_exceeded", status=response.status)
-    return from_status(response.status, text)
+    return from_status(response.status, text, response.headers)
 
 
 class EventReader:

@@ -148,7 +148,13 @@ class ModelGateway:
             )
             if native is not None:
                 return anthropic.AnthropicAdapter(self._http, native)
-        endpoint = resolve_endpoint(models, model, forced=choice == "openai")
+        configured = self.catalog.get(model.name)
+        endpoint = resolve_endpoint(
+            models,
+            model,
+            forced=choice == "openai",
+            reasoning_effort=configured.reasoning_effort if configured is not None else None,
+        )
         if endpoint is None:
             return self._litellm_adapter
         from app.llm.openai_compat import OpenAICompatAdapter  # loaded by _import_model_modules

@@ -205,12 +205,19 @@ def _parts(chunk: Any, kept: Any = None) -> list[StreamPart]:
             parts.append(FinishPart(choice.finish_reason))
     usage = getattr(chunk, "usage", None)
     if usage is not None:
+        prompt_details = getattr(usage, "prompt_tokens_details", None)
+        completion_details = getattr(usage, "completion_tokens_details", None)
+        reasoning = getattr(completion_details, "reasoning_tokens", None)
         parts.append(
             UsagePart(
                 prompt_tokens=int(usage.prompt_tokens or 0),
                 completion_tokens=int(usage.completion_tokens or 0),
                 total_tokens=int(usage.total_tokens or 0),
                 estimated=not _provider_sent_usage(kept),
+                cache_read_tokens=int(getattr(prompt_details, "cached_tokens", None) or 0),
+                cache_write_tokens=int(getattr(usage, "cache_creation_input_tokens", None) or 0),
+                # LiteLLM reports 0 where the provider said nothing: only a count is one.
+                reasoning_tokens=reasoning if isinstance(reasoning, int) and reasoning > 0 else None,
             )
         )
     return parts

@@ -242,7 +242,10 @@ class LiteLLMProcess:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
         try:
-            process = await asyncio.to_thread(_spawn, theirs)  # closes `theirs`
+            # On the loop's own thread: a child inherits the CPU affinity of the thread that starts it,
+            # and a worker thread's may not be the service's. A spawn (vfork and exec) takes milliseconds,
+            # once per child.
+            process = _spawn(theirs)  # closes `theirs`
             pid = process.pid
             child = _Child(process, _pidfd(pid), Link(loop, self._lost))
             await loop.create_unix_connection(lambda: child.link, sock=ours)

@@ -38,7 +38,7 @@ from app.llm.types import (
 
 log = logging.getLogger(__name__)
 
-VERSION = 2  # 2: a usage part carries `estimated`
+VERSION = 3  # 2: a usage part carries `estimated`; 3: and the cached and reasoning token counts
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -49,7 +49,16 @@ def encode_part(part: StreamPart) -> list[Any]:
     if isinstance(part, ToolCallPart):
         return ["c", part.index, part.id, part.name, part.arguments]
     if isinstance(part, UsagePart):
-        return ["u", part.prompt_tokens, part.completion_tokens, part.total_tokens, part.estimated]
+        return [
+            "u",
+            part.prompt_tokens,
+            part.completion_tokens,
+            part.total_tokens,
+            part.estimated,
+            part.cache_read_tokens,
+            part.cache_write_tokens,
+            part.reasoning_tokens,
+        ]
     if isinstance(part, ReasoningPart):
         return ["r", part.text, part.signature, part.redacted]
     return ["f", part.reason]
@@ -62,9 +71,7 @@ def decode_part(item: list[Any]) -> StreamPart:
     if kind == "c":
         return ToolCallPart(index=item[1], id=item[2], name=item[3], arguments=item[4])
     if kind == "u":
-        return UsagePart(
-            prompt_tokens=item[1], completion_tokens=item[2], total_tokens=item[3], estimated=item[4]
-        )
+        return UsagePart(*item[1:8])
     if kind == "f":
         return FinishPart(item[1])
     if kind == "r":
@@ -75,14 +82,14 @@ def decode_part(item: list[Any]) -> StreamPart:
 def encode_error(error: ProviderError | None) -> list[Any] | None:
     if error is None:
         return None
-    return [error.code, error.message, error.status, error.retryable]
+    return [error.code, error.message, error.status, error.retryable, error.retry_after]
 
 
 def decode_error(item: list[Any] | None) -> ProviderError | None:
     if item is None:
         return None
-    code, message, status, retryable = item
-    return ProviderError(code, message, status=status, retryable=bool(retryable))
+    code, message, status, retryable, retry_after = item
+    return ProviderError(code, message, status=status, retryable=bool(retryable), retry_after=retry_after)
 
 
 class Outbox:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.llm.types import ResolvedModel
 
@@ -18,12 +18,33 @@ model to an OpenAI-compatible chat-completions endpoint, "openai" forces that re
 LiteLLM's own stream."""
 
 
+ReasoningEffort = Literal["minimal", "low", "medium", "high"]
+# Extended thinking's budget for an effort where only the effort is given (LiteLLM's own mapping).
+EFFORT_BUDGETS: dict[str, int] = {"minimal": 1024, "low": 1024, "medium": 2048, "high": 4096}
+
+
 class ReasoningEntry(BaseModel):
-    """How much the model may think before it answers (docs/configuration.md, Reasoning)."""
+    """How much the model may think before it answers (docs/configuration.md, Reasoning): Anthropic's
+    thinking budget, or the `reasoning_effort` OpenAI-compatible reasoning models take; one or both."""
 
     model_config = ConfigDict(extra="forbid")
 
-    budget_tokens: int = Field(ge=1024)
+    budget_tokens: int | None = Field(None, ge=1024)
+    effort: ReasoningEffort | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> ReasoningEntry:
+        if self.budget_tokens is None and self.effort is None:
+            raise ValueError("reasoning needs budget_tokens (Anthropic) or effort (OpenAI-compatible)")
+        return self
+
+    @property
+    def budget(self) -> int:
+        """The thinking budget for Anthropic: the given one, else the effort's."""
+        if self.budget_tokens is not None:
+            return self.budget_tokens
+        assert self.effort is not None
+        return EFFORT_BUDGETS[self.effort]
 
 
 class ModelEntry(BaseModel):
@@ -34,7 +55,7 @@ class ModelEntry(BaseModel):
     # the defaults (the known max output, else 4096; caching on).
     max_output_tokens: int | None = Field(None, gt=0)
     prompt_cache: bool | None = None
-    # Extended thinking (Anthropic reader only); None: off.
+    # Extended thinking (Anthropic) or reasoning effort (OpenAI-compatible); None: off.
     reasoning: ReasoningEntry | None = None
 
 
@@ -80,6 +101,7 @@ class ConfiguredModel(BaseModel):
     max_output_tokens: int | None = None
     prompt_cache: bool | None = None
     reasoning_budget: int | None = None
+    reasoning_effort: ReasoningEffort | None = None
 
 
 class ModelCatalog:
@@ -114,7 +136,8 @@ class ModelCatalog:
                     adapter=provider.adapter,
                     max_output_tokens=entry.max_output_tokens or provider.max_output_tokens,
                     prompt_cache=provider.prompt_cache if entry.prompt_cache is None else entry.prompt_cache,
-                    reasoning_budget=entry.reasoning.budget_tokens if entry.reasoning else None,
+                    reasoning_budget=entry.reasoning.budget if entry.reasoning else None,
+                    reasoning_effort=entry.reasoning.effort if entry.reasoning else None,
                 )
         return cls(models)
 

@@ -329,13 +329,7 @@ class SSEReader:
                 self._choice(choices[0], parts)
             usage = event.get("usage")
             if usage:
-                parts.append(
-                    UsagePart(
-                        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                        completion_tokens=int(usage.get("completion_tokens") or 0),
-                        total_tokens=int(usage.get("total_tokens") or 0),
-                    )
-                )
+                parts.append(_usage(usage))
         except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
             log.warning("the provider sent an event that is not a chat completion chunk: %s", _head(payload))
             raise provider_error("provider_stream_interrupted") from exc
@@ -369,6 +363,21 @@ class SSEReader:
             self._finish = reason
 
 
+def _usage(usage: dict[str, Any]) -> UsagePart:
+    """OpenAI's usage object: the cached part of the prompt (`prompt_tokens_details.cached_tokens`) and the
+    reasoning part of the completion (`completion_tokens_details.reasoning_tokens`) where reported."""
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
+    reasoning = completion_details.get("reasoning_tokens")
+    return UsagePart(
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        total_tokens=int(usage.get("total_tokens") or 0),
+        cache_read_tokens=int(prompt_details.get("cached_tokens") or 0),
+        reasoning_tokens=int(reasoning) if reasoning is not None else None,
+    )
+
+
 def _head(payload: bytes | str) -> str:
     text = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
     return text[:_LOGGED_CHARS]
@@ -383,7 +392,7 @@ def _before_response(exc: BaseException, endpoint: Target) -> ProviderError:
 
 
 async def _status_error(response: aiohttp.ClientResponse, endpoint: Target) -> ProviderError:
-    return from_status(response.status, await _error_text(response, endpoint))
+    return from_status(response.status, await _error_text(response, endpoint), response.headers)
 
 
 async def _error_text(response: aiohttp.ClientResponse, endpoint: Target) -> str:

@@ -11,8 +11,11 @@ upstream's own text goes to the log, never into the message.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import logging
 import re
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -140,8 +143,49 @@ def call_failed(status: int | None = None) -> ProviderError:
     return ProviderError("provider_error", "The model call failed.", status=status)
 
 
-def from_status(status: int, body: str) -> ProviderError:
-    """An HTTP error answer (status and body text) as LiteLLM's OpenAI mapping and `map_error` see it."""
+def from_status(status: int, body: str, headers: Mapping[str, str] | None = None) -> ProviderError:
+    """An HTTP error answer (status, body text, headers) as LiteLLM's OpenAI mapping and `map_error` see
+    it; a rate limit or an unavailable provider keeps the wait its headers ask for (`retry_after`)."""
+    error = _from_status(status, body)
+    if headers is not None and error.code in _WAITABLE:
+        error.retry_after = retry_after_of(headers)
+    return error
+
+
+# The failures a provider may ask us to wait out.
+_WAITABLE = frozenset({"provider_rate_limited", "provider_unavailable"})
+# Longest wait read from a header: a provider's "come back tomorrow" is not a retry.
+_MAX_RETRY_AFTER = 24 * 3600.0
+
+
+def retry_after_of(headers: Mapping[str, str]) -> float | None:
+    """The wait a provider asks for: `retry-after-ms` (OpenAI's, milliseconds), else `retry-after` in
+    seconds or as an HTTP date; None when absent or unreadable."""
+    lowered = {key.lower(): value for key, value in headers.items()}
+    try:
+        if (ms := lowered.get("retry-after-ms")) is not None:
+            return _bounded(float(ms) / 1000)
+        value = lowered.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return _bounded(float(value))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=datetime.UTC)
+            return _bounded((when - datetime.datetime.now(datetime.UTC)).total_seconds())
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def _bounded(seconds: float) -> float | None:
+    if seconds != seconds:  # NaN
+        return None
+    return round(min(max(seconds, 0.0), _MAX_RETRY_AFTER), 3)
+
+
+def _from_status(status: int, body: str) -> ProviderError:
     lowered = body.lower()
     if status == 429 or _RATE_LIMIT.search(lowered):
         return provider_error("provider_rate_limited", status=status)
@@ -185,7 +229,12 @@ def map_error(litellm: ModuleType, exc: Exception, *, streamed: bool) -> Provide
     for class_name, code in _BY_CLASS:
         cls = getattr(litellm, class_name, None)
         if cls is not None and isinstance(exc, cls):
-            return provider_error(code, status=status)
+            error = provider_error(code, status=status)
+            # The upstream's own headers (LiteLLM keeps them apart from its exception's `response`).
+            headers = getattr(exc, "litellm_response_headers", None)
+            if code in _WAITABLE and isinstance(headers, Mapping):
+                error.retry_after = retry_after_of(headers)
+            return error
     text = str(exc)
     if "Missing credentials" in text or "api_key client option must be set" in text:
         return provider_error("provider_auth_missing", status=status)

@@ -44,11 +44,14 @@ class Endpoint:
     finish_reason: Callable[[str], str] = field(repr=False)
 
 
-def resolve_endpoint(models: ModelMap, model: ResolvedModel, *, forced: bool) -> Endpoint | None:
+def resolve_endpoint(
+    models: ModelMap, model: ResolvedModel, *, forced: bool, reasoning_effort: str | None = None
+) -> Endpoint | None:
     """The lean reader's endpoint for `model`, or None when LiteLLM's own stream must read it.
 
     `forced` (the models file's `"adapter": "openai"`) also takes models of other providers, or unknown to
     LiteLLM, when the file gives their base URL: the bare name and the messages are sent as they are.
+    `reasoning_effort` (the models file's `reasoning.effort`) goes with every request.
     """
     routed = models.route(model.name)
     bare, provider = routed if routed is not None else (model.name, None)
@@ -73,7 +76,7 @@ def resolve_endpoint(models: ModelMap, model: ResolvedModel, *, forced: bool) ->
         return None
     key = _api_key(model, provider)
     url = api_base.rstrip("/") + "/chat/completions"
-    prepare = _prepare(bare, strip_schemas=provider == "hosted_vllm")
+    prepare = _prepare(bare, strip_schemas=provider == "hosted_vllm", effort=reasoning_effort)
     finish: Callable[[str], str] = map_finish_reason if compatible else str
     return Endpoint(url, bare, provider, key, _headers(provider, key), prepare, finish)
 
@@ -123,7 +126,7 @@ def _headers(provider: str | None, key: str | None) -> dict[str, str]:
     return headers
 
 
-def _prepare(bare: str, *, strip_schemas: bool) -> Prepare:
+def _prepare(bare: str, *, strip_schemas: bool, effort: str | None = None) -> Prepare:
     def prepare(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": bare,
@@ -131,6 +134,8 @@ def _prepare(bare: str, *, strip_schemas: bool) -> Prepare:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if effort is not None:
+            body["reasoning_effort"] = effort
         if tools:
             body["tools"] = [_without_strict_keys(t) for t in tools] if strip_schemas else list(tools)
         return body

@@ -38,12 +38,16 @@ class UsagePart:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    # Counted by LiteLLM's tokenizer because the provider sent no usage (app/llm/observed.py).
+    # Estimated because the provider sent no usage (app/llm/observed.py).
     estimated: bool = False
     # Of prompt_tokens, those read from the provider's prompt cache and those written to it (Anthropic's
-    # cache_read_input_tokens and cache_creation_input_tokens, anthropic.py); 0 where not reported.
+    # cache_read_input_tokens and cache_creation_input_tokens, anthropic.py; OpenAI's
+    # prompt_tokens_details.cached_tokens, openai_compat.py); 0 where not reported.
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    # Of completion_tokens, the reasoning's (OpenAI's completion_tokens_details.reasoning_tokens); None
+    # where the provider does not count them apart (Anthropic).
+    reasoning_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +99,21 @@ class ProviderError(Exception):
     """A model call failed; `message` is safe to show to end users, the cause goes to the log only."""
 
     def __init__(
-        self, code: str, message: str, *, status: int | None = None, retryable: bool = False
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status
         self.retryable = retryable
+        # Seconds the provider asked us to wait (its Retry-After), when it said.
+        self.retry_after = retry_after
 
 
 class ModelAdapter(Protocol):

@@ -114,7 +114,7 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     estimated: bool = Field(
-        False, description="Counted by LiteLLM's tokenizer: the provider sent no usage for this response."
+        False, description="Estimated by the server: the provider sent no usage for this response."
     )
     cache_read_tokens: int = Field(
         0,
@@ -123,6 +123,11 @@ class Usage(BaseModel):
     cache_write_tokens: int = Field(
         0,
         description="Of prompt_tokens, those written to the provider's prompt cache (0: none reported).",
+    )
+    reasoning_tokens: int | None = Field(
+        None,
+        description="Of completion_tokens, the model's reasoning (null where the provider does not count "
+        "them apart).",
     )
 
 
@@ -304,6 +309,11 @@ class ErrorEvent(_Event):
     timestamp: str
     trace_id: str | None = Field(
         None, description="The turn's OpenTelemetry trace id when tracing is on: follow it in the traces."
+    )
+    retry_after: float | None = Field(
+        None,
+        description="Seconds the model provider asked to wait before trying again (its Retry-After), when "
+        "it said: a rate limit or an overload longer than the server waits out itself.",
     )
 
 

@@ -81,6 +81,8 @@ class AgentRun:
     provider_timeout: float = 120.0
     retries: int = 2
     retry_backoff: float = 0.5
+    # A provider's Retry-After up to this is waited out before the retry; a longer one fails the call.
+    retry_max_wait: float = 10.0
     should_pause: Callable[[], bool] = field(default=lambda: False)
     # Client tools in OpenAI "tools" format, the calls that wait (and how long), and where answers come.
     client_tools: list[dict[str, Any]] = field(default_factory=list)
@@ -159,9 +161,10 @@ class AgentRun:
             except ProviderError as exc:
                 # Retry only while nothing reached the client: a retried call after visible text would
                 # show the user two different beginnings.
-                if text or reasoning.text or not exc.retryable or attempt >= self.retries:
+                wait = None if text or reasoning.text else self._retry_wait(exc, attempt)
+                if wait is None:
                     raise
-                await asyncio.sleep(self.retry_backoff * (2**attempt))
+                await asyncio.sleep(wait)  # a stop cancels the turn's task, and with it this wait
                 attempt += 1
                 continue
             break
@@ -176,6 +179,17 @@ class AgentRun:
             reasoning_ms=reasoning.duration_ms,
             thinking_blocks=reasoning.blocks(),
         )
+
+    def _retry_wait(self, exc: ProviderError, attempt: int) -> float | None:
+        """Seconds before retrying a call that failed before any output; None: no retry. A provider's
+        Retry-After longer than retry_max_wait fails at once (the client learns when to come back)."""
+        if not exc.retryable or attempt >= self.retries:
+            return None
+        wait: float = self.retry_backoff * 2**attempt
+        asked: float | None = exc.retry_after
+        if asked is None:
+            return wait
+        return max(wait, asked) if asked <= self.retry_max_wait else None
 
     async def _run_tools(
         self, calls: list[CallRequest], resumed: ResumedRound | None = None

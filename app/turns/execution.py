@@ -82,6 +82,7 @@ class AgentFactory:
             provider_timeout=settings.provider_timeout,
             retries=settings.provider_retries,
             retry_backoff=settings.provider_retry_backoff,
+            retry_max_wait=settings.provider_retry_max_wait,
             should_pause=should_pause,
             client_tools=[client_tool_schema(t) for t in client_tools],
             wait_rules=self._wait_rules(session, client_tools),

@@ -130,6 +130,7 @@ async def test_text_with_cache_tokens_in_the_usage(server: LiveServer, upstream:
         "estimated": False,
         "cache_read_tokens": 900,
         "cache_write_tokens": 60,
+        "reasoning_tokens": None,
     }
     context = reader.of_type("token_usage")[0]
     assert (context["context_used"], context["cache_read_tokens"], context["cache_write_tokens"]) == (
@@ -306,11 +307,23 @@ async def test_rate_limited_with_retry_after_is_retried(server: LiveServer, upst
     upstream.enqueue(limited, Script.text("Recovered."))
     reader = await _post(server, await _session(server), "hi")
     assert [r.status for r in upstream.requests] == [429, 200]
+    # The wait asked for, at least, before the retry (a lower bound, not a timing).
+    assert upstream.requests[1].received_at - upstream.requests[0].received_at >= 1
     assert _text(reader) == "Recovered."
 
     upstream.enqueue(limited, limited, limited)
     failed = await _post(server, await _session(server), "hi")
     assert failed.of_type("error")[0]["code"] == "provider_rate_limited"
+    assert failed.of_type("error")[0]["retry_after"] == 1
+
+    # Longer than the server waits out itself (PARLEY_PROVIDER_RETRY_MAX_WAIT, 10 s): failed at once.
+    before = len(upstream.requests)
+    overloaded = Script.error(529, body=fake_anthropic.error_body(529), retry_after=60)
+    upstream.enqueue(overloaded)
+    refused = await _post(server, await _session(server), "hi")
+    assert len(upstream.requests) == before + 1
+    [error] = refused.of_type("error")
+    assert (error["code"], error["retry_after"]) == ("provider_unavailable", 60)
 
 
 @pytest.mark.parametrize(

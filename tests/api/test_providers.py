@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,7 @@ async def test_text_with_usage_and_the_configured_window(
         "estimated": False,
         "cache_read_tokens": 0,
         "cache_write_tokens": 0,
+        "reasoning_tokens": None,
     }
     assert done["response"]["finish_reason"] == "stop"
     usage = reader.of_type("token_usage")[0]
@@ -173,6 +175,7 @@ async def test_a_long_answer_keeps_every_chunk_and_the_providers_usage(
         "estimated": False,
         "cache_read_tokens": 0,
         "cache_write_tokens": 0,
+        "reasoning_tokens": None,
     }
     assert reader.of_type("token_usage")[0]["context_used"] == 321
     texts = [m for m in await _history(server, sid) if m["type"] == "text" and m.get("model")]
@@ -306,6 +309,51 @@ async def test_retry_before_output_recovers(server: LiveServer, upstream: FakeUp
     assert len(upstream.requests) == 2
     assert reader.of_type("error") == []
     assert "".join(d["text"] for d in reader.of_type("text_delta")) == "Recovered."
+
+
+async def test_a_providers_retry_after_is_waited_out_before_the_retry(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    """How it proves it: the second request cannot arrive before the wait the first answer asked for (a
+    lower bound the server must respect, not a timing of the server)."""
+    upstream.enqueue(Script.error(429, retry_after=1.5), Script.text("Waited."))
+    _, reader = await _turn(server, "hi")
+    first, second = upstream.requests
+    assert second.received_at - first.received_at >= 1.5
+    assert reader.of_type("error") == []
+    assert reader.of_type("turn_done")[0]["status"] == "completed"
+
+
+@pytest.mark.parametrize("headers", [{"retry-after": "120"}, {"retry-after-ms": "120000"}])
+async def test_a_retry_after_longer_than_the_server_waits_fails_at_once_and_says_it(
+    server: LiveServer, upstream: FakeUpstream, headers: dict[str, str]
+) -> None:
+    upstream.enqueue(Script.error(429, headers=headers))
+    _, reader = await _turn(server, "hi")
+    assert len(upstream.requests) == 1  # not retried: PARLEY_PROVIDER_RETRY_MAX_WAIT is 10 s
+    [error] = reader.of_type("error")
+    assert (error["code"], error["retry_after"]) == ("provider_rate_limited", 120)
+    assert reader.of_type("turn_done")[0]["status"] == "failed"
+
+
+async def test_a_stop_ends_the_wait_for_a_retry_at_once(server: LiveServer, upstream: FakeUpstream) -> None:
+    upstream.enqueue(Script.error(503, retry_after=9), Script.text("Never asked for."))
+    async with (
+        httpx.AsyncClient(base_url=server.base_url, timeout=30) as client,
+    ):
+        sid = (await client.post("/v1/sessions", json={})).json()["id"]
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+            assert (
+                await client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"})
+            ).status_code == 202
+            await upstream.await_request(lambda r: r.status == 503, within=10.0)
+            asked = time.monotonic()
+            assert (await client.post(f"/v1/sessions/{sid}/cancel", json={})).status_code == 202
+            await reader.wait_type("turn_done")
+            # Far less than the 9 s asked: the stop cancelled the wait (a bound against hanging).
+            assert time.monotonic() - asked < 5
+    assert reader.of_type("turn_done")[0]["status"] == "cancelled"
+    assert len(upstream.requests) == 1
 
 
 @pytest.mark.parametrize(

@@ -130,7 +130,9 @@ class Script:
     `strict`/`forbid_tool_then_user` override the server's history validation for this request.
     Read on the Anthropic route only (anthropic.py): `thinking` streams a thinking block of this text with
     its signature before the text, `redacted_thinking` a redacted one; `cache` is the usage's
-    (cache_read_input_tokens, cache_creation_input_tokens).
+    (cache_read_input_tokens, cache_creation_input_tokens) there, and its first figure the
+    `prompt_tokens_details.cached_tokens` of the OpenAI route's usage; `reasoning_tokens` that route's
+    `completion_tokens_details.reasoning_tokens`.
     """
 
     text_pieces: list[str] = field(default_factory=list)
@@ -153,6 +155,7 @@ class Script:
     thinking: str | None = None
     redacted_thinking: bool = False
     cache: tuple[int, int] | None = None
+    reasoning_tokens: int | None = None
 
     # ----- convenient constructors -------------------------------------------------------------------
 
@@ -273,11 +276,22 @@ class Script:
     def effective_finish_reason(self) -> str:
         return self.finish_reason or ("tool_calls" if self.calls else "stop")
 
-    def usage_json(self) -> dict[str, int] | None:
+    def usage_json(self) -> dict[str, Any] | None:
+        """OpenAI's usage object; `cache` gives its prompt_tokens_details.cached_tokens (the read part) and
+        `reasoning_tokens` its completion_tokens_details, as OpenAI's reasoning models report them."""
         if self.usage is None:
             return None
         prompt, completion = self.usage
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        found: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        if self.cache is not None:
+            found["prompt_tokens_details"] = {"cached_tokens": self.cache[0], "audio_tokens": 0}
+        if self.reasoning_tokens is not None:
+            found["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return found
 
     def tool_call_fragments(self) -> list[dict[str, Any]]:
         """OpenAI delta fragments: first one per call carries id/type/name and arguments ''."""

@@ -162,10 +162,14 @@ def test_reasoning_is_per_model_and_off_by_default(tmp_path: Path) -> None:
             }
         }
     }
+    content["providers"]["o"] = {"models": {"openai/o4-mini": {"reasoning": {"effort": "high"}}}}
     catalog = ModelCatalog.load(write(tmp_path, content))
     budgets = {name: getattr(catalog.get(name), "reasoning_budget", "?") for name in catalog.names()}
-    assert budgets == {"anthropic/think": 4000, "anthropic/plain": None}
-    for wrong in ({"budget_tokens": 100}, {"effort": "high"}, {}):
+    # An effort alone gives Anthropic the effort's budget too (high: 4096), as LiteLLM maps it.
+    assert budgets == {"anthropic/think": 4000, "anthropic/plain": None, "openai/o4-mini": 4096}
+    efforts = {name: getattr(catalog.get(name), "reasoning_effort", "?") for name in catalog.names()}
+    assert efforts == {"anthropic/think": None, "anthropic/plain": None, "openai/o4-mini": "high"}
+    for wrong in ({"budget_tokens": 100}, {"effort": "huge"}, {}, {"effort": "low", "extra": 1}):
         bad = {"providers": {"p": {"models": {"x": {"reasoning": wrong}}}}}
         with pytest.raises(ModelsFileError):
             ModelCatalog.load(write(tmp_path, bad))

@@ -130,6 +130,16 @@ def test_reasoning_content_and_reasoning_deltas_are_reasoning_parts() -> None:
     assert ReasoningPart("Hmm.") in _read(other, iter([other]))
 
 
+def test_cached_and_reasoning_tokens_are_read_from_openais_usage_details() -> None:
+    wire = _wire(Script.text("Fine.", usage=(1200, 300), cache=(1024, 0), reasoning_tokens=256))
+    [usage] = [p for p in _read(wire, iter([wire])) if isinstance(p, UsagePart)]
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cache_read_tokens) == (1200, 300, 1024)
+    assert (usage.reasoning_tokens, usage.cache_write_tokens) == (256, 0)
+    plain = _wire(Script.text("Fine.", usage=(12, 3)))
+    [usage] = [p for p in _read(plain, iter([plain])) if isinstance(p, UsagePart)]
+    assert (usage.cache_read_tokens, usage.reasoning_tokens) == (0, None)
+
+
 def test_finish_reasons_as_litellm_reports_them() -> None:
     def finish(*events: dict[str, Any]) -> str | None:
         wire = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"

@@ -3,6 +3,7 @@ called, and how a LiteLLM failure mid-stream is told apart, a stall (a timeout) 
 
 from __future__ import annotations
 
+import datetime
 from types import ModuleType, SimpleNamespace
 
 import pytest
@@ -88,3 +89,33 @@ def test_a_stall_mid_stream_is_a_timeout(cause: BaseException) -> None:
 def test_a_drop_mid_stream_stays_an_interruption() -> None:
     error = map_error(_litellm(), _wrapped(ConnectionResetError("peer closed")), streamed=True)
     assert (error.code, error.retryable) == ("provider_stream_interrupted", False)
+
+
+# --- Retry-After ---------------------------------------------------------------------------------------
+
+
+def test_retry_after_in_seconds_milliseconds_or_as_an_http_date() -> None:
+    from email.utils import format_datetime
+
+    from app.llm.provider_errors import retry_after_of
+
+    assert retry_after_of({"Retry-After": "7"}) == 7
+    assert retry_after_of({"retry-after": "0.25"}) == 0.25
+    assert retry_after_of({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5  # OpenAI's, more precise
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=30)
+    found = retry_after_of({"retry-after": format_datetime(later, usegmt=True)})
+    assert found is not None and 27 <= found <= 30
+    assert retry_after_of({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0  # in the past
+    assert retry_after_of({"retry-after": "soon"}) is None
+    assert retry_after_of({"retry-after": "nan"}) is None
+    assert retry_after_of({"retry-after": "1e308"}) == 24 * 3600
+    assert retry_after_of({}) is None
+
+
+def test_only_waitable_failures_keep_the_retry_after() -> None:
+    from app.llm.provider_errors import from_status
+
+    assert from_status(429, "slow down", {"retry-after": "3"}).retry_after == 3
+    assert from_status(503, "", {"retry-after": "3"}).retry_after == 3
+    assert from_status(400, "bad", {"retry-after": "3"}).retry_after is None
+    assert from_status(429, "slow down").retry_after is None

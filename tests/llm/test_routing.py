@@ -146,3 +146,38 @@ def test_forced_without_a_base_url_is_left_to_litellm_with_a_warning(
     assert [r.getMessage() for r in caplog.records if r.name == "app.llm.routing"] == [
         "model house-model needs an api_base for the OpenAI-compatible reader: LiteLLM reads it"
     ]
+
+
+def test_a_reasoning_effort_goes_with_every_request_and_vllm_gets_schemas_it_takes(
+    models: ModelMap, tmp_path: Path
+) -> None:
+    found = resolve_endpoint(models, ResolvedModel("o4-mini", None), forced=False, reasoning_effort="low")
+    assert found is not None
+    assert found.prepare(HI, [])["reasoning_effort"] == "low"
+    strict = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"a": {"type": "object", "additionalProperties": False}},
+            },
+        },
+    }
+    vllm = endpoint(models, from_models_file(tmp_path, "hosted_vllm/qwen"))
+    assert "reasoning_effort" not in vllm.prepare(HI, [strict])
+    assert vllm.prepare(HI, [strict])["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"a": {"type": "object"}}},
+            },
+        }
+    ]
+    assert strict["function"]["strict"] is True  # the session's own definition is left as it was
+    plain = endpoint(models, ResolvedModel("openai/gpt-4o", None))
+    assert plain.prepare(HI, [strict])["tools"] == [strict]
+    assert plain.finish_reason("end_turn") == "stop" and plain.finish_reason("tool_use") == "tool_calls"

@@ -60,6 +60,8 @@ class TurnEnds:
     closed_status: TurnStatus | None = None  # how close() ended it (metrics, the turn's span)
     interrupted_message_ids: list[str] = field(default_factory=list)
     interrupted_tool_call_ids: list[str] = field(default_factory=list)
+    # A failed turn's provider Retry-After, told in its error event.
+    _retry_after: float | None = None
     # The turn's last response, written by the end's transaction (TurnRecorder): the agent ends right
     # after it, and one commit instead of two is one write less for every turn.
     deferred: Callable[[AsyncSession], Awaitable[None]] | None = None
@@ -126,7 +128,8 @@ class TurnEnds:
             interrupted_tool_call_ids=self.interrupted_tool_call_ids,
         )
 
-    async def finish_failed(self, code: str, message: str) -> None:
+    async def finish_failed(self, code: str, message: str, *, retry_after: float | None = None) -> None:
+        self._retry_after = retry_after
         await self._end("failed", partial=TOOL_INTERRUPTED_BY_ERROR, error=(code, message))
 
     def _error_row(self, code: str, message: str) -> ChatMessageRow:
@@ -142,6 +145,7 @@ class TurnEnds:
             code=row.code or "",
             model=self.rows.model,
             timestamp=row.timestamp,
+            retry_after=self._retry_after,
             trace_id=current_trace_id(),
         )
 

@@ -192,8 +192,8 @@ class TurnRecorder:
     async def finish_cancelled(self) -> None:
         await self.ends.finish_cancelled()
 
-    async def finish_failed(self, code: str, message: str) -> None:
-        await self.ends.finish_failed(code, message)
+    async def finish_failed(self, code: str, message: str, *, retry_after: float | None = None) -> None:
+        await self.ends.finish_failed(code, message, retry_after=retry_after)
 
     async def close(self, status: TurnStatus) -> None:
         await self.ends.close(status)
@@ -247,7 +247,8 @@ class TurnRecorder:
             self.stop.finishing = True
             await events.aclose()
             failed = (exc.code, exc.message)
-            await self.end_durably(lambda: self.finish_failed(*failed))
+            wait = exc.retry_after if isinstance(exc, ProviderError) else None
+            await self.end_durably(lambda: self.finish_failed(*failed, retry_after=wait))
             return
         except Exception as exc:
             self.stop.finishing = True
@@ -425,6 +426,7 @@ class TurnRecorder:
                     estimated=usage.estimated,
                     cache_read_tokens=usage.cache_read_tokens,
                     cache_write_tokens=usage.cache_write_tokens,
+                    reasoning_tokens=usage.reasoning_tokens,
                 )
                 if usage is not None
                 else None,
