@@ -43,7 +43,14 @@ class Context:
         migrate(template, work / "migrate.log")
         models_file = work / MODELS_FILE
         provider = {"api_base": upstream.api_base, "models": ["openai/bench"]}
-        models_file.write_text(json.dumps({"providers": {"bench": provider}}), encoding="utf-8")
+        # The Anthropic reader appends /v1/messages to the server's root; max_tokens as a short answer's.
+        claude = {
+            "api_base": upstream.api_base.removesuffix("/v1"),
+            "max_output_tokens": 1024,
+            "models": ["anthropic/bench"],
+        }
+        providers = {"bench": provider, "claude-bench": claude}
+        models_file.write_text(json.dumps({"providers": providers}), encoding="utf-8")
         return cls(config, cores, work, upstream, template, models_file)
 
     def fresh_db(self, label: str) -> Path:
@@ -69,7 +76,7 @@ class Context:
             env["PARLEY_DEBUG_STATS"] = "1"
             if self.config.stall_ms:
                 env["PARLEY_DEBUG_STALL_MS"] = f"{self.config.stall_ms:g}"
-        if adapter is not None:
+        if adapter is not None and adapter != "anthropic":  # that one is the default server, another model
             # A server without the knob ignores it (unknown PARLEY_ variables are allowed).
             env["PARLEY_STREAM_ADAPTER"] = adapter
         env.update(extra)

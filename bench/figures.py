@@ -38,6 +38,12 @@ def _with_sdks(results: dict[str, Any], concurrency: int | None, *path: str) -> 
     return {f"raw {sdk}": get(_sdk(results, sdk, concurrency), *path) for sdk in ("litellm", "openai")}
 
 
+def _ratio(value: Any, base: Any) -> float | None:
+    if not isinstance(value, int | float) or not isinstance(base, int | float) or not base:
+        return None
+    return round(value / base, 2)
+
+
 def load_runs(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every measurement under load through a server (sweep levels, stop runs, demo levels): each has its
     `window` and its `errors`."""
@@ -83,10 +89,26 @@ def build(results: dict[str, Any]) -> list[Figure]:
             f"at {get(lit50, 'concurrency')} sessions; informative: the target is for the default adapter",
         )
     )
-    for adapter, label in (("auto", "default adapter"), ("litellm", "litellm adapter")):
+    anthropic50 = _level(get(sweep, "anthropic", "levels"), 50)
+    figures.append(
+        Figure(
+            "cpu_per_chunk_anthropic_vs_openai",
+            "Server CPU per streamed chunk, Anthropic path / OpenAI-compatible path",
+            _ratio(get(anthropic50, "cpu_per_chunk_us"), get(at50, "cpu_per_chunk_us")),
+            "×",
+            1.2,
+            note=f"at {get(anthropic50, 'concurrency')} sessions, the same run and upstream: "
+            f"{get(anthropic50, 'cpu_per_chunk_us')} µs against {get(at50, 'cpu_per_chunk_us')} µs",
+        )
+    )
+    for adapter, label in (
+        ("auto", "default adapter"),
+        ("litellm", "litellm adapter"),
+        ("anthropic", "Anthropic path"),
+    ):
         top = _level(get(sweep, adapter, "levels"), 100)
         c = get(top, "concurrency")
-        suffix = "" if adapter == "auto" else "_litellm"
+        suffix = "" if adapter == "auto" else f"_{adapter}"
         note = f"at {c} sessions"
         figures += [
             Figure(
@@ -326,6 +348,7 @@ def _stop(results: dict[str, Any]) -> list[Figure]:
     for adapter, suffix, label in (
         ("auto", "", "default adapter"),
         ("litellm", "_litellm", "litellm adapter"),
+        ("anthropic", "_anthropic", "Anthropic path"),
     ):
         stop = get(results, "stop", adapter)
         note = f"{get(stop, 'sessions')} sessions streaming; n={get(stop, 'cancel_to_event_ms', 'n')}"

@@ -20,6 +20,13 @@ from bench.client import EventStream, HttpConn, HttpError
 from bench.procs import ServerProcess, UpstreamProcess, core_busy_seconds, runqueue_wait_seconds
 
 BENCH_MODEL = "openai/bench"
+# The same upstream read as Anthropic's Messages API (bench/context.py's models file).
+ANTHROPIC_MODEL = "anthropic/bench"
+
+
+def bench_model(adapter: str) -> str:
+    """The model a sweep or stop of this adapter streams: the Anthropic path's own, else the OpenAI one."""
+    return ANTHROPIC_MODEL if adapter == "anthropic" else BENCH_MODEL
 
 
 @dataclass

@@ -25,9 +25,11 @@ STAGES = (
     "tools",
     "replicas",
 )
-# "auto" is the server's default (a lean reader for OpenAI-compatible providers once it lands); "litellm"
-# forces litellm's stream for every model through PARLEY_STREAM_ADAPTER (ignored by servers without it).
-ADAPTERS = ("auto", "litellm")
+# "auto" is the server's default (the lean reader for the OpenAI-compatible model); "litellm" forces
+# litellm's stream for every model through PARLEY_STREAM_ADAPTER (ignored by servers without it);
+# "anthropic" is the default server with an anthropic/ model: the native Anthropic Messages reader against
+# the same upstream's /v1/messages.
+ADAPTERS = ("auto", "litellm", "anthropic")
 SDKS = ("litellm", "openai")
 
 
@@ -179,7 +181,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-ms", type=float, help="milliseconds between upstream chunks")
     p.add_argument("--samples", type=int, help="turns wanted per level (rounds are clamped)")
     p.add_argument("--max-rounds", type=int, help="most turns per session per level")
-    p.add_argument("--adapters", type=_names(ADAPTERS), help="stream adapters to sweep: auto,litellm")
+    p.add_argument(
+        "--adapters", type=_names(ADAPTERS), help="stream adapters to sweep: auto,litellm,anthropic"
+    )
     p.add_argument("--stop-sessions", type=int, help="active sessions in the stop stage")
     p.add_argument("--burst-sessions", type=int, help="turns posted at the same moment in the burst stage")
     p.add_argument("--burst-rounds", type=int, help="rounds of the burst stage (raw, then server)")

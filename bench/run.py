@@ -28,6 +28,7 @@ from bench import summary
 from bench.burst import burst
 from bench.context import Context, say
 from bench.figures import build, load_runs
+from bench.load import bench_model
 from bench.plan import STAGES, Config, config_from, parser
 from bench.postgres import postgres
 from bench.procs import ROOT, Cores, UpstreamProcess, pin_self, raise_nofile
@@ -76,7 +77,7 @@ async def _baselines(ctx: Context) -> dict[str, Any]:
 async def _adapter(ctx: Context, results: dict[str, Any], adapter: str, first: bool) -> None:
     stages = ctx.config.stages
     with ctx.server(f"sweep-{adapter}", adapter=adapter) as server:
-        await warm_up(server)
+        await warm_up(server, model=bench_model(adapter))
         if "sweep" in stages:
             found = await guarded(results, f"sweep {adapter}", lambda: sweep(ctx, server, adapter))
             if found is not None:

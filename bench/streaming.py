@@ -20,6 +20,7 @@ from bench.load import (
     Probe,
     Session,
     Turn,
+    bench_model,
     close_sessions,
     drive,
     every_other,
@@ -37,9 +38,9 @@ DEMO_LONG_TOKENS = 400  # the demo's "[long]" answer, for the timeout only
 TAIL_S = 0.3
 
 
-async def warm_up(server: ServerProcess, *, demo: bool = False) -> None:
+async def warm_up(server: ServerProcess, *, demo: bool = False, model: str = BENCH_MODEL) -> None:
     """One short turn, so that first-call costs (lazy imports, client set-up) fall outside every window."""
-    sessions = await open_sessions(server.port, 1, DEMO_MODEL if demo else BENCH_MODEL)
+    sessions = await open_sessions(server.port, 1, DEMO_MODEL if demo else model)
     try:
         session = sessions[0]
         text = "hello" if demo else bench_content("warmup", 20, 1.0)
@@ -84,7 +85,7 @@ async def sweep(ctx: Context, server: ServerProcess, adapter: str) -> dict[str, 
     for level in config.levels:
         rounds = config.rounds(level)
         say(f"sweep {adapter}: {level} sessions x {rounds} turns of {config.chunks} chunks")
-        sessions = await open_sessions(server.port, level, BENCH_MODEL)
+        sessions = await open_sessions(server.port, level, bench_model(adapter))
         prefix = f"{adapter}-{level}"
 
         def content(session: Session, round_: int, prefix: str = prefix) -> tuple[str, str]:
@@ -116,7 +117,7 @@ async def stop(ctx: Context, server: ServerProcess, adapter: str) -> dict[str, A
     chunks = config.stop_chunks
     jitter = min(1.0, 0.25 * config.stream_seconds(chunks))
     say(f"stop {adapter}: {config.stop_sessions} sessions x {config.stop_rounds} rounds, half stopped")
-    sessions = await open_sessions(server.port, config.stop_sessions, BENCH_MODEL)
+    sessions = await open_sessions(server.port, config.stop_sessions, bench_model(adapter))
 
     def content(session: Session, round_: int) -> tuple[str, str]:
         tag = f"stop-{adapter}-{session.index}-{round_}"

@@ -299,7 +299,9 @@ class FakeUpstream:
         """Anthropic's Messages API: the key in `x-api-key`, an `anthropic-version`, the request always
         validated as Anthropic does (a 400 naming the problems), the answer streamed as its events."""
         body: dict[str, Any] = rec.body if isinstance(rec.body, dict) else {}
-        script = self._next_script(directive(body.get("messages")))
+        found = directive(body.get("messages"))
+        rec.tag = found.get("tag")  # joins the benchmark's turns with these requests, as on /chat/completions
+        script = self._next_script(found)
         if self.api_key is not None and rec.headers.get("x-api-key") != self.api_key:
             return self._anthropic_error(401, "invalid x-api-key")
         if not rec.headers.get("anthropic-version"):
