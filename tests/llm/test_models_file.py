@@ -155,14 +155,14 @@ def test_max_output_tokens_and_prompt_cache_model_entry_first(tmp_path: Path) ->
 
 
 def test_reasoning_is_per_model_and_off_by_default(tmp_path: Path) -> None:
-    content = {
+    content: dict[str, Any] = {
         "providers": {
             "claude": {
                 "models": {"anthropic/think": {"reasoning": {"budget_tokens": 4000}}, "anthropic/plain": {}}
-            }
+            },
+            "o": {"models": {"openai/o4-mini": {"reasoning": {"effort": "high"}}}},
         }
     }
-    content["providers"]["o"] = {"models": {"openai/o4-mini": {"reasoning": {"effort": "high"}}}}
     catalog = ModelCatalog.load(write(tmp_path, content))
     budgets = {name: getattr(catalog.get(name), "reasoning_budget", "?") for name in catalog.names()}
     # An effort alone gives Anthropic the effort's budget too (high: 4096), as LiteLLM maps it.

@@ -154,7 +154,7 @@ def test_a_reasoning_effort_goes_with_every_request_and_vllm_gets_schemas_it_tak
     found = resolve_endpoint(models, ResolvedModel("o4-mini", None), forced=False, reasoning_effort="low")
     assert found is not None
     assert found.prepare(HI, [])["reasoning_effort"] == "low"
-    strict = {
+    strict: dict[str, Any] = {
         "type": "function",
         "function": {
             "name": "f",
