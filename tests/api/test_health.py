@@ -1,6 +1,6 @@
 """Liveness and readiness over a real socket: a started server answers /healthz, the history and the event
-stream while the model layer still loads (its litellm import held back by the test), /readyz says 503
-until the load ends and 200 after it."""
+stream while the model layer still loads (its read of LiteLLM's model map held back by the test), /readyz
+says 503 until the load ends and 200 after it."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
-from types import ModuleType
 
 import httpx
 import pytest
 
-from app.llm import gateway, litellm_import
+from app.llm import gateway
+from app.llm.litellm_tables import ModelMap
 from app.settings import Settings
 from tests.support.server import live_server
 from tests.support.sse import EventReader
@@ -22,14 +22,15 @@ pytestmark = pytest.mark.anyio
 
 
 class HeldImport:
-    """Stands in for `import_litellm`: the load begins, then waits until the test releases it."""
+    """Stands in for the model layer's load (`gateway._read_model_layer`, in its worker thread): the load
+    begins, then waits until the test releases it."""
 
     def __init__(self) -> None:
         self.begun = threading.Event()
         self.released = threading.Event()
-        self._real = litellm_import.import_litellm
+        self._real = gateway._read_model_layer
 
-    def __call__(self) -> ModuleType:
+    def __call__(self) -> ModelMap:
         self.begun.set()
         self.released.wait(timeout=60)
         return self._real()
@@ -49,7 +50,7 @@ def finished_session(settings: Settings) -> str:
 def held(finished_session: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldImport]:
     """Held for the servers started from here on (after the finished session's)."""
     held = HeldImport()
-    monkeypatch.setattr(gateway, "import_litellm", held)
+    monkeypatch.setattr(gateway, "_read_model_layer", held)
     try:
         yield held
     finally:
