@@ -159,8 +159,9 @@ def test_a_key_of_every_allowed_character_works_in_the_url_and_no_log_line_shows
     database_url: str, tmp_path: Path
 ) -> None:
     """As typed (curl), percent-encoded (encodeURIComponent, httpx), under an encoded name: the stream
-    authenticates, and neither the access log nor the error log, with LiteLLM's filter loaded after the
-    service's, shows 6 characters of the key; `after=` and `format=` stay readable."""
+    authenticates, and neither the access log nor the error log shows 6 characters of the key (the
+    service's own redaction: LiteLLM, whose logging filter once ran too, is not imported without a tail
+    model); `after=` and `format=` stay readable."""
     key = EVERY_CHARACTER_KEY
     keys_file = tmp_path / "keys.json"
     keys_file.write_text(json.dumps({"bob": [f"bob-key-{'0' * 16}", key[::-1]]}))
@@ -185,11 +186,8 @@ def test_a_key_of_every_allowed_character_works_in_the_url_and_no_log_line_shows
             assert _status_of_raw_get(url, target) == status, target
         # Where the key is not taken from the URL: 401, and still no piece of it in the log.
         assert _status_of_raw_get(url, f"/v1/sessions?access_token={key}&limit=5") == 401
-        # A marker LiteLLM's filter rewrites: its filter is there, and ran on the lines above.
-        httpx.get(f"{url}/healthz", params={"probe_password": "marker-0123456789"}, timeout=10)
         time.sleep(0.2)  # the access log lines of the streams
     logged = log.read_text()
-    assert "marker-0123456789" not in logged, f"LiteLLM's filter was not loaded:\n{logged}"
     assert key_pieces_in(logged, key) == [], logged
     assert key_pieces_in(logged, key[::-1]) == [], logged
     streams = [line for line in logged.splitlines() if "/events?" in line]

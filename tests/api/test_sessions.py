@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -107,4 +109,8 @@ async def test_models_lists_the_demo_with_its_window(server: LiveServer) -> None
         demo = next(m for m in listed["models"] if m["model"] == "parley/demo")
         assert demo["context_window"] == 32768
         assert (await client.get("/healthz")).json()["status"] == "ok"
-        assert (await client.get("/readyz")).status_code == 200
+        # The demo's window needs no model map; ready follows once it is read (~50 ms, in a thread).
+        deadline = asyncio.get_running_loop().time() + 30  # a bound against hanging, not a timing
+        while (await client.get("/readyz")).status_code != 200:
+            assert asyncio.get_running_loop().time() < deadline, "never ready"
+            await asyncio.sleep(0.02)
