@@ -61,7 +61,7 @@ def test_smoke_run_reports_every_figure(tmp_path: Path) -> None:
             assert figure["value"] is not None, key
     for field in ("cores", "cpu_model", "python", "litellm", "git_commit", "date"):
         assert field in document["machine"]
-    assert set(document["sweep"]) == {"auto", "litellm"}
+    assert set(document["sweep"]) == {"auto", "litellm", "anthropic"}
     assert set(document["baselines"]) == {"litellm", "openai"}
     # The burst timed every turn through the server and every direct request to the upstream.
     burst = document["burst"]
