@@ -52,8 +52,16 @@ describe.runIf(available)("against a live server", () => {
     server = spawn(PYTHON, ["-m", "uvicorn", "app.main:app", "--port", String(port), "--no-access-log"], { cwd: ROOT, env });
     server.stdout?.on("data", (d: Buffer) => (log += d.toString()));
     server.stderr?.on("data", (d: Buffer) => (log += d.toString()));
-    await until(() => server.exitCode !== null || log.includes("Application startup complete"), 30_000);
+    // Ready when /readyz says so: uvicorn logs "startup complete" before its socket listens, and the model
+    // layer loads after that (a request in between is refused, or waits for the load).
+    let ready = false;
+    const deadline = Date.now() + 30_000;
+    while (!ready && server.exitCode === null && Date.now() < deadline) {
+      ready = await fetch(`${base}/readyz`).then((r) => r.status === 200, () => false);
+      if (!ready) await new Promise((r) => setTimeout(r, 50));
+    }
     expect(server.exitCode, log).toBeNull();
+    expect(ready, log).toBe(true);
   }, 60_000);
 
   afterAll(() => {
