@@ -16,9 +16,9 @@ tests/llm/test_litellm_tables.py holds every yes against LiteLLM's own answer.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -148,20 +148,30 @@ def _positive(value: object) -> int | None:
 
 
 def _enum_values(path: Path, enum: str) -> frozenset[str]:
+    """The string members of the class `enum` in `path`, read line by line: `NAME = "value"` lines of its
+    body, up to the next line at the module's level. Not with `ast`: on Python 3.11 before 3.11.8 two threads
+    building syntax trees at once can fail with "AST constructor recursion depth mismatch" (CPython
+    gh-106905), and this runs in a worker thread beside anything else that compiles."""
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError):
         return frozenset()
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == enum:
-            return frozenset(
-                statement.value.value
-                for statement in node.body
-                if isinstance(statement, ast.Assign)
-                and isinstance(statement.value, ast.Constant)
-                and isinstance(statement.value.value, str)
-            )
-    return frozenset()
+    header = re.compile(rf"class {re.escape(enum)}\b")
+    values: set[str] = set()
+    inside = False
+    for line in lines:
+        if not inside:
+            inside = header.match(line) is not None
+            continue
+        if line and not line[0].isspace() and not line.startswith("#"):
+            break
+        member = _MEMBER.match(line)
+        if member is not None:
+            values.add(member.group(1))
+    return frozenset(values)
+
+
+_MEMBER = re.compile(r"""\s+[A-Za-z_][A-Za-z0-9_]*\s*=\s*["']([^"'\\]*)["']\s*(?:#.*)?$""")
 
 
 def _json_keys(path: Path) -> frozenset[str]:
