@@ -2,9 +2,29 @@
 // includes, every event through the pure reducer; send (optimistic), stop, approvals and client tools.
 import type { ParleyClient } from "./client";
 import { ParleyHttpError } from "./errors";
-import { addOptimistic, emptyState, failOptimistic, fromHistory, fromPending, reduce, type ChatState } from "./reduce";
+import {
+  addOptimistic,
+  emptyState,
+  failOptimistic,
+  fromHistory,
+  fromPending,
+  fromTurns,
+  reduce,
+  type ChatState,
+} from "./reduce";
 import { SessionStream, type ConnectionState } from "./stream";
-import type { ApprovalDecision, ClientToolDeclaration, MessageAccepted, MessageCreate, ParleyEvent, Session } from "./types";
+import type {
+  ActivePath,
+  ApprovalDecision,
+  BranchTurn,
+  ClientToolDeclaration,
+  EditRequest,
+  MessageAccepted,
+  MessageCreate,
+  ParleyEvent,
+  RegenerateRequest,
+  Session,
+} from "./types";
 
 export type ClientToolHandler = (args: unknown) => unknown | Promise<unknown>;
 
@@ -75,15 +95,16 @@ export class ChatSession {
    * the approval and client tool requests of a suspended turn are older than the history's position, so
    * the stream will not send them again. */
   async reload(): Promise<void> {
-    const [session, { rows, lastEventId }] = await Promise.all([
+    const [session, { rows, lastEventId }, { turns }] = await Promise.all([
       this.client.getSession(this.sessionId),
       this.client.history(this.sessionId),
+      this.client.turns(this.sessionId),
     ]);
     // After the history: a request answered since is answered again on the stream (after its position),
     // one made since comes twice (the reducer keeps one per tool_call_id); neither is lost.
     const { pending } = await this.client.pending(this.sessionId);
     this.session = session;
-    this.state = fromPending(fromHistory(rows, lastEventId, this.state), pending);
+    this.state = fromTurns(fromPending(fromHistory(rows, lastEventId, this.state), pending), turns);
     for (const request of this.state.clientTools) void this.runClientTool(request.toolCallId, request.name, request.arguments);
     // The usage header before the next token_usage event: the session's stored totals.
     if (this.state.usage === null && session.total_tokens > 0) {
@@ -111,6 +132,8 @@ export class ChatSession {
     this.state = reduce(this.state, event);
     this.options.onEvent?.(event);
     if (event.type === "client_tool_requested") void this.runClientTool(event.tool_call_id, event.name, event.arguments);
+    // Another path is active (here or in another tab): its history and siblings are read again.
+    if (event.type === "branch_changed") void this.reload().catch(() => undefined);
     this.changed();
   }
 
@@ -163,6 +186,27 @@ export class ChatSession {
 
   edit(toolCallId: string, args: unknown): Promise<unknown> {
     return this.client.decide(this.sessionId, [{ tool_call_id: toolCallId, decision: "edit", arguments: args }]);
+  }
+
+  /** Answers the turn's user input again; the new turn heads the active path (branch_changed follows). */
+  regenerate(turnId: string, options: Partial<RegenerateRequest> = {}): Promise<BranchTurn> {
+    return this.client.regenerate(this.sessionId, turnId, options, newId());
+  }
+
+  /** Sends `content` as an edit of the turn's user message, in a new turn beside it. (`edit` edits a tool
+   * call's arguments for an approval.) */
+  editMessage(turnId: string, content: string, options: Partial<Omit<EditRequest, "content">> = {}): Promise<BranchTurn> {
+    return this.client.edit(this.sessionId, turnId, { ...options, content }, newId());
+  }
+
+  /** Switches the active path to the one through the turn (a "< i/n >" arrow). */
+  activate(turnId: string): Promise<ActivePath> {
+    return this.client.activate(this.sessionId, turnId);
+  }
+
+  /** A new session with this one's history up to and including the turn. */
+  fork(turnId: string): Promise<Session> {
+    return this.client.fork(this.sessionId, turnId, newId());
   }
 
   /** A tool this page runs: declare `clientTools()` when creating the session; requests are answered here. */
