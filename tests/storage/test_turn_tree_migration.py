@@ -115,7 +115,8 @@ async def test_old_sessions_become_single_path_trees(
     with engine.connect() as connection:
         parents = connection.execute(
             text(
-                "SELECT turn_id, parent_turn_id FROM chat_messages WHERE type = 'turn_start' ORDER BY position"
+                "SELECT turn_id, parent_turn_id FROM chat_messages WHERE type = 'turn_start'"
+                " ORDER BY position"
             )
         ).all()
         heads = connection.execute(text("SELECT id, head_turn_id FROM chat_sessions ORDER BY id")).all()
