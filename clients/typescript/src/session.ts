@@ -52,6 +52,9 @@ export class ChatSession {
   private stream: SessionStream | null = null;
   private readonly tools = new Map<string, { declaration: ClientToolDeclaration; handler: ClientToolHandler }>();
   private readonly answered = new Set<string>();
+  /** While the history is read again after a branch_changed: the events that came meanwhile, applied
+   * after it (those it already includes are dropped by their seq). */
+  private buffered: ParleyEvent[] | null = null;
 
   constructor(options: ChatSessionOptions) {
     this.options = options;
@@ -127,14 +130,31 @@ export class ChatSession {
   }
 
   private apply(event: ParleyEvent): void {
+    if (this.buffered !== null && event.type !== "resync") {
+      this.buffered.push(event);
+      return;
+    }
     // After a reload the history may already include events the stream still sends.
     if (event.type !== "resync" && event.seq <= this.state.lastSeq) return;
     this.state = reduce(this.state, event);
     this.options.onEvent?.(event);
     if (event.type === "client_tool_requested") void this.runClientTool(event.tool_call_id, event.name, event.arguments);
     // Another path is active (here or in another tab): its history and siblings are read again.
-    if (event.type === "branch_changed") void this.reload().catch(() => undefined);
+    if (event.type === "branch_changed") void this.followBranch();
     this.changed();
+  }
+
+  private async followBranch(): Promise<void> {
+    this.buffered = [];
+    try {
+      await this.reload();
+    } catch {
+      // The stream goes on; the next branch_changed or resync reads the history again.
+    } finally {
+      const events = this.buffered;
+      this.buffered = null;
+      for (const event of events) this.apply(event);
+    }
   }
 
   close(): void {

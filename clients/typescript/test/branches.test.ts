@@ -103,4 +103,38 @@ describe("branches in the client and ChatSession", () => {
     // Regenerate, edit and fork carry an Idempotency-Key (a retry of the same click is safe).
     expect(posts.map((c) => Boolean(c.headers["idempotency-key"]))).toEqual([true, true, false, true]);
   });
+
+  it("events that come while the history is read again are applied after it, none lost", async () => {
+    const frames = [
+      { type: "branch_changed", seq: 3, session_id: "s_1", head_turn_id: "t_2", path_turn_ids: ["t_2"] },
+      { type: "turn_start", seq: 4, session_id: "s_1", id: "m_t_3s", turn_id: "t_3", timestamp: AT },
+    ].map((e) => `id: ${e.seq}\r\nevent: ${e.type}\r\ndata: ${JSON.stringify(e)}\r\n\r\n`);
+    let historyReads = 0;
+    let release: () => void = () => undefined;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let streams = 0;
+    const fetchImpl = async (input: RequestInfo | URL): Promise<Response> => {
+      const path = new URL(String(input)).pathname;
+      if (path === "/v1/sessions/s_1") return json({ id: "s_1", model: "m", total_tokens: 0, context_used: 0, context_window: null });
+      if (path.endsWith("/messages")) {
+        historyReads += 1;
+        if (historyReads === 1) return json({ chat_messages: [row("m_t_1s", "t_1", "turn_start"), row("m_t_1d", "t_1", "turn_done")], next_cursor: null, last_event_id: 2 });
+        await held; // the stream's next event arrives while this read is on its way
+        return json({ chat_messages: [row("m_t_2s", "t_2", "turn_start"), row("m_t_2d", "t_2", "turn_done")], next_cursor: null, last_event_id: 3 });
+      }
+      if (path.endsWith("/turns")) return json({ turns: [], next_cursor: null });
+      if (path.endsWith("/pending")) return json({ pending: [] });
+      if (path.endsWith("/events")) return streams++ === 0 ? sse(chunkedBody(frames.join(""), 1)) : new Promise<Response>(() => undefined);
+      return new Promise<Response>(() => undefined);
+    };
+    const chat = new ChatSession({ client: new ParleyClient({ baseUrl: "http://p.test", fetch: fetchImpl as typeof fetch }), sessionId: "s_1" });
+    await chat.open();
+    await until(() => historyReads === 2);
+    await new Promise((resolve) => setTimeout(resolve, 50)); // the turn_start frame is read meanwhile
+    release();
+    await until(() => chat.state.lastSeq === 4);
+    chat.close();
+    expect(chat.state.items.map((i) => i.id)).toEqual(["m_t_2s", "m_t_2d", "m_t_3s"]);
+    expect(chat.state.runningTurnId).toBe("t_3");
+  });
 });
