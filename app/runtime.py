@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from app.api.deps import Services
 from app.chat.auth import KeyRing
+from app.chat.branches import Branches
 from app.chat.idempotency import Idempotency
 from app.chat.limits import MessageLimit, MessageRate, StreamLimit, StreamSlots
 from app.chat.messages import Messages
@@ -304,4 +305,5 @@ def _services(
         message_rate=message_rate,
         streams=streams,
         tools=catalog,
+        branches=Branches(settings, database, sessions, turns, models, idempotency),
     )

@@ -9,6 +9,7 @@ from fastapi import Depends, Header, Request
 from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
 
 from app.chat.auth import OPEN_PRINCIPAL, KeyRing
+from app.chat.branches import Branches
 from app.chat.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
 from app.chat.limits import MessageLimit, StreamLimit
 from app.chat.messages import Messages
@@ -35,6 +36,7 @@ class Services:
     message_rate: MessageLimit
     streams: StreamLimit
     tools: ToolCatalog
+    branches: Branches
 
 
 # Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request.
@@ -59,11 +61,16 @@ async def get_answers(request: Request) -> ToolAnswers:
     return (await get_services(request)).answers
 
 
+async def get_branches(request: Request) -> Branches:
+    return (await get_services(request)).branches
+
+
 ServicesDep = Annotated[Services, Depends(get_services)]
 ToolAnswersDep = Annotated[ToolAnswers, Depends(get_answers)]
 SessionsDep = Annotated[Sessions, Depends(get_sessions)]
 MessagesDep = Annotated[Messages, Depends(get_messages)]
 TurnsDep = Annotated[Turns, Depends(get_turns)]
+BranchesDep = Annotated[Branches, Depends(get_branches)]
 
 _bearer = HTTPBearer(
     auto_error=False,

@@ -11,12 +11,12 @@ from contextlib import asynccontextmanager
 from app.chat.errors import InvalidCursor, Withdrawn
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
-from app.chat.views import build_turns
+from app.chat.views import build_turns, parents_of
 from app.errors import DomainError, NotFound, Unavailable, WaitTimeout
 from app.protocol.schemas import MessageAccepted, MessageCreate
 from app.protocol.turns import Turn, TurnPage
 from app.settings import Settings
-from app.storage import turn_queries
+from app.storage import turn_queries, turn_tree
 from app.storage.engine import Database
 from app.turns.control import TurnControl
 
@@ -49,7 +49,8 @@ class Turns:
                 db, session_id, limit=limit + 1, before_position=before_position
             )
             rows = await turn_queries.messages_of_turns(db, session_id, turn_ids[:limit])
-        turns = build_turns(rows)
+            children = await turn_tree.siblings(db, session_id, parents_of(rows))
+        turns = build_turns(rows, children)
         more = len(turn_ids) > limit
         return TurnPage(turns=turns, next_cursor=turns[0].turn_id if more and turns else None)
 
@@ -57,12 +58,13 @@ class Turns:
         await self._sessions.owned(principal, session_id)
         async with self._database.read() as db:
             rows = await turn_queries.messages_of_turns(db, session_id, [turn_id])
+            children = await turn_tree.siblings(db, session_id, parents_of(rows)) if rows else {}
         if not rows:
             raise NotFound(
                 f"No turn {turn_id!r} in session {session_id!r}.",
                 details={"session_id": session_id, "turn_id": turn_id},
             )
-        return build_turns(rows)[0]
+        return build_turns(rows, children)[0]
 
     async def post_and_wait(
         self,

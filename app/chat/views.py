@@ -8,7 +8,7 @@ per model response, never once per delta (docs/protocol.md, Turns), so a node is
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from app.protocol.schemas import (
     AssistantTextMessage,
@@ -89,15 +89,34 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
     )
 
 
-def build_turns(rows: Iterable[ChatMessageRow]) -> list[Turn]:
-    """Groups rows in history order into turns, in the order the turns started."""
+def build_turns(
+    rows: Iterable[ChatMessageRow], children: Mapping[str | None, list[str]] | None = None
+) -> list[Turn]:
+    """Groups rows in history order into turns, in the order the turns started. `children` holds the
+    turns under each parent (storage.turn_tree.siblings): each turn's siblings come from it (without it,
+    a turn is its parent's only child)."""
     groups: dict[str, list[ChatMessage]] = {}
+    parents: dict[str, str | None] = {}
     for row in rows:
         groups.setdefault(row.turn_id, []).append(to_chat_message(row))
-    return [_turn(turn_id, messages) for turn_id, messages in groups.items()]
+        if row.type == "turn_start":
+            parents[row.turn_id] = row.parent_turn_id
+    turns = []
+    for turn_id, messages in groups.items():
+        parent = parents.get(turn_id)
+        siblings = (children or {}).get(parent) or [turn_id]
+        if turn_id not in siblings:
+            siblings = [*siblings, turn_id]
+        turns.append(_turn(turn_id, messages, parent, siblings))
+    return turns
 
 
-def _turn(turn_id: str, messages: Sequence[ChatMessage]) -> Turn:
+def parents_of(rows: Iterable[ChatMessageRow]) -> set[str | None]:
+    """The parent turns of the turns whose turn_start is among `rows`."""
+    return {row.parent_turn_id for row in rows if row.type == "turn_start"}
+
+
+def _turn(turn_id: str, messages: Sequence[ChatMessage], parent: str | None, siblings: list[str]) -> Turn:
     started_at = messages[0].timestamp
     done: TurnDoneMessage | None = None
     error: TurnError | None = None
@@ -150,6 +169,9 @@ def _turn(turn_id: str, messages: Sequence[ChatMessage]) -> Turn:
         nodes=nodes,
         final_answer=answers[-1] if answers else None,
         error=error,
+        parent_turn_id=parent,
+        siblings=siblings,
+        sibling_index=siblings.index(turn_id),
     )
 
 

@@ -107,6 +107,12 @@ def turn_cancelled() -> None:
         _active.metrics.cancels.inc()
 
 
+def branch_operation(operation: str) -> None:
+    """A branch operation (regenerate, edit, activate, fork) was done."""
+    if _active.metrics is not None:
+        _active.metrics.branch_operations.labels(operation).inc()
+
+
 def message_queued(depth: int) -> None:
     """A message joined a session's waiting line, which now holds `depth`."""
     if _active.metrics is not None:

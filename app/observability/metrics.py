@@ -117,6 +117,12 @@ class Metrics:
         self.resumes = Counter("parley_stream_resumes", "Streams opened at a position (resumed).", registry=r)
         self.resyncs = Counter("parley_stream_resyncs", "Streams that began with a resync.", registry=r)
         self.cancels = Counter("parley_cancels", "Stops that stopped a running turn.", registry=r)
+        self.branch_operations = Counter(
+            "parley_branch_operations",
+            "Branch operations done: regenerate, edit, activate, fork.",
+            ["operation"],
+            registry=r,
+        )
         self.disconnect_seconds = Histogram(
             "parley_cancel_disconnect_seconds",
             "From a stop reaching a model stream to its upstream connection closed.",

@@ -9,7 +9,8 @@ agent_status(awaiting_input); its answer (or expiry, or a stop) adds client_tool
 approval_resolved, before the call's tool_exec_end. A stop adds agent_cancelled; a failure adds error
 before turn_done.
 Outside turns: user_message (queued) and queue_updated when messages wait, and resync as the first frame
-of a stream whose asked-for position is gone.
+of a stream whose asked-for position is gone. branch_changed when the active path changes: after a
+regenerated or edited turn's turn_start and user_message, or alone when a branch is activated.
 Every event carries `seq` (the SSE `id:`, +1 per event within the session) and `session_id`.
 
 One frame is not part of the log: `resync`, sent first on a stream whose asked-for position can no
@@ -300,6 +301,14 @@ class QueueUpdated(_Event):
     queue: list[QueuedItem] = Field(description="Every message still waiting for a turn, in order.")
 
 
+class BranchChanged(_Event):
+    """The session's active path changed (regenerate, edit, activate): reload the history and turns."""
+
+    type: Literal["branch_changed"] = "branch_changed"
+    head_turn_id: str = Field(description="The active path's last turn.")
+    path_turn_ids: list[str] = Field(description="The active path's turn ids, first turn first.")
+
+
 class ErrorEvent(_Event):
     type: Literal["error"] = "error"
     id: str = Field(description="The error chat message id.")
@@ -344,6 +353,7 @@ Event = Annotated[
     | TokenUsage
     | AgentCancelled
     | QueueUpdated
+    | BranchChanged
     | ErrorEvent
     | ClientToolRequested
     | ApprovalRequested

@@ -92,6 +92,14 @@ class Turn(BaseModel):
     )
     final_answer: str | None = Field(description="The turn's last assistant text; null if it has none.")
     error: TurnError | None = Field(description="Why the turn failed; null unless it did.")
+    parent_turn_id: str | None = Field(
+        description="The turn this one follows (docs/protocol.md, Branches); null for a first turn."
+    )
+    siblings: list[str] = Field(
+        description="The turn ids of the turns with the same parent, this one included, oldest first: the "
+        "answers and edits a '< i/n >' control steps through."
+    )
+    sibling_index: int = Field(description="This turn's place in `siblings`, from 0.")
 
 
 class TurnPage(BaseModel):

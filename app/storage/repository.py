@@ -14,6 +14,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.storage.sql import Raw, RawPostgres, dialect_insert, load_json, raw
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
+from app.storage.turn_tree import on_path
 
 # --- chat sessions ---------------------------------------------------------------------------------
 
@@ -265,11 +266,17 @@ async def list_messages(
     limit: int | None = None,
     after_position: int | None = None,
     before_position: int | None = None,
+    through_turn: str | None = None,
 ) -> list[ChatMessageRow]:
     """In history order. With `before_position`, the `limit` messages just before it (still in order).
-    (Every turn reads its session's history: plain SQL, one trip to the driver.)"""
+    With `through_turn`, only the path of turns that ends at it (the prompt of that turn). (Every turn
+    reads its session's history: plain SQL, one trip to the driver.)"""
     where = "WHERE session_id = ?"
     params: list[Any] = [session_id]
+    if through_turn is not None:
+        condition, path_params = on_path(session_id, through_turn)
+        where += f" AND {condition}"
+        params += path_params
     if after_position is not None:
         where += " AND position > ?"
         params.append(after_position)
@@ -288,11 +295,13 @@ async def page_messages(
     after_id: str | None = None,
     before_id: str | None = None,
 ) -> list[ChatMessageRow]:
-    """As `list_messages`, with the bounds given as message ids of the session, found by the same
-    statement (one round trip where a lookup of the position first made two). A bound that names no
-    message of the session gives no rows: `message_position` tells that apart from an empty page."""
-    where = "WHERE session_id = ?"
-    params: list[Any] = [session_id]
+    """As `list_messages` on the active path (the head's line of turns), with the bounds given as message
+    ids of the session, found by the same statement (one round trip where a lookup of the position first
+    made two). A bound that names no message of the session gives no rows: `message_position` tells that
+    apart from an empty page."""
+    condition, path_params = on_path(session_id, None)
+    where = f"WHERE session_id = ? AND {condition}"
+    params: list[Any] = [session_id, *path_params]
     position = "(SELECT position FROM chat_messages WHERE session_id = ? AND id = ?)"
     if after_id is not None:
         where += f" AND position > {position}"

@@ -40,6 +40,9 @@ class ChatSessionRow(SQLModel, table=True):
     # The last event number taken (streaming.log.sequencing.CounterSequencer, multi-replica mode): the row
     # lock of its UPDATE serializes the logging transactions of every replica.
     last_seq: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
+    # The active path's last turn (docs/protocol.md, Branches): the history, the turn view and the prompt
+    # follow the path from it up its parents. NULL (no turn yet, or a row from before): the latest turn.
+    head_turn_id: str | None = Field(default=None, max_length=40)
 
 
 class ChatMessageRow(SQLModel, table=True):
@@ -58,6 +61,9 @@ class ChatMessageRow(SQLModel, table=True):
     )
     turn_id: str
     type: str
+    # A turn_start's parent: the turn it follows (NULL for a session's first turn; NULL on every other
+    # row). A session's turns form a tree through it (docs/protocol.md, Branches).
+    parent_turn_id: str | None = Field(default=None, max_length=40)
     role: str | None = None
     content: str | None = None
     sender: str | None = None

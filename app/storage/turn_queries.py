@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.storage.sql import raw
 from app.storage.tables import ChatMessageRow
+from app.storage.turn_tree import on_path
 
 
 async def turn_position(db: AsyncSession, session_id: str, turn_id: str) -> int | None:
@@ -23,14 +25,19 @@ async def turn_position(db: AsyncSession, session_id: str, turn_id: str) -> int 
 async def latest_turn_ids(
     db: AsyncSession, session_id: str, *, limit: int, before_position: int | None
 ) -> list[str]:
-    """The ids of the session's `limit` newest turns (before `before_position`), newest first."""
-    query = select(ChatMessageRow.turn_id).where(
-        col(ChatMessageRow.session_id) == session_id, col(ChatMessageRow.type) == "turn_start"
+    """The ids of the `limit` newest turns of the session's active path (before `before_position`), newest
+    first."""
+    condition, params = on_path(session_id, None)
+    statement = (
+        f"SELECT turn_id FROM chat_messages WHERE session_id = ? AND type = 'turn_start' AND {condition}"
     )
+    params = [session_id, *params]
     if before_position is not None:
-        query = query.where(col(ChatMessageRow.position) < before_position)
-    query = query.order_by(col(ChatMessageRow.position).desc()).limit(limit)
-    return list((await db.exec(query)).all())
+        statement += " AND position < ?"
+        params.append(before_position)
+    statement += " ORDER BY position DESC LIMIT ?"
+    found = await (await raw(db)).fetchall(statement, [*params, limit])
+    return [row[0] for row in found]
 
 
 async def messages_of_turns(

@@ -80,6 +80,24 @@ class TurnControl(Protocol):
 
     async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult: ...
 
+    async def branch(
+        self,
+        session: ChatSessionRow,
+        messages: list[QueuedMessage],
+        parent_turn_id: str | None,
+        *,
+        turn_id: str,
+    ) -> str:
+        """Opens the turn `turn_id` taking `messages` as a child of `parent_turn_id` (a regenerate or an
+        edit: docs/protocol.md, Branches); it heads the active path. TurnRunning while a turn of the
+        session runs (anywhere); nothing is stored then."""
+        ...
+
+    async def activate(self, session_id: str, turn_id: str) -> tuple[str, list[str]]:
+        """Makes the active path the one through `turn_id`, down to the latest turn under it: (head, path).
+        TurnRunning while a turn of the session runs."""
+        ...
+
     async def queue(self, session_id: str) -> list[QueuedMessage]: ...
 
     async def withdraw(

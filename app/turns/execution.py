@@ -58,7 +58,7 @@ class AgentFactory:
             rows = history
         else:
             async with self._database.read() as db:
-                rows = await repository.list_messages(db, session.id)
+                rows = await repository.list_messages(db, session.id, through_turn=turn_id)
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
         messages = rebuild(rows, session.system_prompt)
         if plan is not None:

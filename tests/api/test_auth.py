@@ -58,6 +58,8 @@ BODIES = {
     ("POST", "/v1/sessions/{session_id}/approvals"): {
         "decisions": [{"tool_call_id": "c", "decision": "approve"}]
     },
+    ("POST", "/v1/sessions/{session_id}/turns/{turn_id}/edit"): {"content": "taken over"},
+    ("POST", "/v1/sessions/{session_id}/fork"): {"turn_id": "t_000000000000"},
 }
 
 

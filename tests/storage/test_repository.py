@@ -261,17 +261,19 @@ async def test_a_page_bounded_by_message_ids(database: Database) -> None:
     their positions, and no rows for an id that is not a message of the session (another session's
     included), which the caller then reports as an invalid cursor."""
     await add_sessions(database, "s_a", "s_b")
+    start = message("s_a", "t_1", "turn_start")  # the history is the active path's turns
     rows = [message("s_a", "t_1", "text", role="user", content=f"msg {i}") for i in range(10)]
-    await add_messages(database, rows)
+    await add_messages(database, [start, *rows])
     other = message("s_b", "t_9", "text", role="user", content="other")
-    await add_messages(database, [other])
+    await add_messages(database, [message("s_b", "t_9", "turn_start"), other])
     ids = [row.id for row in rows]
 
     def contents(found: list[ChatMessageRow]) -> list[str | None]:
         return [m.content for m in found]
 
     async with database.read() as db:
-        assert contents(await repository.page_messages(db, "s_a", limit=3)) == ["msg 0", "msg 1", "msg 2"]
+        first = await repository.page_messages(db, "s_a", limit=4)
+        assert contents(first) == [None, "msg 0", "msg 1", "msg 2"]
         after = await repository.page_messages(db, "s_a", limit=4, after_id=ids[3])
         assert contents(after) == ["msg 4", "msg 5", "msg 6", "msg 7"]
         before = await repository.page_messages(db, "s_a", limit=3, before_id=ids[8])

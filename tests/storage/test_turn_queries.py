@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.storage import repository, turn_queries
+from app.storage import repository, turn_queries, turn_tree
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 
@@ -21,8 +21,8 @@ T0 = "2026-02-28T06:30:00.000+00:00"
 FIRST, SECOND, THIRD = "t_c_first", "t_b_second", "t_a_third"
 
 
-def turn(session_id: str, turn_id: str) -> list[ChatMessageRow]:
-    """A whole turn: turn_start, the user's text, the answer, turn_done."""
+def turn(session_id: str, turn_id: str, parent: str | None = None) -> list[ChatMessageRow]:
+    """A whole turn: turn_start (after `parent`), the user's text, the answer, turn_done."""
     prefix = f"m_{session_id[-2:]}{turn_id[2]}"
 
     def row(name: str, type_: str, **fields: Any) -> ChatMessageRow:
@@ -31,7 +31,7 @@ def turn(session_id: str, turn_id: str) -> list[ChatMessageRow]:
         )
 
     return [
-        row("start", "turn_start"),
+        row("start", "turn_start", parent_turn_id=parent),
         row("user", "text", role="user", content="hi", sender="U"),
         row("text", "text", role="assistant", content="yo"),
         row("done", "turn_done", status="completed"),
@@ -40,14 +40,20 @@ def turn(session_id: str, turn_id: str) -> list[ChatMessageRow]:
 
 @pytest.fixture
 async def database(database_url: str) -> AsyncIterator[Database]:
-    """SID has three turns; OTHER has one between SID's first and second, with FIRST's id."""
+    """SID has three turns, one after the other; OTHER has one between SID's first and second, with FIRST's
+    id."""
     database = Database(database_url)
     async with database.session() as db:
         for sid in (SID, OTHER):
             db.add(ChatSessionRow(id=sid, model="parley/demo", tools=[], created_at=T0, updated_at=T0))
         await db.flush()
-        for session_id, turn_id in ((SID, FIRST), (OTHER, FIRST), (SID, SECOND), (SID, THIRD)):
-            await repository.insert_messages(db, turn(session_id, turn_id))
+        for session_id, turn_id, parent in (
+            (SID, FIRST, None),
+            (OTHER, FIRST, None),
+            (SID, SECOND, FIRST),
+            (SID, THIRD, SECOND),
+        ):
+            await repository.insert_messages(db, turn(session_id, turn_id, parent))
         await db.commit()
     yield database
     await database.dispose()
@@ -79,6 +85,30 @@ async def test_latest_turn_ids_are_newest_first_and_limited(database: Database) 
         ]
         assert await turn_queries.latest_turn_ids(db, SID, limit=2, before_position=None) == [THIRD, SECOND]
         assert await turn_queries.latest_turn_ids(db, OTHER, limit=10, before_position=None) == [FIRST]
+
+
+async def test_latest_turn_ids_follow_the_active_path(database: Database) -> None:
+    """A turn beside SECOND (a regenerate) heads the path: THIRD, under SECOND, leaves it; the head named
+    on the session wins over the latest turn."""
+    beside = "t_d_beside"
+    async with database.session() as db:
+        await repository.insert_messages(db, turn(SID, beside, FIRST))
+        await db.commit()
+    async with database.session() as db:
+        assert await turn_queries.latest_turn_ids(db, SID, limit=10, before_position=None) == [beside, FIRST]
+        await turn_tree.set_head(db, SID, THIRD)
+        assert await turn_queries.latest_turn_ids(db, SID, limit=10, before_position=None) == [
+            THIRD,
+            SECOND,
+            FIRST,
+        ]
+        assert await turn_tree.path(db, SID) == [FIRST, SECOND, THIRD]
+        assert await turn_tree.path(db, SID, beside) == [FIRST, beside]
+        assert await turn_tree.latest_in_subtree(db, SID, FIRST) == beside
+        assert await turn_tree.latest_in_subtree(db, SID, SECOND) == THIRD
+        assert await turn_tree.siblings(db, SID, {FIRST, None}) == {FIRST: [SECOND, beside], None: [FIRST]}
+        rows = await repository.list_messages(db, SID, through_turn=beside)
+        assert {r.turn_id for r in rows} == {FIRST, beside}
 
 
 async def test_latest_turn_ids_before_a_position_skip_that_turn_and_the_newer(database: Database) -> None:

@@ -68,7 +68,7 @@ from app.turns.live import LiveStatusBoard
 from app.turns.recorder.ends import REFUSED_MESSAGE, TurnEnds
 from app.turns.recorder.requests import ToolRequests
 from app.turns.recorder.round import OpenRound, OpenTool
-from app.turns.recorder.rows import Claim, TurnRows
+from app.turns.recorder.rows import BranchFrom, Claim, TurnRows
 from app.turns.recorder.stop import TurnStop
 
 log = logging.getLogger(__name__)
@@ -211,12 +211,16 @@ class TurnRecorder:
         self.round.adopt(rows)
 
     async def open(
-        self, messages: Sequence[QueuedMessage], *, waiting: list[QueuedItem] | None = None
+        self,
+        messages: Sequence[QueuedMessage],
+        *,
+        waiting: list[QueuedItem] | None = None,
+        branch: BranchFrom | None = None,
     ) -> None:
         """Starts the turn: its turn_start and the user messages it takes, with their events, in one
         transaction (TurnRows.open, under `claim`). `waiting` is the waiting line once the messages left
-        it, when they come from it."""
-        await self.rows.open(messages, waiting=waiting, claim=self.claim)
+        it, when they come from it; `branch`, the parent of a regenerated or edited turn."""
+        await self.rows.open(messages, waiting=waiting, claim=self.claim, branch=branch)
 
     async def record(self, agent: AgentRun) -> None:
         """Runs the agent to the end of the turn; every way out closes the turn exactly once, and every

@@ -14,10 +14,18 @@ from typing import Any
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.protocol.clock import now_iso
-from app.protocol.events import AgentState, AgentStatus, QueuedItem, QueueUpdated, TurnStart, UserMessage
+from app.protocol.events import (
+    AgentState,
+    AgentStatus,
+    BranchChanged,
+    QueuedItem,
+    QueueUpdated,
+    TurnStart,
+    UserMessage,
+)
 from app.protocol.ids import new_message_id
 from app.protocol.schemas import QueuedMessage
-from app.storage import repository
+from app.storage import repository, turn_tree
 from app.storage.tables import ChatMessageRow, new_message
 from app.streaming.frames import Publisher
 from app.streaming.log.write_behind import WriteBehind
@@ -26,6 +34,14 @@ from app.turns.live import LiveStatus, LiveStatusBoard
 
 # Claims the turn's lease, first thing in the transaction that opens it (multi-replica mode).
 Claim = Callable[[AsyncSession], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class BranchFrom:
+    """A turn opened beside the others of `parent_turn_id` (a regenerate or an edit: docs/protocol.md,
+    Branches), where a posted message's turn continues the active path from its head."""
+
+    parent_turn_id: str | None
 
 
 @dataclass
@@ -87,12 +103,13 @@ class TurnRows:
         *,
         waiting: list[QueuedItem] | None = None,
         claim: Claim | None = None,
+        branch: BranchFrom | None = None,
     ) -> None:
         """Starts the turn: its turn_start and the user messages it takes, with their events, in one
         transaction (after `claim`, when given). `waiting` is the waiting line once the messages left it,
-        when they come from it."""
+        when they come from it. The turn follows the session's head, or the parent `branch` names; either
+        way it becomes the head, and a branch announces the new active path."""
         at = now_iso()
-        start = self.row("turn_start", at)
         users = [
             self.row(
                 "text",
@@ -112,7 +129,12 @@ class TurnRows:
             if waiting is not None:
                 await repository.dequeue(db, [m.id for m in messages])
             # Under the opening's lease and the session's write lane: no other write of the session runs.
-            fresh = not await repository.has_messages(db, self.session_id)
+            parent = (
+                branch.parent_turn_id if branch is not None else await turn_tree.head(db, self.session_id)
+            )
+            start = self.row("turn_start", at, parent_turn_id=parent)
+            # Every message belongs to a turn: a session without one holds none.
+            fresh = parent is None and branch is None
             renamed = await repository.insert_messages(db, [start, *users], new_message_id)
             for m in messages:  # a message whose id another row held: the row's fresh id is its id now
                 m.id = renamed.get(m.id, m.id)
@@ -130,6 +152,10 @@ class TurnRows:
                     sender=m.sender,
                     client_message_id=m.client_message_id,
                 )
+            await turn_tree.set_head(db, self.session_id, self.turn_id)
+            if branch is not None:
+                path = await turn_tree.path(db, self.session_id, self.turn_id)
+                self.events.emit(BranchChanged, head_turn_id=self.turn_id, path_turn_ids=path)
             self.set_status("thinking")
         self.history = [start, *users] if fresh else None
 

@@ -126,6 +126,20 @@ class ReplicaTurns:
                 return accepted.model_copy(update={"turn_id": turn_id, "queued": turn_id is None})
         return accepted
 
+    async def branch(
+        self,
+        session: ChatSessionRow,
+        messages: list[QueuedMessage],
+        parent_turn_id: str | None,
+        *,
+        turn_id: str,
+    ) -> str:
+        """Opened here under a lease as any turn: the claim refuses it while a turn runs on any replica."""
+        return await self._runner.branch(session, messages, parent_turn_id, turn_id=turn_id)
+
+    async def activate(self, session_id: str, turn_id: str) -> tuple[str, list[str]]:
+        return await self._runner.activate(session_id, turn_id)
+
     async def queue(self, session_id: str) -> list[QueuedMessage]:
         return await self._runner.queue(session_id)
 

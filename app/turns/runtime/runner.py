@@ -24,12 +24,12 @@ from app.errors.storage import storage_refusal
 from app.llm.gateway import ModelGateway
 from app.observability.hooks import message_queued, observe_turn, turn_cancelled
 from app.protocol.clock import now_iso
-from app.protocol.events import QueuedItem
+from app.protocol.events import BranchChanged, QueuedItem
 from app.protocol.ids import new_message_id, new_turn_id
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.protocol.tool_requests import ClientTool, Resolution
 from app.settings import Settings
-from app.storage import repository
+from app.storage import repository, turn_queries, turn_tree
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.broker import EventFanOut
@@ -48,6 +48,7 @@ from app.turns.execution import AgentFactory, run_turn
 from app.turns.live import IDLE, LiveStatus, LiveStatusBoard
 from app.turns.pending_calls import Inbox, Kind, NoPendingCall
 from app.turns.recorder import TurnRecorder
+from app.turns.recorder.rows import BranchFrom
 from app.turns.runtime.notifier import LocalNotifier, Notifier
 from app.turns.runtime.ownership import LocalOwnership, MakeOwnership
 from app.turns.runtime.session_state import SessionState, enqueue, withdraw
@@ -196,15 +197,75 @@ class Runner:
         if self.runs(session_id):
             await self.cancel(session_id)
 
+    # --- branches (docs/protocol.md, Branches) ---------------------------------------------------------
+
+    async def branch(
+        self,
+        session: ChatSessionRow,
+        messages: list[QueuedMessage],
+        parent_turn_id: str | None,
+        *,
+        turn_id: str,
+    ) -> str:
+        """A turn beside the others of `parent_turn_id`, taking `messages`; refused while a turn runs."""
+        if self._closing or self._held:
+            raise ShuttingDown
+        async with self.sessions.held(session.id) as state:
+            if state.closed:
+                raise SessionClosed(session.id)
+            if state.task is not None and state.recorder is not None:
+                raise TurnRunning(state.recorder.turn_id)
+            try:
+                return await self._start_turn(
+                    session,
+                    state,
+                    messages,
+                    from_queue=False,
+                    branch=BranchFrom(parent_turn_id),
+                    turn_id=turn_id,
+                )
+            except TurnBusy as exc:  # leased: a turn of the session runs on another replica
+                async with self._database.read() as db:
+                    running = await turn_queries.open_turn_id(db, session.id)
+                raise TurnRunning(running or "") from exc
+
+    async def activate(self, session_id: str, turn_id: str) -> tuple[str, list[str]]:
+        """The active path through `turn_id`, down to the latest turn under it; announced if it changed."""
+        async with self.sessions.held(session_id) as state:
+            if state.closed:
+                raise SessionClosed(session_id)
+            if state.task is not None and state.recorder is not None:
+                raise TurnRunning(state.recorder.turn_id)
+            events = self._writer.publisher(session_id)
+            async with self._writer.transaction(session_id) as db:
+                running = await turn_queries.open_turn_id(db, session_id)
+                if running is not None:  # on another replica
+                    raise TurnRunning(running)
+                head = await turn_tree.latest_in_subtree(db, session_id, turn_id)
+                path = await turn_tree.path(db, session_id, head)
+                if head != await turn_tree.head(db, session_id):
+                    await turn_tree.set_head(db, session_id, head)
+                    events.emit(BranchChanged, head_turn_id=head, path_turn_ids=path)
+            return head, path
+
     async def _start_turn(
-        self, session: ChatSessionRow, state: SessionState, messages: list[QueuedMessage], *, from_queue: bool
+        self,
+        session: ChatSessionRow,
+        state: SessionState,
+        messages: list[QueuedMessage],
+        *,
+        from_queue: bool,
+        branch: BranchFrom | None = None,
+        turn_id: str | None = None,
     ) -> str:
         """Writes turn_start and the user messages in one transaction, announces them, starts the task."""
-        turn_id = new_turn_id()
+        turn_id = turn_id or new_turn_id()
         # Registered before its rows commit: whoever can read the turn can also wait for its end.
         self._turn_ends[turn_id] = asyncio.get_running_loop().create_future()
         try:
-            return await self._open_turn(session, state, messages, turn_id, from_queue=from_queue)
+            return await self._open_turn(
+                session, state, messages, turn_id, from_queue=from_queue, branch=branch
+            )
         except BaseException:
             self._turn_ended(turn_id)
             raise
@@ -217,13 +278,14 @@ class Runner:
         turn_id: str,
         *,
         from_queue: bool,
+        branch: BranchFrom | None = None,
     ) -> str:
         claim = self.ownership.claim(session.id, turn_id, posted=not from_queue)
         recorder = self._recorder(session, turn_id, claim=claim, taken_ids=frozenset(m.id for m in messages))
         taken = {m.id for m in messages}
         waiting = [QueuedItem(**m.model_dump()) for m in state.waiting.values() if m.id not in taken]
         try:
-            await recorder.open(messages, waiting=waiting if from_queue else None)
+            await recorder.open(messages, waiting=waiting if from_queue else None, branch=branch)
         except BaseException:
             self.ownership.not_opened(turn_id)
             self._live.set(session.id, IDLE)

@@ -2,19 +2,25 @@
 // ParleyHttpError with the service's error JSON.
 import { httpError } from "./errors";
 import type {
+  ActivateRequest,
+  ActivePath,
   ApprovalDecision,
+  BranchTurn,
   CancelResult,
   ClientToolResult,
+  EditRequest,
   HistoryPage,
   HistoryRow,
   MessageAccepted,
   MessageCreate,
   ModelList,
   PendingList,
+  RegenerateRequest,
   Session,
   SessionCreate,
   SessionPage,
   ToolList,
+  TurnPage,
 } from "./types";
 
 export interface ClientOptions {
@@ -133,5 +139,38 @@ export class ParleyClient {
   /** GET .../pending (issue 14): what waits, for a page that reloads. */
   pending(sessionId: string): Promise<PendingList> {
     return this.request("GET", `${this.session(sessionId)}/pending`);
+  }
+
+  /** The active path's newest turns, each with its parent and siblings ("< i/n >"). */
+  turns(sessionId: string, limit = 100): Promise<TurnPage> {
+    return this.request("GET", `${this.session(sessionId)}/turns?limit=${limit}`);
+  }
+
+  private turn(sessionId: string, turnId: string): string {
+    return `${this.session(sessionId)}/turns/${encodeURIComponent(turnId)}`;
+  }
+
+  private keyed(idempotencyKey?: string): Record<string, string> {
+    return idempotencyKey ? { "idempotency-key": idempotencyKey } : {};
+  }
+
+  /** Answers the turn's user input again in a new turn beside it (optionally with another model). */
+  regenerate(sessionId: string, turnId: string, body: Partial<RegenerateRequest> = {}, idempotencyKey?: string): Promise<BranchTurn> {
+    return this.request("POST", `${this.turn(sessionId, turnId)}/regenerate`, body, this.keyed(idempotencyKey));
+  }
+
+  /** Sends an edited user message in a new turn beside the turn. */
+  edit(sessionId: string, turnId: string, body: Partial<EditRequest> & { content: string }, idempotencyKey?: string): Promise<BranchTurn> {
+    return this.request("POST", `${this.turn(sessionId, turnId)}/edit`, body, this.keyed(idempotencyKey));
+  }
+
+  /** Makes the active path the one through the turn, down to the latest turn under it. */
+  activate(sessionId: string, turnId: string, body: Partial<ActivateRequest> = {}, idempotencyKey?: string): Promise<ActivePath> {
+    return this.request("POST", `${this.turn(sessionId, turnId)}/activate`, body, this.keyed(idempotencyKey));
+  }
+
+  /** A new session whose history is the active path up to and including the turn. */
+  fork(sessionId: string, turnId: string, idempotencyKey?: string): Promise<Session> {
+    return this.request("POST", `${this.session(sessionId)}/fork`, { turn_id: turnId }, this.keyed(idempotencyKey));
   }
 }

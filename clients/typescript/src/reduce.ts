@@ -7,6 +7,7 @@ import type {
   PendingRequest,
   QueuedItem,
   TokenUsageEvent,
+  Turn,
 } from "./types";
 
 export interface TurnStartItem {
@@ -118,6 +119,15 @@ export interface PendingClientTool {
   expiresAt: string | null;
 }
 
+/** Where a turn sits in the session's tree: what a "< i/n >" control needs (docs/protocol.md, Branches). */
+export interface TurnBranch {
+  parentTurnId: string | null;
+  /** The turns with the same parent, this one included, oldest first. */
+  siblings: string[];
+  /** This turn's place in `siblings`, from 0. */
+  index: number;
+}
+
 export interface ChatState {
   items: ChatItem[];
   optimistic: OptimisticItem[];
@@ -132,6 +142,12 @@ export interface ChatState {
   lastSeq: number;
   /** Times the history was reloaded because the stream could not be replayed (resync). */
   resyncs: number;
+  /** The turns of the active path by id, with their siblings (from GET .../turns: fromTurns). */
+  branches: Record<string, TurnBranch>;
+  /** The active path's last turn, once a branch_changed said (null: the latest turn). */
+  headTurnId: string | null;
+  /** Times the active path changed (branch_changed): the history must be read again. */
+  branchChanges: number;
 }
 
 export function emptyState(): ChatState {
@@ -148,6 +164,9 @@ export function emptyState(): ChatState {
     clientTools: [],
     lastSeq: 0,
     resyncs: 0,
+    branches: {},
+    headTurnId: null,
+    branchChanges: 0,
   };
 }
 
@@ -242,6 +261,22 @@ export function fromHistory(rows: HistoryRow[], lastEventId: number, previous: C
     currentModel: (lastModel && "model" in lastModel ? lastModel.model : null) ?? previous.currentModel,
     lastSeq: lastEventId,
   };
+}
+
+/** The turn view's tree fields (GET .../turns): each turn's parent, siblings and index. */
+export function fromTurns(state: ChatState, turns: Turn[]): ChatState {
+  const branches: Record<string, TurnBranch> = {};
+  for (const turn of turns) {
+    branches[turn.turn_id] = { parentTurnId: turn.parent_turn_id, siblings: turn.siblings, index: turn.sibling_index };
+  }
+  return { ...state, branches };
+}
+
+/** The sibling before (-1) or after (+1) a turn, to activate for a "< i/n >" arrow; null at either end. */
+export function siblingTurn(state: ChatState, turnId: string, step: -1 | 1): string | null {
+  const branch = state.branches[turnId];
+  if (!branch) return null;
+  return branch.siblings[branch.index + step] ?? null;
 }
 
 /** The pending requests as GET .../pending lists them (a page that reloads, or a resync): the approvals and
@@ -475,6 +510,12 @@ export function reduce(state: ChatState, event: ParleyEvent): ChatState {
       return { ...s, clientTools: s.clientTools.filter((c) => c.toolCallId !== event.tool_call_id) };
     case "resync":
       return { ...s, resyncs: s.resyncs + 1 };
+    case "branch_changed": {
+      // The items of the old path are kept until the history is read again (ChatSession reloads on it).
+      const onPath = new Set(event.path_turn_ids);
+      const branches = Object.fromEntries(Object.entries(s.branches).filter(([turnId]) => onPath.has(turnId)));
+      return { ...s, headTurnId: event.head_turn_id, branchChanges: s.branchChanges + 1, branches };
+    }
   }
 }
 

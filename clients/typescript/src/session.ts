@@ -2,9 +2,29 @@
 // includes, every event through the pure reducer; send (optimistic), stop, approvals and client tools.
 import type { ParleyClient } from "./client";
 import { ParleyHttpError } from "./errors";
-import { addOptimistic, emptyState, failOptimistic, fromHistory, fromPending, reduce, type ChatState } from "./reduce";
+import {
+  addOptimistic,
+  emptyState,
+  failOptimistic,
+  fromHistory,
+  fromPending,
+  fromTurns,
+  reduce,
+  type ChatState,
+} from "./reduce";
 import { SessionStream, type ConnectionState } from "./stream";
-import type { ApprovalDecision, ClientToolDeclaration, MessageAccepted, MessageCreate, ParleyEvent, Session } from "./types";
+import type {
+  ActivePath,
+  ApprovalDecision,
+  BranchTurn,
+  ClientToolDeclaration,
+  EditRequest,
+  MessageAccepted,
+  MessageCreate,
+  ParleyEvent,
+  RegenerateRequest,
+  Session,
+} from "./types";
 
 export type ClientToolHandler = (args: unknown) => unknown | Promise<unknown>;
 
@@ -32,6 +52,9 @@ export class ChatSession {
   private stream: SessionStream | null = null;
   private readonly tools = new Map<string, { declaration: ClientToolDeclaration; handler: ClientToolHandler }>();
   private readonly answered = new Set<string>();
+  /** While the history is read again after a branch_changed: the events that came meanwhile, applied
+   * after it (those it already includes are dropped by their seq). */
+  private buffered: ParleyEvent[] | null = null;
 
   constructor(options: ChatSessionOptions) {
     this.options = options;
@@ -75,15 +98,16 @@ export class ChatSession {
    * the approval and client tool requests of a suspended turn are older than the history's position, so
    * the stream will not send them again. */
   async reload(): Promise<void> {
-    const [session, { rows, lastEventId }] = await Promise.all([
+    const [session, { rows, lastEventId }, { turns }] = await Promise.all([
       this.client.getSession(this.sessionId),
       this.client.history(this.sessionId),
+      this.client.turns(this.sessionId),
     ]);
     // After the history: a request answered since is answered again on the stream (after its position),
     // one made since comes twice (the reducer keeps one per tool_call_id); neither is lost.
     const { pending } = await this.client.pending(this.sessionId);
     this.session = session;
-    this.state = fromPending(fromHistory(rows, lastEventId, this.state), pending);
+    this.state = fromTurns(fromPending(fromHistory(rows, lastEventId, this.state), pending), turns);
     for (const request of this.state.clientTools) void this.runClientTool(request.toolCallId, request.name, request.arguments);
     // The usage header before the next token_usage event: the session's stored totals.
     if (this.state.usage === null && session.total_tokens > 0) {
@@ -106,12 +130,31 @@ export class ChatSession {
   }
 
   private apply(event: ParleyEvent): void {
+    if (this.buffered !== null && event.type !== "resync") {
+      this.buffered.push(event);
+      return;
+    }
     // After a reload the history may already include events the stream still sends.
     if (event.type !== "resync" && event.seq <= this.state.lastSeq) return;
     this.state = reduce(this.state, event);
     this.options.onEvent?.(event);
     if (event.type === "client_tool_requested") void this.runClientTool(event.tool_call_id, event.name, event.arguments);
+    // Another path is active (here or in another tab): its history and siblings are read again.
+    if (event.type === "branch_changed") void this.followBranch();
     this.changed();
+  }
+
+  private async followBranch(): Promise<void> {
+    this.buffered = [];
+    try {
+      await this.reload();
+    } catch {
+      // The stream goes on; the next branch_changed or resync reads the history again.
+    } finally {
+      const events = this.buffered;
+      this.buffered = null;
+      for (const event of events) this.apply(event);
+    }
   }
 
   close(): void {
@@ -163,6 +206,27 @@ export class ChatSession {
 
   edit(toolCallId: string, args: unknown): Promise<unknown> {
     return this.client.decide(this.sessionId, [{ tool_call_id: toolCallId, decision: "edit", arguments: args }]);
+  }
+
+  /** Answers the turn's user input again; the new turn heads the active path (branch_changed follows). */
+  regenerate(turnId: string, options: Partial<RegenerateRequest> = {}): Promise<BranchTurn> {
+    return this.client.regenerate(this.sessionId, turnId, options, newId());
+  }
+
+  /** Sends `content` as an edit of the turn's user message, in a new turn beside it. (`edit` edits a tool
+   * call's arguments for an approval.) */
+  editMessage(turnId: string, content: string, options: Partial<Omit<EditRequest, "content">> = {}): Promise<BranchTurn> {
+    return this.client.edit(this.sessionId, turnId, { ...options, content }, newId());
+  }
+
+  /** Switches the active path to the one through the turn (a "< i/n >" arrow). */
+  activate(turnId: string): Promise<ActivePath> {
+    return this.client.activate(this.sessionId, turnId);
+  }
+
+  /** A new session with this one's history up to and including the turn. */
+  fork(turnId: string): Promise<Session> {
+    return this.client.fork(this.sessionId, turnId, newId());
   }
 
   /** A tool this page runs: declare `clientTools()` when creating the session; requests are answered here. */

@@ -20,6 +20,7 @@ export type AgentCancelledEvent = Schemas["AgentCancelled"];
 export type QueueUpdatedEvent = Schemas["QueueUpdated"];
 export type ErrorEvent = Schemas["ErrorEvent"];
 export type ResyncEvent = Schemas["Resync"];
+export type BranchChangedEvent = Schemas["BranchChanged"];
 
 export type ApprovalRequestedEvent = Schemas["ApprovalRequested"];
 export type ApprovalResolvedEvent = Schemas["ApprovalResolved"];
@@ -67,5 +68,12 @@ export type MessageAccepted = Schemas["MessageAccepted"];
 export type CancelResult = Schemas["CancelResult"];
 export type QueuedItem = Schemas["QueuedItem"];
 export type ErrorBody = Schemas["ErrorBody"];
+/** Branches (docs/api.md, Branches): regenerate, edit, activate, fork. */
+export type RegenerateRequest = Schemas["RegenerateRequest"];
+export type EditRequest = Schemas["EditRequest"];
+export type ActivateRequest = Schemas["ActivateRequest"];
+export type BranchTurn = Schemas["BranchTurn"];
+export type ActivePath = Schemas["ActivePath"];
+export type TurnPage = Schemas["TurnPage"];
 export type Turn =
   paths["/v1/sessions/{session_id}/turns/{turn_id}"]["get"]["responses"][200]["content"]["application/json"];

@@ -23,8 +23,13 @@ function routed(routes: Record<string, (call: Recorded) => Response | Promise<Re
       body: typeof init?.body === "string" ? JSON.parse(init.body) : null,
     };
     calls.push(call);
-    // Nothing waits unless a test says so.
-    const route = routes[`${call.method} ${call.path}`] ?? (call.path.endsWith("/pending") ? () => json({ pending: [] }) : undefined);
+    // Nothing waits unless a test says so; the turn view holds no branches.
+    const fallback = call.path.endsWith("/pending")
+      ? () => json({ pending: [] })
+      : call.path.endsWith("/turns")
+        ? () => json({ turns: [], next_cursor: null })
+        : undefined;
+    const route = routes[`${call.method} ${call.path}`] ?? fallback;
     if (!route) return new Promise<Response>(() => undefined);
     return route(call);
   };

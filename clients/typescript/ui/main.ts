@@ -16,6 +16,7 @@ import {
   type ClientToolDeclaration,
   type ConnectionState,
   type PendingApproval,
+  siblingTurn,
 } from "../src/index";
 import { checkArguments } from "./arguments";
 
@@ -185,13 +186,77 @@ function follow(): void {
   if (following) box.scrollTop = box.scrollHeight;
 }
 
+function branchButton(action: string, label: string, title: string, run: () => Promise<unknown>): HTMLElement {
+  const button = el("button", `branch-${action}`, label) as HTMLButtonElement;
+  button.type = "button";
+  button.title = title;
+  button.dataset.action = action;
+  button.onclick = () => {
+    button.disabled = true;
+    run().then(
+      () => showError(null),
+      (error: unknown) => {
+        button.disabled = false;
+        showError(error);
+      },
+    );
+  };
+  return button;
+}
+
+/** Under a turn's first user message: edit it, and "< i/n >" through the turn's siblings (docs/api.md,
+ * Branches). Under the last answer: regenerate it. Each asks the server; branch_changed brings the new path. */
+function branchControls(session: ChatSession, state: ChatState, turnId: string, content: string): HTMLElement {
+  const controls = el("div", "branch-controls");
+  controls.dataset.turnId = turnId;
+  const branch = state.branches[turnId];
+  if (branch && branch.siblings.length > 1) {
+    const before = siblingTurn(state, turnId, -1);
+    const after = siblingTurn(state, turnId, 1);
+    const previous = branchButton("previous", "<", "The previous version", () => session.activate(before ?? turnId));
+    const next = branchButton("next", ">", "The next version", () => session.activate(after ?? turnId));
+    (previous as HTMLButtonElement).disabled = before === null;
+    (next as HTMLButtonElement).disabled = after === null;
+    controls.append(previous, el("span", "branch-position", `${branch.index + 1}/${branch.siblings.length}`), next);
+  }
+  if (state.runningTurnId === null) {
+    controls.append(
+      branchButton("edit", "edit", "Edit this message and send it again", async () => {
+        const edited = window.prompt("Edit your message", content);
+        if (edited !== null && edited.trim()) await session.editMessage(turnId, edited);
+      }),
+    );
+  }
+  return controls;
+}
+
 function renderMessages(state: ChatState): void {
   const box = $("messages");
   const nodes: HTMLElement[] = [];
-  state.items.forEach((_, i) => {
+  // The turn of each item, and the last answer (regenerated from its turn when no turn runs).
+  let turnId: string | null = null;
+  let lastAnswer: { node: HTMLElement; turnId: string } | null = null;
+  const controlled = new Set<string>();
+  state.items.forEach((item, i) => {
+    if (item.kind === "turn_start") turnId = item.turnId;
     const node = renderItem(state.items, i);
-    if (node) nodes.push(node);
+    if (!node) return;
+    nodes.push(node);
+    if (chat && turnId !== null && item.kind === "user" && !controlled.has(turnId)) {
+      controlled.add(turnId);
+      node.append(branchControls(chat, state, turnId, item.content));
+    }
+    if (turnId !== null && item.kind === "assistant") lastAnswer = { node, turnId };
   });
+  const answered = lastAnswer as { node: HTMLElement; turnId: string } | null;
+  if (chat && answered && state.runningTurnId === null) {
+    const session = chat;
+    const controls = el("div", "branch-controls");
+    controls.append(
+      branchButton("regenerate", "↻ regenerate", "Answer this again", () => session.regenerate(answered.turnId)),
+    );
+    answered.node.append(controls);
+  }
   for (const waiting of state.queue) {
     const { row, bubble } = bubbleRow("user queued", false, waiting.id, null);
     bubble.textContent = waiting.content;
