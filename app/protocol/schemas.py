@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from app.protocol.events import AgentState, TurnStatus
@@ -36,6 +36,30 @@ _MODEL = (
 )
 
 
+class ContextPolicy(_Strict):
+    """How a session's turns fit its model's window (docs/context.md); fields left out keep their value
+    (the server's defaults at creation)."""
+
+    strategy: Literal["auto", "off"] | None = Field(
+        None,
+        description="`auto`: when the history outgrows the window, a turn sends old bulky tool results as "
+        "placeholders and the oldest turns as a running summary (the history itself never changes); `off`: "
+        "the whole history is sent, and a turn that does not fit fails with `context_window_exceeded`.",
+    )
+    keep_turns: StrictInt | None = Field(
+        None, ge=1, le=100, description="The last turns always sent verbatim."
+    )
+    reserve_tokens: StrictInt | None = Field(
+        None, ge=0, le=1_000_000, description="Room, in tokens, kept free in the window for the answer."
+    )
+
+
+class ContextPolicyOut(BaseModel):
+    strategy: Literal["auto", "off"]
+    keep_turns: int
+    reserve_tokens: int
+
+
 class SessionCreate(_Strict):
     model: str | None = Field(None, description=f"{_MODEL} The default model if omitted or null.")
     title: str | None = Field(None, max_length=200)
@@ -55,6 +79,9 @@ class SessionCreate(_Strict):
         description='Tools that wait for a person before they run: ["name", ...] or {"name": "always"}; '
         '"*" names every tool. Answered with POST .../approvals.',
     )
+    context: ContextPolicy | None = Field(
+        None, description="The context policy; the server's defaults (PARLEY_CONTEXT_*) if omitted or null."
+    )
 
     _unique = field_validator("client_tools")(unique_client_tools)
 
@@ -66,6 +93,10 @@ class SessionUpdate(_Strict):
     model: str | SkipJsonSchema[None] = Field(None, description=f"{_MODEL} Not null.")
     title: str | None = Field(None, max_length=200)
     system_prompt: str | None = Field(None, max_length=100_000)
+    # Null is left out of the spec: a session always has a policy (fields left out keep theirs).
+    context: ContextPolicy | SkipJsonSchema[None] = Field(
+        None, description="Changes the context policy's given fields, from the next turn on. Not null."
+    )
 
 
 class SessionOut(BaseModel):
@@ -84,6 +115,37 @@ class SessionOut(BaseModel):
     total_tokens: int
     context_used: int
     context_window: int | None
+    context: ContextPolicyOut
+
+
+class ContextSummaryOut(BaseModel):
+    id: str
+    content: str
+    summarized_turn_ids: list[str] = Field(description="The turns it replaces, oldest first.")
+    model: str = Field(description="The model that wrote it.")
+    created_at: str
+
+
+class SessionContext(BaseModel):
+    """What the session's next model call would send with the history as it is (docs/context.md)."""
+
+    policy: ContextPolicyOut
+    model: str
+    context_window: int | None
+    budget_tokens: int | None = Field(description="The window less the reserve; null: the window is unknown.")
+    history_tokens: int = Field(description="The estimated prompt of the whole history.")
+    sent_tokens: int = Field(description="The estimated prompt of what would be sent.")
+    compaction_due: bool = Field(
+        description="The history no longer fits as shown: the next call first folds more turns into the "
+        "summary."
+    )
+    summary: ContextSummaryOut | None
+    elided_tool_call_ids: list[str]
+    verbatim_turn_ids: list[str] = Field(description="The turns sent as they are, oldest first.")
+    messages: list[dict[str, Any]] = Field(
+        description="The prompt in OpenAI chat format: the system message (with the summary) and the "
+        "verbatim tail, elided tool results as their placeholders."
+    )
 
 
 class SessionPage(BaseModel):
