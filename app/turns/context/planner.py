@@ -9,8 +9,11 @@ an assistant message is never separated from its tool calls and their results. C
 2. old, bulky tool results are replaced by a placeholder that keeps the call id;
 3. the oldest whole blocks are folded into the summary: the plan names them, the caller has them
    summarised and plans again with the new summary;
-4. the last `keep_turns` blocks are always verbatim, unless nothing else is left to compact: then their
-   bulky tool results are elided too, the latest last.
+4. the last `keep_turns` blocks are never folded. Their tool results are sent verbatim, except when the
+   kept blocks alone take more than the fold target: then the bulky results of the kept blocks before the
+   running turn's go before any fold (else every later turn would fold one more block, a summary call per
+   turn); and as the last resort, when nothing else is left, any result past LAST_RESORT_TOKENS, the
+   running turn's last.
 
 Token counts are app/llm/tokens.py's estimate times `scale`, the provider's own count of an earlier
 prompt over the estimate of the same prompt (1.0 without one).
@@ -18,7 +21,7 @@ prompt over the estimate of the same prompt (1.0 without one).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -165,22 +168,34 @@ def plan(
     start = cut[first].start if first < len(cut) else len(body)
     foldable = cut[first : len(cut) - keep] if len(cut) - keep > first else []
     kept = cut[max(first, len(cut) - keep) :]
-    if prompt.tokens(start, summary) <= budget:
+
+    def fits() -> bool:
+        return prompt.tokens(start, summary) <= budget
+
+    if fits() or _elide_until(prompt, foldable, BULKY_TOKENS, fits):
         return _view(prompt, start, summary, budget)
-    for block in foldable:
-        for index in _bulky(prompt, block, BULKY_TOKENS):
-            prompt.elide(index, _call_name(body, index))
-            if prompt.tokens(start, summary) <= budget:
-                return _view(prompt, start, summary, budget)
+    if _crowded(prompt, kept, budget):
+        # The kept turns alone leave no room for the older ones: their bulky results go now, the running
+        # turn's excepted, or every later turn would fold one more block (a model call per turn).
+        _elide_until(prompt, kept[:-1], BULKY_TOKENS, lambda: not _crowded(prompt, kept, budget))
+        if fits():
+            return _view(prompt, start, summary, budget)
     if may_fold and foldable:
         return _fold(prompt, start, summary, foldable, budget)
     for threshold in (BULKY_TOKENS, LAST_RESORT_TOKENS):
-        for block in kept:
-            for index in _bulky(prompt, block, threshold):
-                prompt.elide(index, _call_name(body, index))
-                if prompt.tokens(start, summary) <= budget:
-                    return _view(prompt, start, summary, budget)
+        if _elide_until(prompt, kept, threshold, fits):
+            break
     return _view(prompt, start, summary, budget)
+
+
+def _elide_until(prompt: _Prompt, where: list[Block], threshold: int, done: Callable[[], bool]) -> bool:
+    """Elides the results past `threshold` of `where`, oldest first, until `done`; whether it is."""
+    for block in where:
+        for index in _bulky(prompt, block, threshold):
+            if done():
+                return True
+            prompt.elide(index, _call_name(prompt.body, index))
+    return done()
 
 
 def _applied(cut: list[Block], summary: Summary | None) -> tuple[int, Summary | None]:
@@ -191,6 +206,12 @@ def _applied(cut: list[Block], summary: Summary | None) -> tuple[int, Summary | 
         return 0, None
     covered = next((i for i, b in enumerate(cut[:-1]) if b.key == summary.through_turn_id), None)
     return (0, None) if covered is None else (covered + 1, summary)
+
+
+def _crowded(prompt: _Prompt, kept: list[Block], budget: int) -> bool:
+    """The kept turns with a summary's room take more than the fold target."""
+    tail = prompt.tokens(kept[0].start, None) if kept else 0
+    return tail + int(budget * SUMMARY_SHARE) > int(budget * FOLD_TARGET)
 
 
 def _fold(prompt: _Prompt, start: int, summary: Summary | None, foldable: list[Block], budget: int) -> View:
