@@ -25,6 +25,8 @@ HARDER_BUDGET = 0.7
 # A summary's length asked of the summariser, in words, and the characters of each message it reads.
 SUMMARY_WORDS = 250
 EXCERPT_CHARS = 600
+# The summariser's tokens beside the transcript: the summary so far, its answer, the instruction.
+SUMMARY_ROOM = 2 * 400 + 150
 SUMMARY_INSTRUCTION = (
     "You maintain the running summary of a conversation between a user and an AI assistant that uses "
     "tools. Rewrite the summary so that it also covers the new part of the conversation: keep the facts, "
@@ -193,11 +195,12 @@ class Compactor:
 
     async def _summarise(self, messages: list[dict[str, Any]], fold: Sequence[Block]) -> Summary:
         offset = 1 if messages and messages[0].get("role") == "system" else 0
-        lines = [_line(messages[offset + i]) for block in fold for i in range(block.start, block.end)]
-        transcript = "\n".join(line for line in lines if line)
+        folded = [messages[offset + i] for block in fold for i in range(block.start, block.end)]
+        # What the summariser may read, shared by the folded messages: each shortened alike, so that the
+        # oldest are read as well as the newest.
         limit = self._transcript_chars()
-        if len(transcript) > limit:
-            transcript = "[...]\n" + transcript[-limit:]
+        each = max(80, min(EXCERPT_CHARS, limit // max(1, len(folded))))
+        transcript = "\n".join(line for line in (_line(m, each) for m in folded) if line)[:limit]
         previous = self.summary.content if self.summary is not None else None
         content = await self.summariser.write(previous, transcript)
         turn_ids = list(self.summary.turn_ids if self.summary is not None else ())
@@ -206,16 +209,17 @@ class Compactor:
         return Summary(new_summary_id(), content, tuple(turn_ids))
 
     def _transcript_chars(self) -> int:
-        """What the summariser may read: its window less the summary so far and its answer."""
+        """What the summariser may read: its window less the summary so far, its answer and instruction
+        (SUMMARY_ROOM), in characters, with room for a count above the estimate."""
         window = self.summariser.model.context_window or self.window or 8192
-        return max(2000, (window - 2 * SUMMARY_WORDS * 2 - 600) * tokens.CHARS_PER_TOKEN // 2)
+        return max(1000, int((window - SUMMARY_ROOM) * tokens.CHARS_PER_TOKEN / 1.5))
 
 
-def _line(message: dict[str, Any]) -> str:
+def _line(message: dict[str, Any], limit: int) -> str:
     role = message.get("role")
     text = tokens.content_text(message.get("content")).strip()
-    if len(text) > EXCERPT_CHARS:
-        text = text[:EXCERPT_CHARS] + f" [... {len(text) - EXCERPT_CHARS} more characters]"
+    if len(text) > limit:
+        text = text[:limit] + f" [... {len(text) - limit} more characters]"
     if role == "tool":
         return f"tool result ({message.get('tool_call_id')}): {text}"
     functions = [c.get("function") or {} for c in message.get("tool_calls") or ()]
