@@ -111,7 +111,7 @@ export interface paths {
         head?: never;
         /**
          * Update Session
-         * @description Change the title, system prompt or model; a new model applies from the next model call.
+         * @description Change the title, system prompt, model or context policy; they apply from the next model call.
          */
         patch: operations["update_session_v1_sessions__session_id__patch"];
         trace?: never;
@@ -152,6 +152,26 @@ export interface paths {
          *     (`storage_full`, `storage_busy`, `storage_error`) when storage refuses the turn's end for now.
          */
         post: operations["cancel_v1_sessions__session_id__cancel_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/context": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Session Context
+         * @description What the next model call would send: the summary of the oldest turns and the verbatim tail.
+         */
+        get: operations["get_session_context_v1_sessions__session_id__context_get"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -718,6 +738,110 @@ export interface components {
             wait_ms: number;
         };
         /**
+         * ContextCompacted
+         * @description The next model call sends a compacted view of the history (docs/context.md); the history itself is
+         *     unchanged.
+         */
+        ContextCompacted: {
+            /**
+             * Elided Tool Call Ids
+             * @description Tool calls whose results are sent as a placeholder (the call itself is kept).
+             */
+            elided_tool_call_ids: string[];
+            /**
+             * Seq
+             * @description Position in the session's stream; equals the SSE id.
+             */
+            seq: number;
+            /** Session Id */
+            session_id: string;
+            /**
+             * Summarized Turn Ids
+             * @description The turns the summary replaces, oldest first.
+             */
+            summarized_turn_ids: string[];
+            /**
+             * Summary Id
+             * @description The summary sent (GET .../context shows it); null: none.
+             */
+            summary_id: string | null;
+            /**
+             * Summary Written
+             * @description The summary was written for this call.
+             */
+            summary_written: boolean;
+            /**
+             * Tokens After
+             * @description The estimated prompt the call sends.
+             */
+            tokens_after: number;
+            /**
+             * Tokens Before
+             * @description The estimated prompt of the whole history, in tokens.
+             */
+            tokens_before: number;
+            /** Turn Id */
+            turn_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "context_compacted";
+        };
+        /**
+         * ContextPolicy
+         * @description How a session's turns fit its model's window (docs/context.md); fields left out keep their value
+         *     (the server's defaults at creation).
+         */
+        ContextPolicy: {
+            /**
+             * Keep Turns
+             * @description The last turns always sent verbatim.
+             */
+            keep_turns?: number | null;
+            /**
+             * Reserve Tokens
+             * @description Room, in tokens, kept free in the window for the answer.
+             */
+            reserve_tokens?: number | null;
+            /**
+             * Strategy
+             * @description `auto`: when the history outgrows the window, a turn sends old bulky tool results as placeholders and the oldest turns as a running summary (the history itself never changes); `off`: the whole history is sent, and a turn that does not fit fails with `context_window_exceeded`.
+             */
+            strategy?: ("auto" | "off") | null;
+        };
+        /** ContextPolicyOut */
+        ContextPolicyOut: {
+            /** Keep Turns */
+            keep_turns: number;
+            /** Reserve Tokens */
+            reserve_tokens: number;
+            /**
+             * Strategy
+             * @enum {string}
+             */
+            strategy: "auto" | "off";
+        };
+        /** ContextSummaryOut */
+        ContextSummaryOut: {
+            /** Content */
+            content: string;
+            /** Created At */
+            created_at: string;
+            /** Id */
+            id: string;
+            /**
+             * Model
+             * @description The model that wrote it.
+             */
+            model: string;
+            /**
+             * Summarized Turn Ids
+             * @description The turns it replaces, oldest first.
+             */
+            summarized_turn_ids: string[];
+        };
+        /**
          * DecisionItem
          * @description `arguments` with an `edit` decision, and only with it.
          */
@@ -842,7 +966,7 @@ export interface components {
         ErrorResponse: {
             error: components["schemas"]["ErrorBody"];
         };
-        Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["ReasoningDelta"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["ErrorEvent"] | components["schemas"]["ClientToolRequested"] | components["schemas"]["ApprovalRequested"] | components["schemas"]["ClientToolResolved"] | components["schemas"]["ApprovalResolved"] | components["schemas"]["Resync"];
+        Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["ReasoningDelta"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["ContextCompacted"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["ErrorEvent"] | components["schemas"]["ClientToolRequested"] | components["schemas"]["ApprovalRequested"] | components["schemas"]["ClientToolResolved"] | components["schemas"]["ApprovalResolved"] | components["schemas"]["Resync"];
         /**
          * EventFrame
          * @description One frame of the event stream, as an SSE parser (EventSource) yields it. Frames without data (`retry:`, `: ping`) carry no event and are not described.
@@ -854,7 +978,7 @@ export interface components {
              * @description The event's `type`.
              * @enum {string}
              */
-            event: "agent_cancelled" | "agent_status" | "approval_requested" | "approval_resolved" | "client_tool_requested" | "client_tool_resolved" | "error" | "queue_updated" | "reasoning_delta" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
+            event: "agent_cancelled" | "agent_status" | "approval_requested" | "approval_resolved" | "client_tool_requested" | "client_tool_resolved" | "context_compacted" | "error" | "queue_updated" | "reasoning_delta" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
             /** @description The event's `seq`: send it back as Last-Event-ID to resume after it. */
             id: string;
         };
@@ -1344,6 +1468,52 @@ export interface components {
              */
             type: "resync";
         };
+        /**
+         * SessionContext
+         * @description What the session's next model call would send with the history as it is (docs/context.md).
+         */
+        SessionContext: {
+            /**
+             * Budget Tokens
+             * @description The window less the reserve; null: the window is unknown.
+             */
+            budget_tokens: number | null;
+            /**
+             * Compaction Due
+             * @description The history no longer fits as shown: the next call first folds more turns into the summary.
+             */
+            compaction_due: boolean;
+            /** Context Window */
+            context_window: number | null;
+            /** Elided Tool Call Ids */
+            elided_tool_call_ids: string[];
+            /**
+             * History Tokens
+             * @description The estimated prompt of the whole history.
+             */
+            history_tokens: number;
+            /**
+             * Messages
+             * @description The prompt in OpenAI chat format: the system message (with the summary) and the verbatim tail, elided tool results as their placeholders.
+             */
+            messages: {
+                [key: string]: unknown;
+            }[];
+            /** Model */
+            model: string;
+            policy: components["schemas"]["ContextPolicyOut"];
+            /**
+             * Sent Tokens
+             * @description The estimated prompt of what would be sent.
+             */
+            sent_tokens: number;
+            summary: components["schemas"]["ContextSummaryOut"] | null;
+            /**
+             * Verbatim Turn Ids
+             * @description The turns sent as they are, oldest first.
+             */
+            verbatim_turn_ids: string[];
+        };
         /** SessionCreate */
         SessionCreate: {
             /**
@@ -1358,6 +1528,8 @@ export interface components {
              * @description Tools the client runs: a call suspends the turn until POST .../tool_results answers it.
              */
             client_tools?: components["schemas"]["ClientTool"][] | null;
+            /** @description The context policy; the server's defaults (PARLEY_CONTEXT_*) if omitted or null. */
+            context?: components["schemas"]["ContextPolicy"] | null;
             /**
              * Model
              * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. The default model if omitted or null.
@@ -1384,6 +1556,7 @@ export interface components {
             approval: string[];
             /** Client Tools */
             client_tools: components["schemas"]["ClientTool"][];
+            context: components["schemas"]["ContextPolicyOut"];
             /** Context Used */
             context_used: number;
             /** Context Window */
@@ -1424,6 +1597,11 @@ export interface components {
          * @description Only the fields given change; `title` and `system_prompt` may be null (removed), `model` not.
          */
         SessionUpdate: {
+            /**
+             * Context
+             * @description Changes the context policy's given fields, from the next turn on. Not null.
+             */
+            context?: components["schemas"]["ContextPolicy"];
             /**
              * Model
              * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. Not null.
@@ -2925,6 +3103,95 @@ export interface operations {
             };
             /** @description Unsupported media type */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    get_session_context_v1_sessions__session_id__context_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionContext"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
