@@ -92,6 +92,8 @@ async def test_calibration_follows_the_providers_count() -> None:
     [view] = await _views(compactor, messages)
     assert compactor.sent_estimate is not None and view.messages == messages
     assert compactor.calibrate(compactor.sent_estimate * 2) == 2.0
+    # Within 2% of the scale in force: kept, nothing to store.
+    assert compactor.calibrate(compactor.sent_estimate * 2 + 1) is None and compactor.scale == 2.0
     assert compactor.calibrate(0) is None
 
 

@@ -36,6 +36,9 @@ SUMMARY_INSTRUCTION = (
 # The scale a session starts with before any provider reported a prompt's tokens: estimates run low for
 # chatty JSON framing, so the first call plans with some room.
 FIRST_SCALE = 1.15
+# A reported count moves the scale (and the session's stored one) only by more than this share: not a
+# write per response for the noise of one prompt.
+RECALIBRATE = 0.02
 
 
 def resolve_policy(stored: Any, settings: Settings) -> Policy:
@@ -173,11 +176,15 @@ class Compactor:
         yield chosen
 
     def calibrate(self, reported_prompt_tokens: int) -> float | None:
-        """The provider's count of what was sent over the estimate of it: later views plan with it."""
+        """The provider's count of what was sent over the estimate of it: later views plan with it. The
+        new scale when it moved by more than RECALIBRATE (the session keeps it), else None."""
         if not self.sent_estimate or reported_prompt_tokens <= 0:
             return None
-        self.scale = min(4.0, max(0.5, reported_prompt_tokens / self.sent_estimate))
-        return self.scale
+        scale = min(4.0, max(0.5, reported_prompt_tokens / self.sent_estimate))
+        if abs(scale - self.scale) <= RECALIBRATE * self.scale:
+            return None
+        self.scale = scale
+        return scale
 
     def _plan(
         self, messages: list[dict[str, Any]], policy: Policy, budget: int | None, *, may_fold: bool
