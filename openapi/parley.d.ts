@@ -1970,6 +1970,8 @@ export interface components {
         };
         /** Turn */
         Turn: {
+            /** @description What its model calls sent instead of the whole history; null: the whole history. */
+            compaction?: components["schemas"]["TurnCompaction"] | null;
             /**
              * Duration Seconds
              * @description Null while the turn runs.
@@ -2003,6 +2005,42 @@ export interface components {
             turn_id: string;
             /** User Messages */
             user_messages: components["schemas"]["TurnInput"][];
+        };
+        /**
+         * TurnCompaction
+         * @description What the turn's model calls sent instead of the whole history (docs/context.md).
+         */
+        TurnCompaction: {
+            /**
+             * Calls
+             * @description The turn's model calls that sent a compacted view.
+             */
+            calls: number;
+            /**
+             * Elided Tool Call Ids
+             * @description Every call whose result one of them sent as a placeholder.
+             */
+            elided_tool_call_ids: string[];
+            /**
+             * Summarized Turn Ids
+             * @description The turns that summary replaces, oldest first.
+             */
+            summarized_turn_ids: string[];
+            /**
+             * Summary Id
+             * @description The summary the last of them sent; null: none.
+             */
+            summary_id: string | null;
+            /**
+             * Tokens After
+             * @description The last one's estimate of what it sent.
+             */
+            tokens_after: number;
+            /**
+             * Tokens Before
+             * @description The last one's estimate of the whole history, in tokens.
+             */
+            tokens_before: number;
         };
         /** TurnDone */
         TurnDone: {

@@ -16,7 +16,7 @@ from app.errors import DomainError, NotFound, Unavailable, WaitTimeout
 from app.protocol.schemas import MessageAccepted, MessageCreate
 from app.protocol.turns import Turn, TurnPage
 from app.settings import Settings
-from app.storage import turn_queries
+from app.storage import compaction, turn_queries
 from app.storage.engine import Database
 from app.turns.control import TurnControl
 
@@ -49,7 +49,8 @@ class Turns:
                 db, session_id, limit=limit + 1, before_position=before_position
             )
             rows = await turn_queries.messages_of_turns(db, session_id, turn_ids[:limit])
-        turns = build_turns(rows)
+            views = await compaction.views_of_turns(db, turn_ids[:limit])
+        turns = build_turns(rows, views)
         more = len(turn_ids) > limit
         return TurnPage(turns=turns, next_cursor=turns[0].turn_id if more and turns else None)
 
@@ -57,12 +58,13 @@ class Turns:
         await self._sessions.owned(principal, session_id)
         async with self._database.read() as db:
             rows = await turn_queries.messages_of_turns(db, session_id, [turn_id])
+            views = await compaction.views_of_turns(db, [turn_id]) if rows else []
         if not rows:
             raise NotFound(
                 f"No turn {turn_id!r} in session {session_id!r}.",
                 details={"session_id": session_id, "turn_id": turn_id},
             )
-        return build_turns(rows)[0]
+        return build_turns(rows, views)[0]
 
     async def post_and_wait(
         self,

@@ -20,8 +20,16 @@ from app.protocol.schemas import (
     TurnStartMessage,
     UserTextMessage,
 )
-from app.protocol.turns import LlmNode, ReasoningNode, ToolNode, Turn, TurnError, TurnInput
-from app.storage.tables import ChatMessageRow
+from app.protocol.turns import (
+    LlmNode,
+    ReasoningNode,
+    ToolNode,
+    Turn,
+    TurnCompaction,
+    TurnError,
+    TurnInput,
+)
+from app.storage.tables import ChatMessageRow, ContextViewRow
 
 
 def to_chat_message(row: ChatMessageRow) -> ChatMessage:
@@ -89,12 +97,34 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
     )
 
 
-def build_turns(rows: Iterable[ChatMessageRow]) -> list[Turn]:
-    """Groups rows in history order into turns, in the order the turns started."""
+def build_turns(rows: Iterable[ChatMessageRow], views: Iterable[ContextViewRow] = ()) -> list[Turn]:
+    """Groups rows in history order into turns, in the order the turns started; `views`: what the turns'
+    compacted model calls sent (turns.context), in order."""
     groups: dict[str, list[ChatMessage]] = {}
     for row in rows:
         groups.setdefault(row.turn_id, []).append(to_chat_message(row))
-    return [_turn(turn_id, messages) for turn_id, messages in groups.items()]
+    sent: dict[str, list[ContextViewRow]] = {}
+    for view in views:
+        sent.setdefault(view.turn_id, []).append(view)
+    return [
+        _turn(turn_id, messages).model_copy(update={"compaction": _compaction(sent.get(turn_id, []))})
+        for turn_id, messages in groups.items()
+    ]
+
+
+def _compaction(views: Sequence[ContextViewRow]) -> TurnCompaction | None:
+    if not views:
+        return None
+    last = views[-1]
+    elided = list(dict.fromkeys(call for view in views for call in view.elided_tool_call_ids))
+    return TurnCompaction(
+        calls=len(views),
+        summary_id=last.summary_id,
+        summarized_turn_ids=list(last.summarized_turn_ids),
+        elided_tool_call_ids=elided,
+        tokens_before=last.tokens_before,
+        tokens_after=last.tokens_after,
+    )
 
 
 def _turn(turn_id: str, messages: Sequence[ChatMessage]) -> Turn:

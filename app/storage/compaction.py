@@ -41,10 +41,13 @@ async def summary_for(
     return next((row for row in rows if row.through_turn_id in turn_ids), None)
 
 
-async def views_of_turn(db: AsyncSession, turn_id: str) -> list[ContextViewRow]:
+async def views_of_turns(db: AsyncSession, turn_ids: Sequence[str]) -> list[ContextViewRow]:
+    """What the turns' compacted model calls sent, in the order they were made."""
+    if not turn_ids:
+        return []
     rows = await db.exec(
         select(ContextViewRow)
-        .where(col(ContextViewRow.turn_id) == turn_id)
+        .where(col(ContextViewRow.turn_id).in_(list(turn_ids)))
         .order_by(col(ContextViewRow.position))
     )
     return list(rows.all())

@@ -282,7 +282,7 @@ class ContextViewRow(SQLModel, table=True):
     the prompt is rebuilt exactly (docs/context.md). A call sending the whole history has none."""
 
     __tablename__ = "context_views"
-    __table_args__ = (Index("ix_context_views_session_position", "session_id", "position"),)
+    __table_args__ = (Index("ix_context_views_turn", "turn_id"),)
 
     position: int | None = Field(default=None, primary_key=True)
     session_id: str = Field(

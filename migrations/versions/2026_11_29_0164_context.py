@@ -64,13 +64,11 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(['session_id'], ['chat_sessions.id'], ondelete='CASCADE'),
         sa.PrimaryKeyConstraint('position'),
     )
-    op.create_index(
-        'ix_context_views_session_position', 'context_views', ['session_id', 'position'], unique=False
-    )
+    op.create_index('ix_context_views_turn', 'context_views', ['turn_id'], unique=False)
 
 
 def downgrade() -> None:
-    op.drop_index('ix_context_views_session_position', table_name='context_views')
+    op.drop_index('ix_context_views_turn', table_name='context_views')
     op.drop_table('context_views')
     op.drop_index('ix_context_summaries_session_through', table_name='context_summaries')
     op.drop_table('context_summaries')

@@ -142,6 +142,7 @@ async def test_a_long_session_with_huge_tool_results_completes_every_turn_within
             done = await _turns(client, sid, contents, reader)
         history = await _history(client, sid)
         context = (await client.get(f"/v1/sessions/{sid}/context")).json()
+        turns = (await client.get(f"/v1/sessions/{sid}/turns", params={"limit": 100})).json()["turns"]
 
     assert [d["status"] for d in done] == ["completed"] * len(contents)
     # Every request the provider got was a valid history within its window: none was refused.
@@ -164,6 +165,12 @@ async def test_a_long_session_with_huge_tool_results_completes_every_turn_within
     # A summary is written once every several turns, not at every turn.
     written = [c for c in compacted if c["summary_written"]]
     assert len(written) <= len(contents) // 3
+    # The turn view marks the turns whose calls sent a compacted view, with what the last one sent.
+    marked = {t["turn_id"]: t["compaction"] for t in turns if t["compaction"] is not None}
+    assert set(marked) == {c["turn_id"] for c in compacted}
+    last = compacted[-1]
+    assert marked[last["turn_id"]]["summary_id"] == last["summary_id"]
+    assert marked[last["turn_id"]]["tokens_after"] == last["tokens_after"]
     assert context["summary"]["content"] == SUMMARY
     assert context["summary"]["summarized_turn_ids"] == compacted[-1]["summarized_turn_ids"]
     assert context["compaction_due"] is False
