@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from app.protocol.events import AgentState, TurnStatus
@@ -22,6 +22,20 @@ def _query_bool(value: object) -> object:
 
 
 QueryBool = Annotated[bool, BeforeValidator(_query_bool)]
+
+
+def _json_integer(value: object) -> object:
+    """A JSON Schema integer: 3, or 3.0 (a number whose fraction is zero is one); never "3" or true,
+    which lax parsing would take."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Body integers within their bounds: what the spec's `integer` with its bounds says, no more (the bounds
+# before the validator, so that the spec states them as minimum and maximum).
+KeepTurns = Annotated[int, Field(strict=True, ge=1, le=100), BeforeValidator(_json_integer)]
+ReserveTokens = Annotated[int, Field(strict=True, ge=0, le=1_000_000), BeforeValidator(_json_integer)]
 
 
 class _Strict(BaseModel):
@@ -46,11 +60,11 @@ class ContextPolicy(_Strict):
         "placeholders and the oldest turns as a running summary (the history itself never changes); `off`: "
         "the whole history is sent, and a turn that does not fit fails with `context_window_exceeded`.",
     )
-    keep_turns: StrictInt | None = Field(
-        None, ge=1, le=100, description="The last turns always sent verbatim."
+    keep_turns: KeepTurns | None = Field(
+        None, description="The last turns always sent verbatim."
     )
-    reserve_tokens: StrictInt | None = Field(
-        None, ge=0, le=1_000_000, description="Room, in tokens, kept free in the window for the answer."
+    reserve_tokens: ReserveTokens | None = Field(
+        None, description="Room, in tokens, kept free in the window for the answer."
     )
 
 

@@ -264,7 +264,7 @@ async def test_a_stop_during_summarisation_leaves_no_half_summary(
     "context",
     [
         {"keep_turns": "3"},
-        {"keep_turns": 2.0},
+        {"keep_turns": 2.5},
         {"keep_turns": True},
         {"keep_turns": 0},
         {"keep_turns": 101},
