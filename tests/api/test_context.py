@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,12 @@ class Pages:
 
     def __init__(self) -> None:
         self.tool = ExternalTool("fetch_page", "Fetch a page.", _SIZE, "http", self._call)
+        # Set: calls wait until it is released (a test acts while the tool round runs).
+        self.hold: threading.Event | None = None
 
     async def _call(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
+        if self.hold is not None:
+            await asyncio.to_thread(self.hold.wait, 20)
         size = int(arguments.get("size", 100))
         return ToolOutcome((f"{ctx.tool_call_id} " * size)[:size], is_error=False)
 
@@ -96,9 +101,14 @@ def configured(settings: Settings, upstream: FakeUpstream, tmp_path: Path) -> Se
 
 
 @pytest.fixture
-def registry() -> ToolRegistry:
+def pages() -> Pages:
+    return Pages()
+
+
+@pytest.fixture
+def registry(pages: Pages) -> ToolRegistry:
     tools = build_default_registry()
-    tools.add_provider(Pages())
+    tools.add_provider(pages)
     return tools
 
 
@@ -343,3 +353,30 @@ async def test_the_small_demo_model_compacts_offline_and_keeps_all_fifty_exchang
     assert context["summary"] is not None and "The user said" in context["summary"]["content"]
     assert [m["content"] for m in history if m["type"] == "text" and m["role"] == "user"] == contents
     assert len([m for m in history if m["type"] == "text" and m["role"] == "assistant"]) == 50
+
+
+async def test_a_steer_mid_turn_in_a_compacted_session_keeps_every_request_valid(
+    server: LiveServer, upstream: FakeUpstream, pages: Pages
+) -> None:
+    long = "tell me more about it " * 40
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions", json={"tools": ["fetch_page"]})).json()["id"]
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+            await _turns(client, sid, [f"Turn {n}: {long}" for n in range(8)], reader)
+            pages.hold = threading.Event()
+            posted = await client.post(f"/v1/sessions/{sid}/messages", json={"content": "fetch 4000 now"})
+            assert posted.status_code == 202
+            await reader.wait_type("tool_exec_start", count=2)
+            steer = await client.post(
+                f"/v1/sessions/{sid}/messages", json={"content": "Also: " + long, "delivery": "steer"}
+            )
+            assert steer.status_code == 202 and steer.json()["queued"] is True
+            pages.hold.set()
+            done = await reader.wait_type("turn_done", count=10, timeout=30)
+        history = await _history(client, sid)
+    assert [d.data["status"] for d in done][-2:] == ["completed", "completed"]
+    for request in upstream.requests:
+        assert request.problems == [], request.problems
+    users = [m["content"] for m in history if m["type"] == "text" and m["role"] == "user"]
+    assert users[-2:] == ["fetch 4000 now", "Also: " + long]
+    assert reader.of_type("context_compacted")
