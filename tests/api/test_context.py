@@ -137,6 +137,7 @@ async def _history(client: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
     return messages
 
 
+@pytest.mark.both_backends
 async def test_a_long_session_with_huge_tool_results_completes_every_turn_within_the_window(
     server: LiveServer, upstream: FakeUpstream
 ) -> None:
