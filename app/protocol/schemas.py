@@ -60,9 +60,7 @@ class ContextPolicy(_Strict):
         "placeholders and the oldest turns as a running summary (the history itself never changes); `off`: "
         "the whole history is sent, and a turn that does not fit fails with `context_window_exceeded`.",
     )
-    keep_turns: KeepTurns | None = Field(
-        None, description="The last turns always sent verbatim."
-    )
+    keep_turns: KeepTurns | None = Field(None, description="The last turns always sent verbatim.")
     reserve_tokens: ReserveTokens | None = Field(
         None, description="Room, in tokens, kept free in the window for the answer."
     )
