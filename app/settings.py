@@ -96,6 +96,25 @@ class Settings(BaseSettings):
         description="Longest Retry-After of a rate limited or unavailable provider that a retry waits out; "
         "a longer one fails the turn at once with `retry_after` in its error event (0: never wait).",
     )
+    context_strategy: Literal["auto", "off"] = Field(
+        "auto",
+        description="The default context policy of new sessions (docs/context.md): `auto` compacts what a "
+        "turn sends when the history outgrows the model's window; `off` sends it whole (a turn that does not "
+        "fit fails with `context_window_exceeded`).",
+    )
+    context_keep_turns: int = Field(
+        4, ge=1, le=100, description="The default number of last turns always sent verbatim."
+    )
+    context_reserve_tokens: int = Field(
+        1024,
+        ge=0,
+        le=1_000_000,
+        description="The default room, in tokens, kept free in the window for the model's answer.",
+    )
+    context_summary_model: str | None = Field(
+        None,
+        description="The model that writes the summaries of compacted turns; unset: the session's model.",
+    )
     stream_adapter: Literal["auto", "litellm"] = Field(
         "auto",
         description="How model streams are read: `auto` (the lean reader for OpenAI-compatible providers, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.compaction import figures as compaction_figures
 from bench.figure import LANGGRAPH, PEER, Figure, get
 from bench.postgres import figures as postgres_figures
 from bench.replica_report import figures as replica_figures
@@ -176,7 +177,8 @@ def build(results: dict[str, Any]) -> list[Figure]:
     figures += _first_token(results, sweep, at50, c50)
     figures += _burst(results)
     figures += _demo(results) + _start(results) + _stop(results) + _storage(results)
-    figures += postgres_figures(results) + tool_figures(results) + replica_figures(results)
+    figures += postgres_figures(results) + tool_figures(results) + compaction_figures(results)
+    figures += replica_figures(results)
     figures += _harness(results)
     return figures
 

@@ -23,6 +23,7 @@ STAGES = (
     "retained",
     "postgres",
     "tools",
+    "compaction",
     "replicas",
 )
 # "auto" is the server's default (the lean reader for the OpenAI-compatible model); "litellm" forces
@@ -74,6 +75,9 @@ class Config:
     retained_sessions: int = 1_000
     # Tool calls (bench/tools.py): turns of one call each, per kind of tool.
     tool_calls: int = 200
+    # Context compaction (bench/compaction.py): a session of this many turns, planned this many times.
+    compaction_turns: int = 200
+    compaction_repeats: int = 5
     # Several replicas (bench/replicas.py). Capacity: the most sessions whose turns keep duration p50 within
     # `replica_ratio_limit` of the upstream's, found by stepping the level from `replica_start` (one
     # replica; two start at 1.8 times its capacity, stepping twice as far; a failing level is halved) and
@@ -114,6 +118,8 @@ class Config:
 
 SMOKE = Config(
     smoke=True,
+    compaction_turns=20,
+    compaction_repeats=1,
     levels=(1, 3),
     chunks=10,
     delay_ms=5.0,

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from bench import summary
 from bench.burst import burst
+from bench.compaction import measure as measure_compaction
 from bench.context import Context, say
 from bench.figures import build, load_runs
 from bench.load import bench_model
@@ -114,6 +115,10 @@ async def _stages(ctx: Context, results: dict[str, Any]) -> None:
         calls, work = ctx.config.tool_calls, ctx.work / "tools"
         measured = partial(asyncio.to_thread, measure_tools, work, calls)
         results["tools"] = await guarded(results, "tools", measured)
+    if "compaction" in stages:
+        turns, repeats = ctx.config.compaction_turns, ctx.config.compaction_repeats
+        planned = partial(asyncio.to_thread, measure_compaction, turns, repeats)
+        results["compaction"] = await guarded(results, "compaction", planned)
     if "replicas" in stages:
         results["replicas"] = await guarded(results, "replicas", lambda: replicas(ctx))
 

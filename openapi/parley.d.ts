@@ -111,7 +111,7 @@ export interface paths {
         head?: never;
         /**
          * Update Session
-         * @description Change the title, system prompt or model; a new model applies from the next model call.
+         * @description Change the title, system prompt, model or context policy; they apply from the next model call.
          */
         patch: operations["update_session_v1_sessions__session_id__patch"];
         trace?: never;
@@ -152,6 +152,26 @@ export interface paths {
          *     (`storage_full`, `storage_busy`, `storage_error`) when storage refuses the turn's end for now.
          */
         post: operations["cancel_v1_sessions__session_id__cancel_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/context": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Session Context
+         * @description What the next model call would send: the summary of the oldest turns and the verbatim tail.
+         */
+        get: operations["get_session_context_v1_sessions__session_id__context_get"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -227,26 +247,6 @@ export interface paths {
         get: operations["stream_events_v1_sessions__session_id__events_get"];
         put?: never;
         post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/sessions/{session_id}/fork": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        get?: never;
-        put?: never;
-        /**
-         * Fork
-         * @description A new session with this one's settings whose history is a copy of the active path up to the turn.
-         */
-        post: operations["fork_v1_sessions__session_id__fork_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -407,69 +407,6 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
-    "/v1/sessions/{session_id}/turns/{turn_id}/activate": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        get?: never;
-        put?: never;
-        /**
-         * Activate
-         * @description Make the active path the one through the turn, down to the most recent turn under it; 409 while a
-         *     turn runs (unless `delivery: interrupt`).
-         */
-        post: operations["activate_v1_sessions__session_id__turns__turn_id__activate_post"];
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/sessions/{session_id}/turns/{turn_id}/edit": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        get?: never;
-        put?: never;
-        /**
-         * Edit
-         * @description Send an edited user message in a new turn beside the turn, which heads the active path; 409 while a
-         *     turn runs (unless `delivery: interrupt`).
-         */
-        post: operations["edit_v1_sessions__session_id__turns__turn_id__edit_post"];
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/sessions/{session_id}/turns/{turn_id}/regenerate": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        get?: never;
-        put?: never;
-        /**
-         * Regenerate
-         * @description Answer the turn's user input again, in a new turn beside it that heads the active path; 409 while a
-         *     turn runs (unless `delivery: interrupt`).
-         */
-        post: operations["regenerate_v1_sessions__session_id__turns__turn_id__regenerate_post"];
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
     "/v1/tools": {
         parameters: {
             query?: never;
@@ -494,31 +431,6 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        /** ActivateRequest */
-        ActivateRequest: {
-            /**
-             * Delivery
-             * @description What to do when a turn is running. reject (default): 409 `turn_in_progress` naming it; interrupt: stop it first (as POST .../cancel would), then do this.
-             * @default reject
-             * @enum {string}
-             */
-            delivery: "reject" | "interrupt";
-        };
-        /** ActivePath */
-        ActivePath: {
-            /**
-             * Head Turn Id
-             * @description The active path's last turn.
-             */
-            head_turn_id: string;
-            /**
-             * Path Turn Ids
-             * @description The active path's turn ids, first turn first.
-             */
-            path_turn_ids: string[];
-            /** Session Id */
-            session_id: string;
-        };
         /** AgentCancelled */
         AgentCancelled: {
             /** Interrupted Message Ids */
@@ -702,62 +614,6 @@ export interface components {
              */
             type: "text";
         };
-        /**
-         * BranchChanged
-         * @description The session's active path changed (regenerate, edit, activate): reload the history and turns.
-         */
-        BranchChanged: {
-            /**
-             * Head Turn Id
-             * @description The active path's last turn.
-             */
-            head_turn_id: string;
-            /**
-             * Path Turn Ids
-             * @description The active path's turn ids, first turn first.
-             */
-            path_turn_ids: string[];
-            /**
-             * Seq
-             * @description Position in the session's stream; equals the SSE id.
-             */
-            seq: number;
-            /** Session Id */
-            session_id: string;
-            /**
-             * @description discriminator enum property added by openapi-typescript
-             * @enum {string}
-             */
-            type: "branch_changed";
-        };
-        /**
-         * BranchTurn
-         * @description A turn opened beside another (regenerate, edit): it runs now and heads the active path.
-         */
-        BranchTurn: {
-            /**
-             * Parent Turn Id
-             * @description The turn it follows (null for a first turn).
-             */
-            parent_turn_id: string | null;
-            /** Session Id */
-            session_id: string;
-            /**
-             * Sibling Of
-             * @description The turn it was made beside.
-             */
-            sibling_of: string;
-            /**
-             * Turn Id
-             * @description The new turn: follow it on the event stream or GET .../turns/{turn_id}.
-             */
-            turn_id: string;
-            /**
-             * User Message Ids
-             * @description The user messages the new turn answers, in order.
-             */
-            user_message_ids: string[];
-        };
         /** CancelRequest */
         CancelRequest: {
             /**
@@ -882,6 +738,110 @@ export interface components {
             wait_ms: number;
         };
         /**
+         * ContextCompacted
+         * @description The next model call sends a compacted view of the history (docs/context.md); the history itself is
+         *     unchanged.
+         */
+        ContextCompacted: {
+            /**
+             * Elided Tool Call Ids
+             * @description Tool calls whose results are sent as a placeholder (the call itself is kept).
+             */
+            elided_tool_call_ids: string[];
+            /**
+             * Seq
+             * @description Position in the session's stream; equals the SSE id.
+             */
+            seq: number;
+            /** Session Id */
+            session_id: string;
+            /**
+             * Summarized Turn Ids
+             * @description The turns the summary replaces, oldest first.
+             */
+            summarized_turn_ids: string[];
+            /**
+             * Summary Id
+             * @description The summary sent (GET .../context shows it); null: none.
+             */
+            summary_id: string | null;
+            /**
+             * Summary Written
+             * @description The summary was written for this call.
+             */
+            summary_written: boolean;
+            /**
+             * Tokens After
+             * @description The estimated prompt the call sends.
+             */
+            tokens_after: number;
+            /**
+             * Tokens Before
+             * @description The estimated prompt of the whole history, in tokens.
+             */
+            tokens_before: number;
+            /** Turn Id */
+            turn_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "context_compacted";
+        };
+        /**
+         * ContextPolicy
+         * @description How a session's turns fit its model's window (docs/context.md); fields left out keep their value
+         *     (the server's defaults at creation).
+         */
+        ContextPolicy: {
+            /**
+             * Keep Turns
+             * @description The last turns always sent verbatim.
+             */
+            keep_turns?: number | null;
+            /**
+             * Reserve Tokens
+             * @description Room, in tokens, kept free in the window for the answer.
+             */
+            reserve_tokens?: number | null;
+            /**
+             * Strategy
+             * @description `auto`: when the history outgrows the window, a turn sends old bulky tool results as placeholders and the oldest turns as a running summary (the history itself never changes); `off`: the whole history is sent, and a turn that does not fit fails with `context_window_exceeded`.
+             */
+            strategy?: ("auto" | "off") | null;
+        };
+        /** ContextPolicyOut */
+        ContextPolicyOut: {
+            /** Keep Turns */
+            keep_turns: number;
+            /** Reserve Tokens */
+            reserve_tokens: number;
+            /**
+             * Strategy
+             * @enum {string}
+             */
+            strategy: "auto" | "off";
+        };
+        /** ContextSummaryOut */
+        ContextSummaryOut: {
+            /** Content */
+            content: string;
+            /** Created At */
+            created_at: string;
+            /** Id */
+            id: string;
+            /**
+             * Model
+             * @description The model that wrote it.
+             */
+            model: string;
+            /**
+             * Summarized Turn Ids
+             * @description The turns it replaces, oldest first.
+             */
+            summarized_turn_ids: string[];
+        };
+        /**
          * DecisionItem
          * @description `arguments` with an `edit` decision, and only with it.
          */
@@ -914,39 +874,6 @@ export interface components {
             /** @enum {unknown} */
             decision?: "approve" | "reject";
         });
-        /**
-         * EditRequest
-         * @description The edited user message: the fields of a message (POST .../messages).
-         */
-        EditRequest: {
-            /**
-             * Client Message Id
-             * @description The sender's own id for the message, echoed on its user_message event and history.
-             */
-            client_message_id?: string | null;
-            /**
-             * Client Tools
-             * @description Client tools offered for the new turn only.
-             */
-            client_tools?: components["schemas"]["ClientTool"][] | null;
-            /**
-             * Content
-             * @description The edited message, with at least one character that is not whitespace; longer than PARLEY_MAX_MESSAGE_CHARS: 413.
-             */
-            content: string;
-            /**
-             * Delivery
-             * @description What to do when a turn is running. reject (default): 409 `turn_in_progress` naming it; interrupt: stop it first (as POST .../cancel would), then do this.
-             * @default reject
-             * @enum {string}
-             */
-            delivery: "reject" | "interrupt";
-            /**
-             * Sender
-             * @default User
-             */
-            sender: string;
-        };
         /** ErrorBody */
         ErrorBody: {
             /**
@@ -1039,7 +966,7 @@ export interface components {
         ErrorResponse: {
             error: components["schemas"]["ErrorBody"];
         };
-        Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["ReasoningDelta"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["BranchChanged"] | components["schemas"]["ErrorEvent"] | components["schemas"]["ClientToolRequested"] | components["schemas"]["ApprovalRequested"] | components["schemas"]["ClientToolResolved"] | components["schemas"]["ApprovalResolved"] | components["schemas"]["Resync"];
+        Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["ReasoningDelta"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["ContextCompacted"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["ErrorEvent"] | components["schemas"]["ClientToolRequested"] | components["schemas"]["ApprovalRequested"] | components["schemas"]["ClientToolResolved"] | components["schemas"]["ApprovalResolved"] | components["schemas"]["Resync"];
         /**
          * EventFrame
          * @description One frame of the event stream, as an SSE parser (EventSource) yields it. Frames without data (`retry:`, `: ping`) carry no event and are not described.
@@ -1051,17 +978,9 @@ export interface components {
              * @description The event's `type`.
              * @enum {string}
              */
-            event: "agent_cancelled" | "agent_status" | "approval_requested" | "approval_resolved" | "branch_changed" | "client_tool_requested" | "client_tool_resolved" | "error" | "queue_updated" | "reasoning_delta" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
+            event: "agent_cancelled" | "agent_status" | "approval_requested" | "approval_resolved" | "client_tool_requested" | "client_tool_resolved" | "context_compacted" | "error" | "queue_updated" | "reasoning_delta" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
             /** @description The event's `seq`: send it back as Last-Event-ID to resume after it. */
             id: string;
-        };
-        /** ForkRequest */
-        ForkRequest: {
-            /**
-             * Turn Id
-             * @description The new session's history is the active path up to and including this turn, which must have ended (409 while it runs); a turn the session does not hold: 404.
-             */
-            turn_id: string;
         };
         /** Health */
         Health: {
@@ -1452,21 +1371,6 @@ export interface components {
              */
             timestamp: string;
         };
-        /** RegenerateRequest */
-        RegenerateRequest: {
-            /**
-             * Delivery
-             * @description What to do when a turn is running. reject (default): 409 `turn_in_progress` naming it; interrupt: stop it first (as POST .../cancel would), then do this.
-             * @default reject
-             * @enum {string}
-             */
-            delivery: "reject" | "interrupt";
-            /**
-             * Model
-             * @description Answer with this model for the new turn only (one GET /v1/models lists; another: 422 `unknown_model`); the session's model by default.
-             */
-            model?: string | null;
-        };
         /** Resolution */
         Resolution: {
             /**
@@ -1564,6 +1468,52 @@ export interface components {
              */
             type: "resync";
         };
+        /**
+         * SessionContext
+         * @description What the session's next model call would send with the history as it is (docs/context.md).
+         */
+        SessionContext: {
+            /**
+             * Budget Tokens
+             * @description The window less the reserve; null: the window is unknown.
+             */
+            budget_tokens: number | null;
+            /**
+             * Compaction Due
+             * @description The history no longer fits as shown: the next call first folds more turns into the summary.
+             */
+            compaction_due: boolean;
+            /** Context Window */
+            context_window: number | null;
+            /** Elided Tool Call Ids */
+            elided_tool_call_ids: string[];
+            /**
+             * History Tokens
+             * @description The estimated prompt of the whole history.
+             */
+            history_tokens: number;
+            /**
+             * Messages
+             * @description The prompt in OpenAI chat format: the system message (with the summary) and the verbatim tail, elided tool results as their placeholders.
+             */
+            messages: {
+                [key: string]: unknown;
+            }[];
+            /** Model */
+            model: string;
+            policy: components["schemas"]["ContextPolicyOut"];
+            /**
+             * Sent Tokens
+             * @description The estimated prompt of what would be sent.
+             */
+            sent_tokens: number;
+            summary: components["schemas"]["ContextSummaryOut"] | null;
+            /**
+             * Verbatim Turn Ids
+             * @description The turns sent as they are, oldest first.
+             */
+            verbatim_turn_ids: string[];
+        };
         /** SessionCreate */
         SessionCreate: {
             /**
@@ -1578,6 +1528,8 @@ export interface components {
              * @description Tools the client runs: a call suspends the turn until POST .../tool_results answers it.
              */
             client_tools?: components["schemas"]["ClientTool"][] | null;
+            /** @description The context policy; the server's defaults (PARLEY_CONTEXT_*) if omitted or null. */
+            context?: components["schemas"]["ContextPolicy"] | null;
             /**
              * Model
              * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. The default model if omitted or null.
@@ -1604,6 +1556,7 @@ export interface components {
             approval: string[];
             /** Client Tools */
             client_tools: components["schemas"]["ClientTool"][];
+            context: components["schemas"]["ContextPolicyOut"];
             /** Context Used */
             context_used: number;
             /** Context Window */
@@ -1644,6 +1597,11 @@ export interface components {
          * @description Only the fields given change; `title` and `system_prompt` may be null (removed), `model` not.
          */
         SessionUpdate: {
+            /**
+             * Context
+             * @description Changes the context policy's given fields, from the next turn on. Not null.
+             */
+            context?: components["schemas"]["ContextPolicy"];
             /**
              * Model
              * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. Not null.
@@ -2012,6 +1970,8 @@ export interface components {
         };
         /** Turn */
         Turn: {
+            /** @description What its model calls sent instead of the whole history; null: the whole history. */
+            compaction?: components["schemas"]["TurnCompaction"] | null;
             /**
              * Duration Seconds
              * @description Null while the turn runs.
@@ -2034,21 +1994,6 @@ export interface components {
              * @description Model reasoning, texts and tool calls in the order they happened.
              */
             nodes: (components["schemas"]["LlmNode"] | components["schemas"]["ReasoningNode"] | components["schemas"]["ToolNode"])[];
-            /**
-             * Parent Turn Id
-             * @description The turn this one follows (docs/protocol.md, Branches); null for a first turn.
-             */
-            parent_turn_id: string | null;
-            /**
-             * Sibling Index
-             * @description This turn's place in `siblings`, from 0.
-             */
-            sibling_index: number;
-            /**
-             * Siblings
-             * @description The turn ids of the turns with the same parent, this one included, oldest first: the answers and edits a '< i/n >' control steps through.
-             */
-            siblings: string[];
             /** Started At */
             started_at: string;
             /**
@@ -2060,6 +2005,42 @@ export interface components {
             turn_id: string;
             /** User Messages */
             user_messages: components["schemas"]["TurnInput"][];
+        };
+        /**
+         * TurnCompaction
+         * @description What the turn's model calls sent instead of the whole history (docs/context.md).
+         */
+        TurnCompaction: {
+            /**
+             * Calls
+             * @description The turn's model calls that sent a compacted view.
+             */
+            calls: number;
+            /**
+             * Elided Tool Call Ids
+             * @description Every call whose result one of them sent as a placeholder.
+             */
+            elided_tool_call_ids: string[];
+            /**
+             * Summarized Turn Ids
+             * @description The turns that summary replaces, oldest first.
+             */
+            summarized_turn_ids: string[];
+            /**
+             * Summary Id
+             * @description The summary the last of them sent; null: none.
+             */
+            summary_id: string | null;
+            /**
+             * Tokens After
+             * @description The last one's estimate of what it sent.
+             */
+            tokens_after: number;
+            /**
+             * Tokens Before
+             * @description The last one's estimate of the whole history, in tokens.
+             */
+            tokens_before: number;
         };
         /** TurnDone */
         TurnDone: {
@@ -3198,6 +3179,95 @@ export interface operations {
             };
         };
     };
+    get_session_context_v1_sessions__session_id__context_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionContext"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     stream_events_v1_sessions__session_id__events_get: {
         parameters: {
             query?: {
@@ -3281,129 +3351,6 @@ export interface operations {
                 headers: {
                     /** @description Seconds to wait before trying again. */
                     "Retry-After"?: number;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
-            431: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
-            503: {
-                headers: {
-                    /** @description Seconds to wait before trying again, when the server knows. */
-                    "Retry-After"?: number;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-        };
-    };
-    fork_v1_sessions__session_id__fork_post: {
-        parameters: {
-            query?: never;
-            header?: {
-                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
-                "Idempotency-Key"?: string;
-            };
-            path: {
-                session_id: string;
-            };
-            cookie?: never;
-        };
-        requestBody: {
-            content: {
-                "application/json": components["schemas"]["ForkRequest"];
-            };
-        };
-        responses: {
-            /** @description Successful Response */
-            201: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["SessionOut"];
-                };
-            };
-            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "text/plain": string;
-                };
-            };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
-                headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
-            403: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Not found */
-            404: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Conflict */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Validation error */
-            422: {
-                headers: {
                     [name: string]: unknown;
                 };
                 content: {
@@ -4279,400 +4226,6 @@ export interface operations {
             /** @description With wait=true: the wait's limit passed first (code `wait_timeout`). The turn goes on; `details.turn_id` (null while the message waits for a turn) lets the client wait again. */
             504: {
                 headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-        };
-    };
-    activate_v1_sessions__session_id__turns__turn_id__activate_post: {
-        parameters: {
-            query?: never;
-            header?: {
-                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
-                "Idempotency-Key"?: string;
-            };
-            path: {
-                session_id: string;
-                turn_id: string;
-            };
-            cookie?: never;
-        };
-        requestBody?: {
-            content: {
-                "application/json": components["schemas"]["ActivateRequest"] | null;
-            };
-        };
-        responses: {
-            /** @description Successful Response */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ActivePath"];
-                };
-            };
-            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "text/plain": string;
-                };
-            };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
-                headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
-            403: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Not found */
-            404: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Conflict */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Validation error */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
-            431: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
-            503: {
-                headers: {
-                    /** @description Seconds to wait before trying again, when the server knows. */
-                    "Retry-After"?: number;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-        };
-    };
-    edit_v1_sessions__session_id__turns__turn_id__edit_post: {
-        parameters: {
-            query?: never;
-            header?: {
-                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
-                "Idempotency-Key"?: string;
-            };
-            path: {
-                session_id: string;
-                turn_id: string;
-            };
-            cookie?: never;
-        };
-        requestBody: {
-            content: {
-                "application/json": components["schemas"]["EditRequest"];
-            };
-        };
-        responses: {
-            /** @description Successful Response */
-            202: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["BranchTurn"];
-                };
-            };
-            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "text/plain": string;
-                };
-            };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
-                headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
-            403: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Not found */
-            404: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Conflict */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Validation error */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Too many requests: wait for Retry-After seconds */
-            429: {
-                headers: {
-                    /** @description Seconds to wait before trying again. */
-                    "Retry-After"?: number;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
-            431: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
-            503: {
-                headers: {
-                    /** @description Seconds to wait before trying again, when the server knows. */
-                    "Retry-After"?: number;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-        };
-    };
-    regenerate_v1_sessions__session_id__turns__turn_id__regenerate_post: {
-        parameters: {
-            query?: never;
-            header?: {
-                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
-                "Idempotency-Key"?: string;
-            };
-            path: {
-                session_id: string;
-                turn_id: string;
-            };
-            cookie?: never;
-        };
-        requestBody?: {
-            content: {
-                "application/json": components["schemas"]["RegenerateRequest"] | null;
-            };
-        };
-        responses: {
-            /** @description Successful Response */
-            202: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["BranchTurn"];
-                };
-            };
-            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "text/plain": string;
-                };
-            };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
-                headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
-            403: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Not found */
-            404: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Conflict */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Validation error */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Too many requests: wait for Retry-After seconds */
-            429: {
-                headers: {
-                    /** @description Seconds to wait before trying again. */
-                    "Retry-After"?: number;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
-            431: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
-            503: {
-                headers: {
-                    /** @description Seconds to wait before trying again, when the server knows. */
-                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {

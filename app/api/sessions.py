@@ -8,7 +8,14 @@ from fastapi import APIRouter, Query, Response, status
 
 from app.api.deps import IdempotencyKey, PrincipalDep, SessionsDep
 from app.api.responses import v1_errors
-from app.protocol.schemas import CURSOR_PATTERN, SessionCreate, SessionOut, SessionPage, SessionUpdate
+from app.protocol.schemas import (
+    CURSOR_PATTERN,
+    SessionContext,
+    SessionCreate,
+    SessionOut,
+    SessionPage,
+    SessionUpdate,
+)
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -68,8 +75,16 @@ async def get_session(session_id: str, sessions: SessionsDep, principal: Princip
 async def update_session(
     session_id: str, body: SessionUpdate, sessions: SessionsDep, principal: PrincipalDep
 ) -> SessionOut:
-    """Change the title, system prompt or model; a new model applies from the next model call."""
+    """Change the title, system prompt, model or context policy; they apply from the next model call."""
     return await sessions.update(principal, session_id, body)
+
+
+@router.get("/{session_id}/context", responses=v1_errors(404))
+async def get_session_context(
+    session_id: str, sessions: SessionsDep, principal: PrincipalDep
+) -> SessionContext:
+    """What the next model call would send: the summary of the oldest turns and the verbatim tail."""
+    return await sessions.context(principal, session_id)
 
 
 @router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT, responses=v1_errors(404))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from app.llm.demo import DEMO_MODELS
 from app.llm.gateway import ModelGateway
 from app.protocol.schemas import ModelInfo, ModelList
-from app.settings import DEMO_MODEL, Settings
+from app.settings import Settings
 
 
 async def list_models(settings: Settings, models: ModelGateway) -> ModelList:
@@ -14,7 +15,7 @@ async def list_models(settings: Settings, models: ModelGateway) -> ModelList:
         infos.append(
             ModelInfo(
                 model=name,
-                provider=configured.provider if configured else ("parley" if name == DEMO_MODEL else None),
+                provider=configured.provider if configured else ("parley" if name in DEMO_MODELS else None),
                 context_window=await models.context_window(name),
                 source="models_file" if configured else "demo",
             )

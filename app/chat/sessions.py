@@ -6,6 +6,7 @@ import base64
 import binascii
 import re
 
+from app.chat.context import next_call
 from app.chat.errors import InvalidCursor, SessionDeleted, UnknownModel, UnknownTool
 from app.chat.idempotency import IdempotencyStore, fingerprint
 from app.chat.tool_rules import check_approval, check_client_tools
@@ -13,13 +14,22 @@ from app.errors import InvalidRequest, NotFound
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
 from app.protocol.ids import SESSION_ID_PATTERN, new_session_id
-from app.protocol.schemas import SessionCreate, SessionOut, SessionPage, SessionUpdate
+from app.protocol.schemas import (
+    ContextPolicy,
+    ContextPolicyOut,
+    SessionContext,
+    SessionCreate,
+    SessionOut,
+    SessionPage,
+    SessionUpdate,
+)
 from app.protocol.tool_requests import ClientTool, approval_names
 from app.settings import Settings
 from app.storage import repository
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.tools.registry import ToolRegistry
+from app.turns.context.compactor import resolve_policy
 from app.turns.control import TurnControl
 from app.turns.live import LiveStatus
 
@@ -55,7 +65,7 @@ class Sessions:
         if idempotency_key is None:
             return await self._create(principal, body, new_session_id()), False
         # Fields left out are left out of the fingerprint, so keys stored before they existed still match.
-        absent = {name for name in ("client_tools", "approval") if getattr(body, name) is None}
+        absent = {name for name in ("client_tools", "approval", "context") if getattr(body, name) is None}
         request = fingerprint("POST", "/v1/sessions", body.model_dump(mode="json", exclude=absent))
 
         async def find(session_id: str) -> SessionOut | None:
@@ -106,6 +116,7 @@ class Sessions:
             created_at=at,
             updated_at=at,
             context_window=window,
+            context=_policy(self._settings, None, body.context),
         )
         async with self._database.session() as db:
             await repository.insert_session(db, row, new_session_id)
@@ -148,15 +159,20 @@ class Sessions:
         rows = rows[:limit]
         next_cursor = _encode_cursor(rows[-1].created_at, rows[-1].id) if more and rows else None
         statuses = await self._turns.statuses([r.id for r in rows])
-        return SessionPage(sessions=[_out(r, statuses[r.id]) for r in rows], next_cursor=next_cursor)
+        sessions = [_out(r, statuses[r.id], self._settings) for r in rows]
+        return SessionPage(sessions=sessions, next_cursor=next_cursor)
 
     async def update(self, principal: str, session_id: str, body: SessionUpdate) -> SessionOut:
-        await self.owned(principal, session_id)
+        current = await self.owned(principal, session_id)
         values = body.model_dump(exclude_unset=True)
         if "model" in values:
             if values["model"] is None:
                 raise InvalidRequest("body.model", "model cannot be null", "not_null")
             values["context_window"] = await self._check_model(values["model"])
+        if "context" in values:
+            if body.context is None:
+                raise InvalidRequest("body.context", "context cannot be null", "not_null")
+            values["context"] = _policy(self._settings, current.context, body.context)
         if values:
             values["updated_at"] = now_iso()
             async with self._database.session() as db:
@@ -164,15 +180,33 @@ class Sessions:
                 await db.commit()
         return await self.get(principal, session_id)
 
+    async def context(self, principal: str, session_id: str) -> SessionContext:
+        """What the session's next model call would send (chat.context)."""
+        row = await self.owned(principal, session_id)
+        return await next_call(self._settings, self._database, self._models, row)
+
     async def delete(self, principal: str, session_id: str) -> None:
         await self.owned(principal, session_id)
         await self._turns.delete_session(session_id)
 
     async def _view(self, row: ChatSessionRow) -> SessionOut:
-        return _out(row, (await self._turns.statuses([row.id]))[row.id])
+        return _out(row, (await self._turns.statuses([row.id]))[row.id], self._settings)
 
 
-def _out(row: ChatSessionRow, live: LiveStatus) -> SessionOut:
+def _policy(settings: Settings, stored: object, given: ContextPolicy | None) -> dict[str, object]:
+    """The policy to store: the one stored (or the settings' defaults) with the given fields over it."""
+    policy = resolve_policy(stored, settings)
+    values: dict[str, object] = {
+        "strategy": policy.strategy,
+        "keep_turns": policy.keep_turns,
+        "reserve_tokens": policy.reserve_tokens,
+    }
+    if given is not None:
+        values |= given.model_dump(exclude_none=True)
+    return values
+
+
+def _out(row: ChatSessionRow, live: LiveStatus, settings: Settings) -> SessionOut:
     return SessionOut(
         id=row.id,
         title=row.title,
@@ -189,6 +223,7 @@ def _out(row: ChatSessionRow, live: LiveStatus) -> SessionOut:
         total_tokens=row.total_tokens,
         context_used=row.context_used,
         context_window=row.context_window,
+        context=ContextPolicyOut.model_validate(_policy(settings, row.context, None)),
     )
 
 

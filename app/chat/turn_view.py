@@ -16,7 +16,7 @@ from app.errors import DomainError, NotFound, Unavailable, WaitTimeout
 from app.protocol.schemas import MessageAccepted, MessageCreate
 from app.protocol.turns import Turn, TurnPage
 from app.settings import Settings
-from app.storage import turn_queries, turn_tree
+from app.storage import compaction, turn_queries, turn_tree
 from app.storage.engine import Database
 from app.turns.control import TurnControl
 
@@ -50,7 +50,8 @@ class Turns:
             )
             rows = await turn_queries.messages_of_turns(db, session_id, turn_ids[:limit])
             children = await turn_tree.siblings(db, session_id, parents_of(rows))
-        turns = build_turns(rows, children)
+            views = await compaction.views_of_turns(db, turn_ids[:limit])
+        turns = build_turns(rows, children, views)
         more = len(turn_ids) > limit
         return TurnPage(turns=turns, next_cursor=turns[0].turn_id if more and turns else None)
 
@@ -59,12 +60,13 @@ class Turns:
         async with self._database.read() as db:
             rows = await turn_queries.messages_of_turns(db, session_id, [turn_id])
             children = await turn_tree.siblings(db, session_id, parents_of(rows)) if rows else {}
+            views = await compaction.views_of_turns(db, [turn_id]) if rows else []
         if not rows:
             raise NotFound(
                 f"No turn {turn_id!r} in session {session_id!r}.",
                 details={"session_id": session_id, "turn_id": turn_id},
             )
-        return build_turns(rows, children)[0]
+        return build_turns(rows, children, views)[0]
 
     async def post_and_wait(
         self,

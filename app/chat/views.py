@@ -20,8 +20,16 @@ from app.protocol.schemas import (
     TurnStartMessage,
     UserTextMessage,
 )
-from app.protocol.turns import LlmNode, ReasoningNode, ToolNode, Turn, TurnError, TurnInput
-from app.storage.tables import ChatMessageRow
+from app.protocol.turns import (
+    LlmNode,
+    ReasoningNode,
+    ToolNode,
+    Turn,
+    TurnCompaction,
+    TurnError,
+    TurnInput,
+)
+from app.storage.tables import ChatMessageRow, ContextViewRow
 
 
 def to_chat_message(row: ChatMessageRow) -> ChatMessage:
@@ -90,25 +98,47 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
 
 
 def build_turns(
-    rows: Iterable[ChatMessageRow], children: Mapping[str | None, list[str]] | None = None
+    rows: Iterable[ChatMessageRow],
+    children: Mapping[str | None, list[str]] | None = None,
+    views: Iterable[ContextViewRow] = (),
 ) -> list[Turn]:
     """Groups rows in history order into turns, in the order the turns started. `children` holds the
     turns under each parent (storage.turn_tree.siblings): each turn's siblings come from it (without it,
-    a turn is its parent's only child)."""
+    a turn is its parent's only child); `views`: what the turns' compacted model calls sent
+    (turns.context), in order."""
     groups: dict[str, list[ChatMessage]] = {}
     parents: dict[str, str | None] = {}
     for row in rows:
         groups.setdefault(row.turn_id, []).append(to_chat_message(row))
         if row.type == "turn_start":
             parents[row.turn_id] = row.parent_turn_id
+    sent: dict[str, list[ContextViewRow]] = {}
+    for view in views:
+        sent.setdefault(view.turn_id, []).append(view)
     turns = []
     for turn_id, messages in groups.items():
         parent = parents.get(turn_id)
         siblings = (children or {}).get(parent) or [turn_id]
         if turn_id not in siblings:
             siblings = [*siblings, turn_id]
-        turns.append(_turn(turn_id, messages, parent, siblings))
+        turn = _turn(turn_id, messages, parent, siblings)
+        turns.append(turn.model_copy(update={"compaction": _compaction(sent.get(turn_id, []))}))
     return turns
+
+
+def _compaction(views: Sequence[ContextViewRow]) -> TurnCompaction | None:
+    if not views:
+        return None
+    last = views[-1]
+    elided = list(dict.fromkeys(call for view in views for call in view.elided_tool_call_ids))
+    return TurnCompaction(
+        calls=len(views),
+        summary_id=last.summary_id,
+        summarized_turn_ids=list(last.summarized_turn_ids),
+        elided_tool_call_ids=elided,
+        tokens_before=last.tokens_before,
+        tokens_after=last.tokens_after,
+    )
 
 
 def parents_of(rows: Iterable[ChatMessageRow]) -> set[str | None]:

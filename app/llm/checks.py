@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from types import ModuleType
 
-from app.llm.demo import DEMO_MODEL
+from app.llm.demo import DEMO_MODELS
 from app.llm.litellm_tables import Routes
 from app.llm.models_file import ConfiguredModel, ModelCatalog
 
@@ -28,7 +28,7 @@ class ModelProblem:
 
 def undecided(catalog: ModelCatalog, routes: Routes) -> list[str]:
     """The entries whose routing LiteLLM's files (litellm_tables) do not vouch for: LiteLLM decides."""
-    return [name for name in catalog.names() if name != DEMO_MODEL and not routes.knows(name)]
+    return [name for name in catalog.names() if name not in DEMO_MODELS and not routes.knows(name)]
 
 
 def model_problems(
@@ -38,7 +38,7 @@ def model_problems(
     problems: list[ModelProblem] = []
     for name in catalog.names() if names is None else names:
         configured = catalog.get(name)
-        if name == DEMO_MODEL or configured is None:
+        if name in DEMO_MODELS or configured is None:
             continue
         try:
             litellm.get_llm_provider(model=name, api_base=configured.api_base)

@@ -14,6 +14,11 @@ Triggers in the last user message: "[slow]" (10x slower tokens), "[long]" (~400 
 "[think]" (a short reasoning streamed before the reply, as a reasoning model's) and
 "[call:NAME {json}]" (call NAME with that JSON, even if it is not offered).
 
+"parley/demo-small" is the same model with a window of DEMO_SMALL_CONTEXT_WINDOW tokens: a prompt over it
+is refused as a provider refuses one (`context_window_exceeded`), so that context compaction
+(docs/context.md) shows offline within a few turns. Asked for a summary (the "[summary request]" mark the
+compactor sends), the demo answers with the user's last points, one line each.
+
 It always runs in the service's process, whatever PARLEY_STREAM_ADAPTER says.
 """
 
@@ -28,6 +33,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.llm.provider_errors import provider_error
 from app.llm.types import (
     FinishPart,
     ModelRequest,
@@ -41,6 +47,12 @@ from app.llm.types import (
 PROVIDER = "parley"
 DEMO_MODEL = f"{PROVIDER}/demo"
 DEMO_CONTEXT_WINDOW = 32768
+DEMO_SMALL_MODEL = f"{PROVIDER}/demo-small"
+DEMO_SMALL_CONTEXT_WINDOW = 2048
+# Each demo model and its window.
+DEMO_MODELS = {DEMO_MODEL: DEMO_CONTEXT_WINDOW, DEMO_SMALL_MODEL: DEMO_SMALL_CONTEXT_WINDOW}
+SUMMARY_MARK = "[summary request]"
+_SUMMARY_POINTS = 8
 DEMO_MAX_OUTPUT_TOKENS = 4096
 DEFAULT_TOKEN_DELAY = 0.02
 
@@ -234,6 +246,8 @@ def _plan_for_tool_results(messages: Sequence[Mapping[str, object]]) -> _Plan:
 def _plan(messages: Sequence[Mapping[str, object]], tools: object) -> tuple[_Plan, bool]:
     """The whole reply, decided up front, and whether the "[slow]" trigger is on."""
     user = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
+    if SUMMARY_MARK in user:
+        return _Plan(_tokens(_summary(user))), False
     if messages and messages[-1].get("role") == "tool":
         plan = _plan_for_tool_results(messages)
     else:
@@ -241,6 +255,16 @@ def _plan(messages: Sequence[Mapping[str, object]], tools: object) -> tuple[_Pla
         if "[think]" in user:
             plan.reasoning = _tokens(_thought(plan))
     return plan, "[slow]" in user
+
+
+def _summary(request: str) -> str:
+    """The summary so far's points and one for each new user line, the last _SUMMARY_POINTS of them."""
+    points = [line for line in request.splitlines() if line.startswith("- ")]
+    for line in request.splitlines():
+        if line.startswith("user: "):
+            words = line.removeprefix("user: ").split()
+            points.append("- The user said: " + " ".join(words[:12]) + (" ..." if len(words) > 12 else ""))
+    return "\n".join(points[-_SUMMARY_POINTS:]) or "- Nothing to keep."
 
 
 def _thought(plan: _Plan) -> str:
@@ -377,4 +401,13 @@ class DemoAdapter:
         self._wait_until = wait_until or Pacer().until
 
     def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
+        window = DEMO_MODELS.get(request.model.name, DEMO_CONTEXT_WINDOW)
+        if _prompt_tokens(request.messages, request.tools) > window:
+            return _refused()
         return demo_parts(request.messages, request.tools, self.token_delay, self._wait_until)
+
+
+async def _refused() -> AsyncGenerator[StreamPart, None]:
+    """A prompt over the demo model's window: refused before any output, as a provider refuses it."""
+    raise provider_error("context_window_exceeded", status=400)
+    yield  # a generator, like every stream

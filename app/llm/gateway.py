@@ -17,7 +17,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from app.llm import tokens
-from app.llm.demo import DEMO_CONTEXT_WINDOW, DEMO_MODEL, DemoAdapter
+from app.llm.demo import DEMO_MODELS, DemoAdapter
 from app.llm.litellm_adapter import LiteLLMAdapter
 from app.llm.litellm_process import LiteLLMProcess
 from app.llm.litellm_tables import ModelMap
@@ -119,7 +119,7 @@ class ModelGateway:
     def _label(self, models: ModelMap, name: str) -> str:
         """The model as a metric label: names the server knows, else "other" (a label set stays bounded
         even when clients name any model behind a provider prefix)."""
-        known = name == DEMO_MODEL or self.catalog.get(name) is not None or name in models.models
+        known = name in DEMO_MODELS or self.catalog.get(name) is not None or name in models.models
         return name if known else "other"
 
     async def adapter(self, model: ResolvedModel) -> ModelAdapter:
@@ -130,7 +130,7 @@ class ModelGateway:
         models = await self.ready()
         assert self._http is not None
         forced_litellm = self._settings.stream_adapter == "litellm"
-        if model.name == DEMO_MODEL:
+        if model.name in DEMO_MODELS:
             return self._demo
         choice = self.catalog.adapter(model.name)
         if forced_litellm or choice == "litellm":
@@ -163,7 +163,7 @@ class ModelGateway:
 
     async def is_known(self, model: str) -> bool:
         """Demo, models file, or a model LiteLLM can route (its model map or a known provider prefix)."""
-        if model == DEMO_MODEL or self.catalog.get(model) is not None:
+        if model in DEMO_MODELS or self.catalog.get(model) is not None:
             return True
         return (await self.ready()).knows(model)
 
@@ -171,8 +171,8 @@ class ModelGateway:
         configured = self.catalog.get(model)
         if configured is not None and configured.context_window is not None:
             return configured.context_window
-        if model == DEMO_MODEL:
-            return DEMO_CONTEXT_WINDOW
+        if model in DEMO_MODELS:
+            return DEMO_MODELS[model]
         info = (await self.ready()).info(model)
         return info.max_input_tokens if info is not None else None
 
@@ -180,13 +180,13 @@ class ModelGateway:
         return self.catalog.resolve(model, await self.context_window(model))
 
     def model_names(self) -> list[str]:
-        names = [DEMO_MODEL, *self.catalog.names()]
+        names = [*DEMO_MODELS, *self.catalog.names()]
         return list(dict.fromkeys(names))
 
 
 def _provider(models: ModelMap, model: ResolvedModel) -> str | None:
     """The provider the model routes to (the spans' gen_ai.provider.name)."""
-    if model.name == DEMO_MODEL:
+    if model.name in DEMO_MODELS:
         return "parley"
     routed = models.route(model.name)
     return routed[1] if routed is not None else model.provider

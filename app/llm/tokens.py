@@ -20,7 +20,7 @@ def text_tokens(text: str) -> int:
 def prompt_tokens(messages: Iterable[dict[str, Any]]) -> int:
     total = PROMPT_OVERHEAD
     for message in messages:
-        total += MESSAGE_OVERHEAD + text_tokens(_content_text(message.get("content")))
+        total += MESSAGE_OVERHEAD + text_tokens(content_text(message.get("content")))
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             total += text_tokens(str(function.get("name") or "")) + text_tokens(
@@ -29,7 +29,7 @@ def prompt_tokens(messages: Iterable[dict[str, Any]]) -> int:
     return total
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts: their text

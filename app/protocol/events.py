@@ -1,8 +1,9 @@
 """The event stream's wire protocol: one frozen model per event type, discriminated on `type`.
 
 A turn emits, in order: turn_start, user_message, agent_status(thinking), then per model response
-text_delta... (the first one carries timestamp and model), response_done, token_usage, and per tool call
-tool_exec_start, agent_status(tool_calling), tool_exec_end, agent_status(thinking); it ends with
+context_compacted (when what the call sends differs from the history and from what the turn sent
+before), text_delta... (the first one carries timestamp and model), response_done, token_usage, and per
+tool call tool_exec_start, agent_status(tool_calling), tool_exec_end, agent_status(thinking); it ends with
 agent_status(idle) and turn_done. A call that waits for the client (a client tool) or for a person
 (approval) adds client_tool_requested or approval_requested after its tool_exec_start and
 agent_status(awaiting_input); its answer (or expiry, or a stop) adds client_tool_resolved or
@@ -232,6 +233,22 @@ class TokenUsage(_Event):
     )
 
 
+class ContextCompacted(_Event):
+    """The next model call sends a compacted view of the history (docs/context.md); the history itself is
+    unchanged."""
+
+    type: Literal["context_compacted"] = "context_compacted"
+    turn_id: str
+    tokens_before: int = Field(description="The estimated prompt of the whole history, in tokens.")
+    tokens_after: int = Field(description="The estimated prompt the call sends.")
+    summarized_turn_ids: list[str] = Field(description="The turns the summary replaces, oldest first.")
+    elided_tool_call_ids: list[str] = Field(
+        description="Tool calls whose results are sent as a placeholder (the call itself is kept)."
+    )
+    summary_id: str | None = Field(description="The summary sent (GET .../context shows it); null: none.")
+    summary_written: bool = Field(description="The summary was written for this call.")
+
+
 class AgentCancelled(_Event):
     type: Literal["agent_cancelled"] = "agent_cancelled"
     turn_id: str
@@ -351,6 +368,7 @@ Event = Annotated[
     | TurnDone
     | AgentStatus
     | TokenUsage
+    | ContextCompacted
     | AgentCancelled
     | QueueUpdated
     | BranchChanged

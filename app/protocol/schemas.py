@@ -24,6 +24,20 @@ def _query_bool(value: object) -> object:
 QueryBool = Annotated[bool, BeforeValidator(_query_bool)]
 
 
+def _json_integer(value: object) -> object:
+    """A JSON Schema integer: 3, or 3.0 (a number whose fraction is zero is one); never "3" or true,
+    which lax parsing would take."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Body integers within their bounds: what the spec's `integer` with its bounds says, no more (the bounds
+# before the validator, so that the spec states them as minimum and maximum).
+KeepTurns = Annotated[int, Field(strict=True, ge=1, le=100), BeforeValidator(_json_integer)]
+ReserveTokens = Annotated[int, Field(strict=True, ge=0, le=1_000_000), BeforeValidator(_json_integer)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -34,6 +48,28 @@ CURSOR_PATTERN = r"^[A-Za-z0-9_-]+={0,2}$"
 _MODEL = (
     "A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`."
 )
+
+
+class ContextPolicy(_Strict):
+    """How a session's turns fit its model's window (docs/context.md); fields left out keep their value
+    (the server's defaults at creation)."""
+
+    strategy: Literal["auto", "off"] | None = Field(
+        None,
+        description="`auto`: when the history outgrows the window, a turn sends old bulky tool results as "
+        "placeholders and the oldest turns as a running summary (the history itself never changes); `off`: "
+        "the whole history is sent, and a turn that does not fit fails with `context_window_exceeded`.",
+    )
+    keep_turns: KeepTurns | None = Field(None, description="The last turns always sent verbatim.")
+    reserve_tokens: ReserveTokens | None = Field(
+        None, description="Room, in tokens, kept free in the window for the answer."
+    )
+
+
+class ContextPolicyOut(BaseModel):
+    strategy: Literal["auto", "off"]
+    keep_turns: int
+    reserve_tokens: int
 
 
 class SessionCreate(_Strict):
@@ -55,6 +91,9 @@ class SessionCreate(_Strict):
         description='Tools that wait for a person before they run: ["name", ...] or {"name": "always"}; '
         '"*" names every tool. Answered with POST .../approvals.',
     )
+    context: ContextPolicy | None = Field(
+        None, description="The context policy; the server's defaults (PARLEY_CONTEXT_*) if omitted or null."
+    )
 
     _unique = field_validator("client_tools")(unique_client_tools)
 
@@ -66,6 +105,10 @@ class SessionUpdate(_Strict):
     model: str | SkipJsonSchema[None] = Field(None, description=f"{_MODEL} Not null.")
     title: str | None = Field(None, max_length=200)
     system_prompt: str | None = Field(None, max_length=100_000)
+    # Null is left out of the spec: a session always has a policy (fields left out keep theirs).
+    context: ContextPolicy | SkipJsonSchema[None] = Field(
+        None, description="Changes the context policy's given fields, from the next turn on. Not null."
+    )
 
 
 class SessionOut(BaseModel):
@@ -84,6 +127,37 @@ class SessionOut(BaseModel):
     total_tokens: int
     context_used: int
     context_window: int | None
+    context: ContextPolicyOut
+
+
+class ContextSummaryOut(BaseModel):
+    id: str
+    content: str
+    summarized_turn_ids: list[str] = Field(description="The turns it replaces, oldest first.")
+    model: str = Field(description="The model that wrote it.")
+    created_at: str
+
+
+class SessionContext(BaseModel):
+    """What the session's next model call would send with the history as it is (docs/context.md)."""
+
+    policy: ContextPolicyOut
+    model: str
+    context_window: int | None
+    budget_tokens: int | None = Field(description="The window less the reserve; null: the window is unknown.")
+    history_tokens: int = Field(description="The estimated prompt of the whole history.")
+    sent_tokens: int = Field(description="The estimated prompt of what would be sent.")
+    compaction_due: bool = Field(
+        description="The history no longer fits as shown: the next call first folds more turns into the "
+        "summary."
+    )
+    summary: ContextSummaryOut | None
+    elided_tool_call_ids: list[str]
+    verbatim_turn_ids: list[str] = Field(description="The turns sent as they are, oldest first.")
+    messages: list[dict[str, Any]] = Field(
+        description="The prompt in OpenAI chat format: the system message (with the summary) and the "
+        "verbatim tail, elided tool results as their placeholders."
+    )
 
 
 class SessionPage(BaseModel):

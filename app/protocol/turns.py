@@ -80,6 +80,19 @@ class TurnError(BaseModel):
     timestamp: str
 
 
+class TurnCompaction(BaseModel):
+    """What the turn's model calls sent instead of the whole history (docs/context.md)."""
+
+    calls: int = Field(description="The turn's model calls that sent a compacted view.")
+    summary_id: str | None = Field(description="The summary the last of them sent; null: none.")
+    summarized_turn_ids: list[str] = Field(description="The turns that summary replaces, oldest first.")
+    elided_tool_call_ids: list[str] = Field(
+        description="Every call whose result one of them sent as a placeholder."
+    )
+    tokens_before: int = Field(description="The last one's estimate of the whole history, in tokens.")
+    tokens_after: int = Field(description="The last one's estimate of what it sent.")
+
+
 class Turn(BaseModel):
     turn_id: str
     status: Literal["running", TurnStatus]
@@ -100,6 +113,9 @@ class Turn(BaseModel):
         "answers and edits a '< i/n >' control steps through."
     )
     sibling_index: int = Field(description="This turn's place in `siblings`, from 0.")
+    compaction: TurnCompaction | None = Field(
+        None, description="What its model calls sent instead of the whole history; null: the whole history."
+    )
 
 
 class TurnPage(BaseModel):

@@ -43,6 +43,10 @@ class ChatSessionRow(SQLModel, table=True):
     # The active path's last turn (docs/protocol.md, Branches): the history, the turn view and the prompt
     # follow the path from it up its parents. NULL (no turn yet, or a row from before): the latest turn.
     head_turn_id: str | None = Field(default=None, max_length=40)
+    # The context policy ({strategy, keep_turns, reserve_tokens}; NULL: the settings' defaults) and the
+    # provider's count of a prompt over the estimate of it (docs/context.md; NULL: none reported yet).
+    context: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
+    context_scale: float | None = None
 
 
 class ChatMessageRow(SQLModel, table=True):
@@ -252,3 +256,48 @@ class TurnLeaseRow(SQLModel, table=True):
     state: str = Field(default="running", max_length=10)
     # A cancel posted on another replica: the owner reads it at its next heartbeat.
     cancel_requested: bool = Field(default=False, sa_column_kwargs={"server_default": text("false")})
+
+
+class ContextSummaryRow(SQLModel, table=True):
+    """A running summary of a session's oldest turns (docs/context.md), keyed by the last turn it covers:
+    a path through the history applies the summary of its own last summarised turn. Written whole, once,
+    by the turn that asked for it, and never changed: a longer one is a new row."""
+
+    __tablename__ = "context_summaries"
+    __table_args__ = (Index("ix_context_summaries_session_through", "session_id", "through_turn_id"),)
+
+    position: int | None = Field(default=None, primary_key=True)
+    id: str = Field(unique=True, max_length=40)
+    session_id: str = Field(
+        sa_column=Column(String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False)
+    )
+    through_turn_id: str = Field(max_length=40)
+    # Every turn it covers, oldest first (through_turn_id last).
+    turn_ids: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    # The summary it extends, if any.
+    previous_id: str | None = Field(default=None, max_length=40)
+    content: str
+    # The turn whose model call it was written for, and the model that wrote it.
+    turn_id: str = Field(max_length=40)
+    model: str
+    created_at: str
+
+
+class ContextViewRow(SQLModel, table=True):
+    """What one model call of a turn sent instead of the whole history: with the history and the summary,
+    the prompt is rebuilt exactly (docs/context.md). A call sending the whole history has none."""
+
+    __tablename__ = "context_views"
+    __table_args__ = (Index("ix_context_views_turn", "turn_id"),)
+
+    position: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(
+        sa_column=Column(String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False)
+    )
+    turn_id: str = Field(max_length=40)
+    summary_id: str | None = Field(default=None, max_length=40)
+    summarized_turn_ids: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    elided_tool_call_ids: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    tokens_before: int
+    tokens_after: int
+    created_at: str

@@ -8,13 +8,15 @@ turns those events into chat_messages and wire events.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from app.llm import tokens
 from app.llm.types import (
     FinishPart,
     ModelAdapter,
@@ -40,6 +42,8 @@ from app.turns.agent_events import (
     ToolStarted,
     arguments_text,
 )
+from app.turns.context.compactor import Compactor, ContextCompacted
+from app.turns.context.planner import View
 from app.turns.pending_calls import Inbox
 from app.turns.rounds import ResumedRound, ToolRound, WaitRules
 
@@ -50,6 +54,7 @@ __all__ = [
     "AgentRun",
     "BreakpointReached",
     "CallRequest",
+    "ContextCompacted",
     "ReasoningChunk",
     "ResponseFinished",
     "ResponseStarted",
@@ -90,6 +95,8 @@ class AgentRun:
     inbox: Inbox | None = None
     # A round suspended before a restart, continued first (its assistant message is in `messages`).
     resume: ResumedRound | None = None
+    # What each call sends when the history outgrows the window (turns.context); None: the whole history.
+    compactor: Compactor | None = None
 
     async def run(self) -> AsyncGenerator[AgentEvent, None]:
         schemas = [*self.tools.schemas(self.tool_names), *self.client_tools]
@@ -101,12 +108,12 @@ class AgentRun:
             if self.should_pause():
                 yield BreakpointReached()
                 return
+        overhead = tokens.text_tokens(json.dumps(schemas)) if schemas else 0
         for _ in range(self.max_rounds):
-            yield ResponseStarted()
             finished: ResponseFinished | None = None
             # aclosing: when the consumer closes this generator at a yield, the inner generators (the
             # provider stream, the running tools) must close now, not whenever the collector runs.
-            async with aclosing(self._respond(schemas)) as responding:
+            async with aclosing(self._call(schemas, overhead)) as responding:
                 async for event in responding:
                     if isinstance(event, ResponseFinished):
                         finished = event
@@ -126,8 +133,47 @@ class AgentRun:
             f"The agent stopped after {self.max_rounds} model calls without a final answer.",
         )
 
-    async def _respond(self, schemas: list[dict[str, Any]]) -> AsyncGenerator[AgentEvent, None]:
-        request = ModelRequest(self.model, self.messages, schemas, self.provider_timeout)
+    async def _call(self, schemas: list[dict[str, Any]], overhead: int) -> AsyncGenerator[AgentEvent, None]:
+        """One model call, of the view the compactor chooses; refused for the window (the provider counts
+        otherwise than the estimate), it is compacted harder and made once more."""
+        harder = streamed = False
+        while True:
+            sent: list[dict[str, Any]] = self.messages
+            if self.compactor is not None:
+                views = self.compactor.view(self.messages, overhead=overhead, harder=harder)
+                async with aclosing(views):
+                    async for item in views:
+                        if isinstance(item, View):
+                            sent = item.messages
+                        else:
+                            yield item
+            yield ResponseStarted()
+            try:
+                async with aclosing(self._respond(schemas, sent)) as responding:
+                    async for event in responding:
+                        if isinstance(event, ResponseFinished):
+                            event = self._calibrated(event)
+                        streamed = streamed or isinstance(event, TextChunk | ReasoningChunk)
+                        yield event
+                return
+            except ProviderError as exc:
+                refused = exc.code == "context_window_exceeded" and not streamed
+                if not refused or self.compactor is None or harder:
+                    raise
+                harder = True
+
+    def _calibrated(self, finished: ResponseFinished) -> ResponseFinished:
+        """The response with the calibration its reported prompt count gives (kept by the recorder)."""
+        usage = finished.usage
+        if self.compactor is None or usage is None or usage.estimated:
+            return finished
+        scale = self.compactor.calibrate(usage.prompt_tokens)
+        return replace(finished, context_scale=scale) if scale is not None else finished
+
+    async def _respond(
+        self, schemas: list[dict[str, Any]], messages: list[dict[str, Any]]
+    ) -> AsyncGenerator[AgentEvent, None]:
+        request = ModelRequest(self.model, messages, schemas, self.provider_timeout)
         attempt = 0
         while True:
             started = time.monotonic()

@@ -11,6 +11,7 @@ from typing import Any
 from app.llm.types import UsagePart
 from app.protocol.tool_requests import Resolution
 from app.tools.registry import ToolOutcome
+from app.turns.context.compactor import ContextCompacted
 from app.turns.pending_calls import Answer, Kind, Submission, Waiting
 
 
@@ -70,6 +71,8 @@ class ResponseFinished:
     reasoning: str = ""
     reasoning_ms: int | None = None
     thinking_blocks: list[dict[str, Any]] = field(default_factory=list)
+    # The provider's prompt count over the estimate of what was sent (turns.context), when it reported one.
+    context_scale: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,4 +135,5 @@ AgentEvent = (
     | InputRequested
     | InputAnswered
     | ApprovedStarting
+    | ContextCompacted
 )

@@ -12,12 +12,15 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from app.llm.gateway import ModelGateway
+from app.llm.types import ModelAdapter, ResolvedModel
 from app.settings import Settings
-from app.storage import repository
+from app.storage import compaction, repository
 from app.storage.engine import Database
-from app.storage.tables import ChatMessageRow, ChatSessionRow
+from app.storage.tables import ChatMessageRow, ChatSessionRow, ContextSummaryRow
 from app.tools.registry import ToolRegistry
 from app.turns.agent import AgentRun
+from app.turns.context.compactor import Compactor, SummaryModel, may_need_summary, resolve_policy
+from app.turns.context.planner import Summary
 from app.turns.pending_calls import Inbox
 from app.turns.prompt import rebuild
 from app.turns.recorder import TurnRecorder, failure_of
@@ -60,14 +63,32 @@ class AgentFactory:
             async with self._database.read() as db:
                 rows = await repository.list_messages(db, session.id, through_turn=turn_id)
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
-        messages = rebuild(rows, session.system_prompt)
+        turns: list[tuple[str, ...]] = []
+        messages = rebuild(rows, session.system_prompt, turns)
         if plan is not None:
             # The round's results enter the history when it ends, in call order.
             while messages and messages[-1]["role"] == "tool":
                 messages.pop()
+                turns.pop()
         client_tools = turn_client_tools(session, rows, turn_id)
         model = await self._models.resolve(session.model)
         adapter = await self._models.observed_adapter(model)
+        compactor = None
+        policy = resolve_policy(session.context, self._settings)
+        if policy.strategy == "auto":
+            summary = None
+            if may_need_summary(policy, model.context_window, messages):
+                async with self._database.read() as db:
+                    found = await compaction.summary_for(db, session.id, {r.turn_id for r in rows})
+                summary = _summary(found)
+            compactor = Compactor(
+                policy,
+                model.context_window,
+                turns,
+                await self._summariser(model, adapter),
+                summary=summary,
+                scale=session.context_scale,
+            )
         settings = self._settings
         return AgentRun(
             adapter=adapter,
@@ -88,7 +109,16 @@ class AgentFactory:
             wait_rules=self._wait_rules(session, client_tools),
             inbox=inbox,
             resume=plan,
+            compactor=compactor,
         )
+
+    async def _summariser(self, model: ResolvedModel, adapter: ModelAdapter) -> SummaryModel:
+        """The session's model, or PARLEY_CONTEXT_SUMMARY_MODEL when set."""
+        name = self._settings.context_summary_model
+        if name is not None and name != model.name:
+            model = await self._models.resolve(name)
+            adapter = await self._models.observed_adapter(model)
+        return SummaryModel(adapter, model, self._settings.provider_timeout)
 
     def _wait_rules(self, session: ChatSessionRow, client_tools: list[dict[str, Any]]) -> WaitRules:
         tools = self._tools
@@ -102,6 +132,10 @@ class AgentFactory:
             approval_timeout=self._settings.approval_timeout,
             validate=lambda name, arguments: edit_problem(tools, name, arguments),
         )
+
+
+def _summary(row: ContextSummaryRow | None) -> Summary | None:
+    return Summary(row.id, row.content, tuple(row.turn_ids)) if row is not None else None
 
 
 async def run_turn(prepare: Coroutine[Any, Any, AgentRun], recorder: TurnRecorder) -> None:

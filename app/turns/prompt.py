@@ -20,13 +20,23 @@ INTERRUPTED_MARK = "[interrupted]"
 TOOL_INTERRUPTED = "[Tool execution interrupted]"
 
 
-def rebuild(rows: Iterable[ChatMessageRow], system_prompt: str | None) -> list[dict[str, Any]]:
+def rebuild(
+    rows: Iterable[ChatMessageRow],
+    system_prompt: str | None,
+    turns: list[tuple[str, ...]] | None = None,
+) -> list[dict[str, Any]]:
+    """The prompt; `turns`, when given, is filled with each message's turns, aligned with the prompt (a
+    user message merged from several turns names them all): the context planner cuts the history by
+    them (turns.context)."""
     messages: list[dict[str, Any]] = []
+    owners: list[tuple[str, ...]] = turns if turns is not None else []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
+        owners.append(())
     assistant: dict[str, Any] | None = None
     results: list[dict[str, Any]] = []
     response_id: str | None = None
+    response_turn = ""
     thinking: dict[str | None, list[dict[str, Any]]] = {}
 
     def close_response() -> None:
@@ -34,18 +44,13 @@ def rebuild(rows: Iterable[ChatMessageRow], system_prompt: str | None) -> list[d
         if assistant is not None:
             messages.append(assistant)
             messages.extend(results)
+            owners.extend([(response_turn,)] * (1 + len(results)))
         assistant, results, response_id = None, [], None
 
     for row in rows:
         if row.type == "text" and row.role == "user":
             close_response()
-            previous = messages[-1] if messages else None
-            if previous is not None and previous["role"] == "user":
-                # Several waiting messages taken together, or a turn that failed before the model
-                # answered: one user turn, since strict providers refuse two in a row.
-                previous["content"] = f"{previous['content']}\n\n{row.content or ''}"
-            else:
-                messages.append({"role": "user", "content": row.content or ""})
+            _add_user(messages, owners, row)
         elif row.type == "reasoning":
             # Comes before its response's text and calls; goes back only with them (a reasoning alone,
             # its response cut short or failed, would be an empty assistant message).
@@ -56,12 +61,25 @@ def rebuild(rows: Iterable[ChatMessageRow], system_prompt: str | None) -> list[d
             if assistant is None or row.response_id != response_id:
                 close_response()
                 assistant = {"role": "assistant", "content": None}
-                response_id = row.response_id
+                response_id, response_turn = row.response_id, row.turn_id
                 if response_id in thinking:
                     assistant["thinking_blocks"] = thinking.pop(response_id)
             _add_to_response(assistant, results, row)
     close_response()
     return messages
+
+
+def _add_user(messages: list[dict[str, Any]], owners: list[tuple[str, ...]], row: ChatMessageRow) -> None:
+    previous = messages[-1] if messages else None
+    if previous is not None and previous["role"] == "user":
+        # Several waiting messages taken together, or a turn that failed before the model answered: one
+        # user turn, since strict providers refuse two in a row.
+        previous["content"] = f"{previous['content']}\n\n{row.content or ''}"
+        if row.turn_id not in owners[-1]:
+            owners[-1] = (*owners[-1], row.turn_id)
+    else:
+        messages.append({"role": "user", "content": row.content or ""})
+        owners.append((row.turn_id,))
 
 
 def _add_to_response(assistant: dict[str, Any], results: list[dict[str, Any]], row: ChatMessageRow) -> None:

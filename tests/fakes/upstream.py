@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -56,6 +57,10 @@ class FakeUpstream:
     holds a `[bench chunks=N delay_ms=D]` directive gets N words D ms apart, any other gets `default`.
     `strict` validates every chat request's `messages` with `validate_history` and answers 400 on
     problems (a Script's `strict` overrides it). `api_key`, if set, makes a wrong bearer token a 401.
+    `window`, if set, is a context window in tokens (`prompt_count`, the fake's own count): a chat request
+    over it gets OpenAI's 400 `context_length_exceeded`, and the usage of one within it reports its count.
+    `responder`, if set, picks a chat request's answer from its body (None: the queue, as without it), for
+    conversations whose requests a test cannot foresee in order.
     """
 
     def __init__(
@@ -68,7 +73,10 @@ class FakeUpstream:
         api_key: str | None = None,
         model: str = "fake",
         default: Script | None = None,
+        window: int | None = None,
+        responder: Callable[[dict[str, Any]], Script | None] | None = None,
     ) -> None:
+        self.window, self.responder = window, responder
         self.host, self.port = host, port
         self.strict, self.forbid_tool_then_user = strict, forbid_tool_then_user
         self.api_key, self.model = api_key, model
@@ -280,14 +288,31 @@ class FakeUpstream:
                 )
         return None
 
+    def _overflow(self, rec: RecordedRequest) -> HttpError | None:
+        """OpenAI's answer to a prompt over the model's window (`window`), before anything is generated."""
+        if self.window is None or not isinstance(rec.body, dict):
+            return None
+        count = prompt_count(rec.body)
+        if count <= self.window:
+            return None
+        message = (
+            f"This model's maximum context length is {self.window} tokens. However, your messages resulted "
+            f"in {count} tokens. Please reduce the length of the messages."
+        )
+        rec.problems.append(f"over the window: {count} > {self.window} tokens")
+        return HttpError(400, error_body(400, message, code="context_length_exceeded", param="messages"))
+
     def _chat(self, rec: RecordedRequest) -> answer.Answer:
         body: dict[str, Any] = rec.body if isinstance(rec.body, dict) else {}
         found = directive(body.get("messages"))
         rec.tag = found.get("tag")
-        script = self._next_script(found)
-        error = self._rejection(rec, script) or script.http_error
+        chosen = self.responder(body) if self.responder is not None else None
+        script = chosen or self._next_script(found)
+        error = self._rejection(rec, script) or self._overflow(rec) or script.http_error
         if error is not None:
             return answer.whole(error.status, error.payload(), error.headers, wait=script.hang_before_headers)
+        if self.window is not None and script.usage is not None:
+            script = dataclasses.replace(script, usage=(prompt_count(body), script.usage[1]))
         model = str(body.get("model") or self.model)
         completion_id = f"chatcmpl-fake{next(self._ids):06d}"
         if not body.get("stream"):
@@ -335,6 +360,13 @@ class FakeUpstream:
         except (ValueError, TypeError, KeyError) as exc:
             status, result = 400, error_body(400, f"bad control request: {exc}")
         return http11.whole(status, json.dumps(result).encode())
+
+
+def prompt_count(body: dict[str, Any]) -> int:
+    """The fake's token count of a request's prompt: its messages' and tools' JSON, four characters a
+    token (more than Parley's estimate of the same prompt, which counts no JSON framing)."""
+    text = json.dumps(body.get("messages") or []) + json.dumps(body.get("tools") or [])
+    return -(-len(text) // 4)
 
 
 def _pin(cpu: int | None) -> None:

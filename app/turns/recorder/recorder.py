@@ -30,6 +30,9 @@ from app.errors.storage import storage_refusal
 from app.llm.types import ProviderError
 from app.protocol.clock import now_iso
 from app.protocol.events import (
+    ContextCompacted as ContextCompactedEvent,
+)
+from app.protocol.events import (
     QueuedItem,
     ReasoningDelta,
     ResponseDone,
@@ -45,8 +48,8 @@ from app.protocol.events import (
 )
 from app.protocol.ids import new_message_id
 from app.protocol.schemas import QueuedMessage
-from app.storage import repository
-from app.storage.tables import ChatMessageRow
+from app.storage import compaction, repository
+from app.storage.tables import ChatMessageRow, ContextSummaryRow, ContextViewRow
 from app.streaming.frames import Publisher
 from app.streaming.log.fencing import LeaseLost
 from app.streaming.log.texts import TextBuffer
@@ -56,6 +59,7 @@ from app.turns.agent import (
     AgentEvent,
     AgentRun,
     BreakpointReached,
+    ContextCompacted,
     ReasoningChunk,
     ResponseFinished,
     ResponseStarted,
@@ -305,8 +309,52 @@ class TurnRecorder:
             await self.requests.on_input_answered(event)
         elif isinstance(event, ApprovedStarting):
             await self.requests.on_approved_starting(event)
+        elif isinstance(event, ContextCompacted):
+            await self._on_context_compacted(event)
         elif isinstance(event, BreakpointReached):
             pass
+
+    async def _on_context_compacted(self, event: ContextCompacted) -> None:
+        """What the next model call sends instead of the whole history, and the summary it was written
+        for, stored with the event that announces them in one transaction: a summary is whole or absent."""
+        at = now_iso()
+        summary = event.summary
+        summarized = list(summary.turn_ids) if summary is not None else []
+        async with self.rows.transaction() as db:
+            if event.written and summary is not None:
+                row = ContextSummaryRow(
+                    id=summary.id,
+                    session_id=self.session_id,
+                    through_turn_id=summary.through_turn_id,
+                    turn_ids=summarized,
+                    previous_id=event.previous_summary_id,
+                    content=summary.content,
+                    turn_id=self.turn_id,
+                    model=event.summary_model,
+                    created_at=at,
+                )
+                await compaction.insert_summary(db, row)
+            view = ContextViewRow(
+                session_id=self.session_id,
+                turn_id=self.turn_id,
+                summary_id=summary.id if summary is not None else None,
+                summarized_turn_ids=summarized,
+                elided_tool_call_ids=list(event.elided_tool_call_ids),
+                tokens_before=event.tokens_before,
+                tokens_after=event.tokens_after,
+                created_at=at,
+            )
+            await compaction.insert_view(db, view)
+            self.rows.emit(
+                ContextCompactedEvent,
+                turn_id=self.turn_id,
+                tokens_before=event.tokens_before,
+                tokens_after=event.tokens_after,
+                summarized_turn_ids=summarized,
+                elided_tool_call_ids=list(event.elided_tool_call_ids),
+                summary_id=summary.id if summary is not None else None,
+                summary_written=event.written,
+            )
 
     # --- model text ----------------------------------------------------------------------------------
 
@@ -391,6 +439,8 @@ class TurnRecorder:
                         "first_token_ms": event.first_token_ms,
                     },
                 )
+            if event.context_scale is not None:
+                await compaction.set_scale(db, self.session_id, event.context_scale)
             totals = None
             if usage is not None:
                 totals = await repository.add_usage(

@@ -2,6 +2,7 @@
 // carries the ids, times and model the page shows, so nothing is back-filled or guessed here).
 import type {
   AgentStatus,
+  ContextCompactedEvent,
   HistoryRow,
   ParleyEvent,
   PendingRequest,
@@ -136,6 +137,9 @@ export interface ChatState {
   toolName: string | null;
   runningTurnId: string | null;
   usage: Omit<TokenUsageEvent, "type" | "seq" | "session_id"> | null;
+  /** What the last compacted model call sent instead of the whole history (docs/context.md): the page's
+   * "earlier messages summarised" marker. The history itself is unchanged. */
+  compaction: Omit<ContextCompactedEvent, "type" | "seq" | "session_id"> | null;
   currentModel: string | null;
   approvals: PendingApproval[];
   clientTools: PendingClientTool[];
@@ -159,6 +163,7 @@ export function emptyState(): ChatState {
     toolName: null,
     runningTurnId: null,
     usage: null,
+    compaction: null,
     currentModel: null,
     approvals: [],
     clientTools: [],
@@ -417,6 +422,10 @@ export function reduce(state: ChatState, event: ParleyEvent): ChatState {
     case "token_usage": {
       const { type: _t, seq: _s, session_id: _id, ...usage } = event;
       return { ...s, usage, currentModel: event.model };
+    }
+    case "context_compacted": {
+      const { type: _t, seq: _s, session_id: _id, ...compaction } = event;
+      return { ...s, compaction };
     }
     case "queue_updated":
       return {

@@ -16,6 +16,7 @@ export type ToolExecEndEvent = Schemas["ToolExecEnd"];
 export type TurnDoneEvent = Schemas["TurnDone"];
 export type AgentStatusEvent = Schemas["AgentStatus"];
 export type TokenUsageEvent = Schemas["TokenUsage"];
+export type ContextCompactedEvent = Schemas["ContextCompacted"];
 export type AgentCancelledEvent = Schemas["AgentCancelled"];
 export type QueueUpdatedEvent = Schemas["QueueUpdated"];
 export type ErrorEvent = Schemas["ErrorEvent"];

@@ -82,3 +82,32 @@ describe("reasoning", () => {
     ]);
   });
 });
+
+describe("context_compacted", () => {
+  it("keeps what the last call sent instead of the history, and leaves the items alone", () => {
+    const event = {
+      session_id: "s_1",
+      seq: 6,
+      type: "context_compacted",
+      turn_id: "t_1",
+      tokens_before: 9000,
+      tokens_after: 2000,
+      summarized_turn_ids: ["t_0"],
+      elided_tool_call_ids: ["call_1"],
+      summary_id: "cs_1",
+      summary_written: true,
+    } as ParleyEvent;
+    const after = reduce(running, event);
+    expect(after.compaction).toEqual({
+      turn_id: "t_1",
+      tokens_before: 9000,
+      tokens_after: 2000,
+      summarized_turn_ids: ["t_0"],
+      elided_tool_call_ids: ["call_1"],
+      summary_id: "cs_1",
+      summary_written: true,
+    });
+    expect(after.items).toBe(running.items);
+    expect(running.compaction).toBeNull();
+  });
+});

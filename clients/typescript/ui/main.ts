@@ -400,6 +400,13 @@ function render(): void {
   context.textContent = usage?.context ?? "";
   context.className = usage?.level ?? "";
   $("session-tokens").textContent = usage?.session ?? "";
+  // The model was last sent a summary of the oldest turns (the history below still has every message).
+  const compaction = state.compaction;
+  const marker = $("compaction");
+  marker.hidden = !compaction || compaction.summarized_turn_ids.length === 0;
+  marker.title = compaction
+    ? `${compaction.summarized_turn_ids.length} turn(s) summarised, ${compaction.elided_tool_call_ids.length} tool result(s) elided for the model: ${compaction.tokens_before} → ${compaction.tokens_after} tokens`
+    : "";
   const line = statusLine(state);
   const statusBox = $("status-line");
   statusBox.hidden = line === null;

@@ -1,0 +1,64 @@
+"""What a session's next model call would send (GET /v1/sessions/{session_id}/context, docs/context.md):
+the history planned as a turn plans it, with the summary in force, and no summary written."""
+
+from __future__ import annotations
+
+from app.llm.gateway import ModelGateway
+from app.protocol.schemas import ContextPolicyOut, ContextSummaryOut, SessionContext
+from app.settings import Settings
+from app.storage import compaction, repository
+from app.storage.engine import Database
+from app.storage.tables import ChatSessionRow
+from app.turns.context.compactor import FIRST_SCALE, budget_of, resolve_policy
+from app.turns.context.planner import Policy, Summary, blocks, plan
+from app.turns.prompt import rebuild
+
+
+async def next_call(
+    settings: Settings, database: Database, models: ModelGateway, session: ChatSessionRow
+) -> SessionContext:
+    async with database.read() as db:
+        rows = await repository.list_messages(db, session.id)
+        found = await compaction.summary_for(db, session.id, {r.turn_id for r in rows})
+    turns: list[tuple[str, ...]] = []
+    messages = rebuild(rows, session.system_prompt, turns)
+    policy = resolve_policy(session.context, settings)
+    window = (await models.resolve(session.model)).context_window
+    budget = budget_of(policy, window)
+    scale = session.context_scale or FIRST_SCALE
+    summary = Summary(found.id, found.content, tuple(found.turn_ids)) if found is not None else None
+    whole = plan(messages, turns, budget=None, policy=Policy("off"), scale=scale)
+    view = plan(
+        messages,
+        turns,
+        budget=budget,
+        policy=policy,
+        summary=summary if policy.strategy == "auto" else None,
+        scale=scale,
+    )
+    summarized = set(view.summarized_turn_ids)
+    has_system = bool(messages) and messages[0].get("role") == "system"
+    cut = blocks(messages[1:] if has_system else messages, turns[1:] if has_system else turns)
+    return SessionContext(
+        policy=ContextPolicyOut(
+            strategy=policy.strategy, keep_turns=policy.keep_turns, reserve_tokens=policy.reserve_tokens
+        ),
+        model=session.model,
+        context_window=window,
+        budget_tokens=budget,
+        history_tokens=whole.tokens,
+        sent_tokens=view.tokens,
+        compaction_due=bool(view.fold) or not view.fits,
+        summary=ContextSummaryOut(
+            id=found.id,
+            content=found.content,
+            summarized_turn_ids=list(found.turn_ids),
+            model=found.model,
+            created_at=found.created_at,
+        )
+        if found is not None and view.summary is not None
+        else None,
+        elided_tool_call_ids=list(view.elided_tool_call_ids),
+        verbatim_turn_ids=[b.key for b in cut if b.key not in summarized],
+        messages=view.messages,
+    )

@@ -1,0 +1,59 @@
+"""The SQL of context compaction (docs/context.md): running summaries, what each call sent, and the
+session's calibration. Functions take a database session and never commit: callers own transactions."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from sqlalchemy import update
+from sqlmodel import col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from app.storage.tables import ChatSessionRow, ContextSummaryRow, ContextViewRow
+
+# Summaries looked at for a path's own: the newest of a session are nearly always its current path's.
+_RECENT_SUMMARIES = 20
+
+
+async def insert_summary(db: AsyncSession, row: ContextSummaryRow) -> None:
+    db.add(row)
+    await db.flush()
+
+
+async def insert_view(db: AsyncSession, row: ContextViewRow) -> None:
+    db.add(row)
+    await db.flush()
+
+
+async def summary_for(
+    db: AsyncSession, session_id: str, turn_ids: Collection[str]
+) -> ContextSummaryRow | None:
+    """The newest summary of the session whose last summarised turn is one of `turn_ids` (the path the
+    history now follows): a summary of turns no longer in the history never applies."""
+    rows: Sequence[ContextSummaryRow] = (
+        await db.exec(
+            select(ContextSummaryRow)
+            .where(col(ContextSummaryRow.session_id) == session_id)
+            .order_by(col(ContextSummaryRow.position).desc())
+            .limit(_RECENT_SUMMARIES)
+        )
+    ).all()
+    return next((row for row in rows if row.through_turn_id in turn_ids), None)
+
+
+async def views_of_turns(db: AsyncSession, turn_ids: Sequence[str]) -> list[ContextViewRow]:
+    """What the turns' compacted model calls sent, in the order they were made."""
+    if not turn_ids:
+        return []
+    rows = await db.exec(
+        select(ContextViewRow)
+        .where(col(ContextViewRow.turn_id).in_(list(turn_ids)))
+        .order_by(col(ContextViewRow.position))
+    )
+    return list(rows.all())
+
+
+async def set_scale(db: AsyncSession, session_id: str, scale: float) -> None:
+    await db.exec(
+        update(ChatSessionRow).where(col(ChatSessionRow.id) == session_id).values(context_scale=scale)
+    )
