@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from app.api.deps import Services
 from app.chat.auth import KeyRing
+from app.chat.files import Files
 from app.chat.idempotency import Idempotency
 from app.chat.limits import MessageLimit, MessageRate, StreamLimit, StreamSlots
 from app.chat.messages import Messages
@@ -290,7 +291,8 @@ def _services(
         database, ttl_seconds=settings.idempotency_ttl_hours * 3600, race_wait=race_wait
     )
     sessions = Sessions(settings, database, turns, models, catalog.registry, idempotency)
-    messages = Messages(settings, database, sessions, turns, broker, idempotency)
+    files = Files(settings, database, models)
+    messages = Messages(settings, database, sessions, turns, broker, idempotency, files)
     message_rate, streams = _limits(settings)
     return Services(
         settings=settings,
@@ -304,4 +306,5 @@ def _services(
         message_rate=message_rate,
         streams=streams,
         tools=catalog,
+        files=files,
     )

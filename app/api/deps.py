@@ -9,6 +9,7 @@ from fastapi import Depends, Header, Request
 from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
 
 from app.chat.auth import OPEN_PRINCIPAL, KeyRing
+from app.chat.files import Files
 from app.chat.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
 from app.chat.limits import MessageLimit, StreamLimit
 from app.chat.messages import Messages
@@ -35,6 +36,7 @@ class Services:
     message_rate: MessageLimit
     streams: StreamLimit
     tools: ToolCatalog
+    files: Files
 
 
 # Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request.
@@ -55,6 +57,10 @@ async def get_turns(request: Request) -> Turns:
     return (await get_services(request)).turns
 
 
+async def get_files(request: Request) -> Files:
+    return (await get_services(request)).files
+
+
 async def get_answers(request: Request) -> ToolAnswers:
     return (await get_services(request)).answers
 
@@ -64,6 +70,7 @@ ToolAnswersDep = Annotated[ToolAnswers, Depends(get_answers)]
 SessionsDep = Annotated[Sessions, Depends(get_sessions)]
 MessagesDep = Annotated[Messages, Depends(get_messages)]
 TurnsDep = Annotated[Turns, Depends(get_turns)]
+FilesDep = Annotated[Files, Depends(get_files)]
 
 _bearer = HTTPBearer(
     auto_error=False,

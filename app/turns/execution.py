@@ -18,6 +18,7 @@ from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.tools.registry import ToolRegistry
 from app.turns.agent import AgentRun
+from app.turns.attachments import with_files
 from app.turns.pending_calls import Inbox
 from app.turns.prompt import rebuild
 from app.turns.recorder import TurnRecorder, failure_of
@@ -60,7 +61,7 @@ class AgentFactory:
             async with self._database.read() as db:
                 rows = await repository.list_messages(db, session.id)
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
-        messages = rebuild(rows, session.system_prompt)
+        messages = await with_files(self._database, rebuild(rows, session.system_prompt))
         if plan is not None:
             # The round's results enter the history when it ends, in call order.
             while messages and messages[-1]["role"] == "tool":
