@@ -171,11 +171,9 @@ class Settings(BaseSettings):
     files_max_bytes: int = Field(
         20_000_000, ge=1, description="Largest accepted file (POST /v1/files, or a data URL); larger get 413."
     )
-    files_allowed_types: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: list(FILE_TYPES),
-        description="Media types a file may have (comma-separated or a JSON list), as its bytes show them; "
-        "others get 415. Default: image/png, image/jpeg, image/gif, image/webp, application/pdf, "
-        "text/plain, text/markdown, text/csv, application/json.",
+    files_allowed_types: str = Field(
+        ",".join(FILE_TYPES),
+        description="Media types a file may have (comma-separated), as its bytes show them; others get 415.",
     )
     files_max_attachments: int = Field(
         10, ge=0, le=20, description="Attachments one message may carry (at most 20); more get 413."
@@ -270,7 +268,7 @@ class Settings(BaseSettings):
         "sampler thread notes where it is (0: off; it takes the GIL every half of it).",
     )
 
-    @field_validator("cors_origins", "files_allowed_types", mode="before")
+    @field_validator("cors_origins", mode="before")
     @classmethod
     def _split_origins(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -279,6 +277,10 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [origin.strip() for origin in text.split(",") if origin.strip()]
         return value
+
+    @property
+    def allowed_file_types(self) -> list[str]:
+        return [kind.strip().lower() for kind in self.files_allowed_types.split(",") if kind.strip()]
 
     @property
     def multi_replica(self) -> bool:

@@ -320,7 +320,7 @@ class Files:
             raise InvalidRequest("file", "The file is empty.", "empty")
         name = clean_name(filename)
         media_type = sniff(received.head, name, declared, text=received.text)
-        allowed = self._settings.files_allowed_types
+        allowed = self._settings.allowed_file_types
         if media_type is None or media_type not in allowed:
             shown = media_type or "not one of the known types (by its bytes)"
             raise UnsupportedMediaType(

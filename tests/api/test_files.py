@@ -14,6 +14,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from app.api.files import router
 from app.settings import Settings
 from tests.support.server import LiveServer, live_server
 
@@ -312,3 +313,10 @@ async def test_an_upload_without_a_key_is_401_before_its_body_is_read(server: Li
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
         answer = await upload(client, "a.txt", b"hello")
     assert answer.status_code == 401
+
+
+def test_the_upload_route_reads_its_body_itself() -> None:
+    """FastAPI reads (and spools whole) a body its route declares; this one declares none, so the bytes
+    reach the files service as they stream in, counted against the limit."""
+    [upload_route] = [r for r in router.routes if getattr(r, "methods", None) == {"POST"}]
+    assert getattr(upload_route, "body_field", None) is None
