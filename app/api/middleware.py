@@ -10,10 +10,10 @@ Headers larger than `max_header_bytes` in all (names and values) are refused wit
 reads them: the HTTP parser in front (httptools) takes headers of any size. Bodies are refused before they
 are read when they are too large (413) or not JSON (415), except at /v1/files: its upload route reads
 multipart and counts the bytes against its own limit as they stream in (app.chat.files), and a wrong
-method there (or on a file's paths, which take no body) is the router's 405, never a refusal of its body. A server without
-API keys that is reached on a non-loopback address, and was not told PARLEY_ALLOW_OPEN, refuses everything
-but the health probes (403): the launcher refuses to start that way, and this covers a server started
-some other way.
+method there (or on a file's paths, which take no body) is the router's 405, never a refusal of its body.
+A server without API keys that is reached on a non-loopback address, and was not told PARLEY_ALLOW_OPEN,
+refuses everything but the health probes (403): the launcher refuses to start that way, and this covers a
+server started some other way.
 """
 
 from __future__ import annotations
