@@ -187,6 +187,8 @@ class _Form:
 
     def finish(self) -> None:
         self._parser.finalize()
+        if self.purpose is not None and len(self.purpose.decode("utf-8", "replace")) > _PURPOSE_MAX:
+            raise InvalidRequest("purpose", f"At most {_PURPOSE_MAX} characters.", "string_too_long")
         if self.file is None:
             raise InvalidRequest("file", "The form has no `file` field (a file part).", "missing")
         self.file.finish()
@@ -227,7 +229,7 @@ class _Form:
             self.file.write(data[start:end])
         elif self._part.name == "purpose" and self.purpose is not None:
             self.purpose.extend(data[start:end])
-            if len(self.purpose) > _PURPOSE_MAX:
+            if len(self.purpose) > 4 * _PURPOSE_MAX:  # past any UTF-8 of _PURPOSE_MAX characters
                 raise InvalidRequest("purpose", f"At most {_PURPOSE_MAX} characters.", "string_too_long")
 
 
