@@ -113,6 +113,15 @@ export class ParleyClient {
     return (await response.json()) as FileOut;
   }
 
+  /** GET /v1/files/{file_id}/content: the file's bytes (e.g. for a thumbnail's object URL). */
+  async fileContent(fileId: string): Promise<Blob> {
+    const headers: Record<string, string> = {};
+    if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
+    const response = await this.fetchImpl(`${this.baseUrl}/v1/files/${encodeURIComponent(fileId)}/content`, { headers });
+    if (!response.ok) throw await httpError(response);
+    return await response.blob();
+  }
+
   /** Posts a message; the idempotency key makes a retry of the same send safe. */
   postMessage(sessionId: string, message: Partial<MessageCreate> & { content: string }, idempotencyKey?: string): Promise<MessageAccepted> {
     return this.request(

@@ -2,6 +2,7 @@
 // carries the ids, times and model the page shows, so nothing is back-filled or guessed here).
 import type {
   AgentStatus,
+  Attachment,
   HistoryRow,
   ParleyEvent,
   PendingRequest,
@@ -23,6 +24,8 @@ export interface UserTextItem {
   sender: string;
   clientMessageId: string | null;
   turnId: string | null;
+  /** The message's files (metadata only: the bytes are at /v1/files/{file_id}/content). */
+  attachments: Attachment[];
 }
 export interface AssistantTextItem {
   kind: "assistant";
@@ -166,6 +169,7 @@ export function itemFromRow(row: HistoryRow): ChatItem {
           sender: row.sender,
           clientMessageId: row.client_message_id ?? null,
           turnId: null,
+          attachments: row.attachments ?? [],
         };
       }
       return {
@@ -331,6 +335,7 @@ export function reduce(state: ChatState, event: ParleyEvent): ChatState {
         sender: event.sender,
         clientMessageId: event.client_message_id ?? null,
         turnId: event.turn_id,
+        attachments: event.attachments ?? [],
       };
       return { ...s, optimistic, currentModel, items: upsert(s.items, item) };
     }
