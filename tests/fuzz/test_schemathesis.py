@@ -261,12 +261,14 @@ class Target:
 
     def _files(self, case: Case[Any]) -> None:
         """A valid upload sends a real PNG; valid attachments name the caller's file."""
-        if not isinstance(case.body, dict):
+        body: Any = case.body
+        if not isinstance(body, dict):
             return
-        if case.path == "/v1/files" and "file" in case.body:
-            case.body["file"] = PNG
-        if isinstance(case.body.get("attachments"), list):
-            case.body["attachments"] = [{"file_id": self.file_id} for _ in case.body["attachments"]]
+        if case.path == "/v1/files" and "file" in body:
+            body["file"] = PNG
+        attachments = body.get("attachments")
+        if isinstance(attachments, list):
+            body["attachments"] = [{"file_id": self.file_id} for _ in attachments]
 
     def _references(self, case: Case[Any]) -> None:
         self._until_idle(case)

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -113,7 +114,7 @@ async def snapshot(base_url: str, sids: list[str]) -> dict[str, object]:
 
 
 async def wait_post(
-    client: httpx.AsyncClient, sid: str, content: str, attachments: list[str] = (), **headers: str
+    client: httpx.AsyncClient, sid: str, content: str, attachments: Sequence[str] = (), **headers: str
 ) -> None:
     body = {"content": content, "attachments": [{"file_id": f} for f in attachments]}
     answer = await client.post(f"/v1/sessions/{sid}/messages?wait=true", json=body, headers=headers)
@@ -136,7 +137,7 @@ async def fill(settings: Settings) -> list[str]:
             sids = [await new_session(client) for _ in range(3)]
             for sid in sids:
                 await wait_post(client, sid, "what time is it?")
-            await wait_post(client, sids[0], "what is 2+3*4?", **{"Idempotency-Key": "k-1"})
+            await wait_post(client, sids[0], "what is 2+3*4?", (), **{"Idempotency-Key": "k-1"})
             shot = noise(64, 64)  # 12 KB that do not compress: three parts of 4096 bytes
             uploaded = await client.post("/v1/files", files={"file": ("shot.png", shot)})
             assert uploaded.status_code == 201, uploaded.text

@@ -52,7 +52,7 @@ async def store(database: Database, principal: str) -> FileRow:
 
 
 async def read_back(database: Database, sha256: str) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     async with database.read() as db:
         while (part := await files.read_part(db, sha256, len(parts))) is not None:
             parts.append(part)
