@@ -478,14 +478,14 @@ class Files:
             attachments: list[Attachment] = []
             created: list[str] = []
             for n, ref in enumerate(refs):
-                if n in checked:
+                if isinstance(ref, DataUrlAttachment):
                     async with self._database.read() as db:
                         existed = await store.file_by_content(db, principal, checked[n].received.sha256)
                     row = await self._store(principal, checked[n])
                     if existed is None:
                         created.append(row.id)
                 else:
-                    row = owned[ref.file_id]  # type: ignore[union-attr]
+                    row = owned[ref.file_id]
                 attachments.append(to_attachment(row))
         finally:
             for item in checked.values():
