@@ -15,6 +15,7 @@ from app.api import (
     debug,
     errors,
     events,
+    files,
     health,
     messages,
     metrics,
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(branches.router)
     app.include_router(tools_router)
     app.include_router(tool_requests.router)
+    app.include_router(files.router)
     app.include_router(ui.docs_router)
     if settings.ui:
         app.include_router(ui.router)

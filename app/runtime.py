@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 from app.api.deps import Services
 from app.chat.auth import KeyRing
 from app.chat.branches import Branches
+from app.chat.files import Files
 from app.chat.idempotency import Idempotency
 from app.chat.limits import MessageLimit, MessageRate, StreamLimit, StreamSlots
 from app.chat.messages import Messages
@@ -291,7 +292,8 @@ def _services(
         database, ttl_seconds=settings.idempotency_ttl_hours * 3600, race_wait=race_wait
     )
     sessions = Sessions(settings, database, turns, models, catalog.registry, idempotency)
-    messages = Messages(settings, database, sessions, turns, broker, idempotency)
+    files = Files(settings, database, models)
+    messages = Messages(settings, database, sessions, turns, broker, idempotency, files)
     message_rate, streams = _limits(settings)
     return Services(
         settings=settings,
@@ -306,4 +308,5 @@ def _services(
         streams=streams,
         tools=catalog,
         branches=Branches(settings, database, sessions, turns, models, idempotency),
+        files=files,
     )

@@ -11,6 +11,18 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEMO_MODEL = "parley/demo"
+# The media types a file may have unless PARLEY_FILES_ALLOWED_TYPES says otherwise (docs/files.md).
+FILE_TYPES = (
+    "image/png",
+    "image/jpeg",
+    "image/gif",
+    "image/webp",
+    "application/pdf",
+    "text/plain",
+    "text/markdown",
+    "text/csv",
+    "application/json",
+)
 # With several replicas, PostgreSQL ends a transaction left idle this long (ms), unless the lease asks
 # for less.
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 5_000
@@ -174,6 +186,23 @@ class Settings(BaseSettings):
         32_768, ge=1024, description="Largest accepted request headers (names and values); larger get 431."
     )
 
+    # --- files (docs/files.md) ---------------------------------------------------------------------------
+    files_max_bytes: int = Field(
+        20_000_000, ge=1, description="Largest accepted file (POST /v1/files, or a data URL); larger get 413."
+    )
+    files_allowed_types: str = Field(
+        ",".join(FILE_TYPES),
+        description="Media types a file may have (comma-separated), as its bytes show them; others get 415.",
+    )
+    files_max_attachments: int = Field(
+        10, ge=0, le=20, description="Attachments one message may carry (at most 20); more get 413."
+    )
+    files_chunk_bytes: int = Field(
+        262_144,
+        ge=4096,
+        description="Bytes of a file stored per database row, and sent per write when served.",
+    )
+
     # --- several replicas --------------------------------------------------------------------------------
     redis_url: str | None = Field(
         None,
@@ -267,6 +296,10 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [origin.strip() for origin in text.split(",") if origin.strip()]
         return value
+
+    @property
+    def allowed_file_types(self) -> list[str]:
+        return [kind.strip().lower() for kind in self.files_allowed_types.split(",") if kind.strip()]
 
     @property
     def multi_replica(self) -> bool:

@@ -44,6 +44,74 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/files": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Files
+         * @description The caller's files, newest first, a page at a time.
+         */
+        get: operations["list_files_v1_files_get"];
+        put?: never;
+        /**
+         * Upload File
+         * @description Upload a file (multipart/form-data, field `file`); the same bytes uploaded again are the same file.
+         */
+        post: operations["upload_file_v1_files_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/files/{file_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get File
+         * @description A file's metadata.
+         */
+        get: operations["get_file_v1_files__file_id__get"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete File
+         * @description Delete a file; 409 `file_in_use` while a message uses it (it goes when its sessions are deleted).
+         */
+        delete: operations["delete_file_v1_files__file_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/files/{file_id}/content": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get File Content
+         * @description A file's bytes, read from storage a part at a time as they are sent.
+         */
+        get: operations["get_file_content_v1_files__file_id__content_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/models": {
         parameters: {
             query?: never;
@@ -614,6 +682,33 @@ export interface components {
              */
             type: "text";
         };
+        /**
+         * Attachment
+         * @description A message's attached file as events, the history and the turn view show it: never its bytes.
+         */
+        Attachment: {
+            /** File Id */
+            file_id: string;
+            /**
+             * Height
+             * @description Pixels, for images; null for other files.
+             */
+            height: number | null;
+            /** Media Type */
+            media_type: string;
+            /** Name */
+            name: string;
+            /**
+             * Size
+             * @description Bytes.
+             */
+            size: number;
+            /**
+             * Width
+             * @description Pixels, for images; null for other files.
+             */
+            width: number | null;
+        };
         /** CancelRequest */
         CancelRequest: {
             /**
@@ -736,6 +831,14 @@ export interface components {
              * @description From the request to its resolution.
              */
             wait_ms: number;
+        };
+        /** DataUrlAttachment */
+        DataUrlAttachment: {
+            /**
+             * Url
+             * @description `data:<media type>;base64,<bytes>`: stored as a file first, checked as an upload is.
+             */
+            url: string;
         };
         /**
          * ContextCompacted
@@ -982,6 +1085,67 @@ export interface components {
             /** @description The event's `seq`: send it back as Last-Event-ID to resume after it. */
             id: string;
         };
+        /** FileAttachment */
+        FileAttachment: {
+            /**
+             * File Id
+             * @description A file the caller uploaded (POST /v1/files).
+             */
+            file_id: string;
+        };
+        /** FileOut */
+        FileOut: {
+            /** Created At */
+            created_at: string;
+            /**
+             * Height
+             * @description Pixels, for images.
+             */
+            height?: number | null;
+            /**
+             * Id
+             * @description `f_` and 16 hex digits.
+             */
+            id: string;
+            /**
+             * Media Type
+             * @description Found from the bytes (magic numbers), not only as declared.
+             */
+            media_type: string;
+            /**
+             * Name
+             * @description The uploaded file's name, without any directory.
+             */
+            name: string;
+            /**
+             * Sha256
+             * @description Hex SHA-256 of the bytes: the same bytes uploaded again give this file.
+             */
+            sha256: string;
+            /**
+             * Size
+             * @description Bytes.
+             */
+            size: number;
+            /**
+             * Width
+             * @description Pixels, for images.
+             */
+            width?: number | null;
+        };
+        /** FilePage */
+        FilePage: {
+            /**
+             * Files
+             * @description Newest first.
+             */
+            files: components["schemas"]["FileOut"][];
+            /**
+             * Next Cursor
+             * @description Pass as `after` for the next page; null at the end.
+             */
+            next_cursor: string | null;
+        };
         /** Health */
         Health: {
             /** Models Ready */
@@ -1055,6 +1219,11 @@ export interface components {
         /** MessageAccepted */
         MessageAccepted: {
             /**
+             * Attachments
+             * @description The message's files, as stored.
+             */
+            attachments?: components["schemas"]["Attachment"][];
+            /**
              * Client Message Id
              * @description As given when the message was posted.
              */
@@ -1084,6 +1253,11 @@ export interface components {
         };
         /** MessageCreate */
         MessageCreate: {
+            /**
+             * Attachments
+             * @description Files for the model (docs/files.md): `{file_id}` of an upload, or `{url}` with a data URL (stored as a file first). More than PARLEY_FILES_MAX_ATTACHMENTS: 413; a file the session's model cannot take (an image without vision, a PDF without documents): 422 `unsupported_attachment`, before anything is stored.
+             */
+            attachments?: (components["schemas"]["FileAttachment"] | components["schemas"]["DataUrlAttachment"])[] | null;
             /**
              * Client Message Id
              * @description The sender's own id for the message, stored and echoed on its user_message events, in the answer and in the history: the tab that sent it matches its optimistic copy by it.
@@ -2115,6 +2289,11 @@ export interface components {
          */
         TurnInput: {
             /**
+             * Attachments
+             * @description The message's files (no bytes).
+             */
+            attachments?: components["schemas"]["Attachment"][];
+            /**
              * Client Message Id
              * @description As given when the message was posted.
              */
@@ -2216,6 +2395,11 @@ export interface components {
         /** UserMessage */
         UserMessage: {
             /**
+             * Attachments
+             * @description The message's files (docs/files.md), never their bytes.
+             */
+            attachments?: components["schemas"]["Attachment"][];
+            /**
              * Client Message Id
              * @description The sender's own id of the message: its tab matches its optimistic copy by it.
              * @default null
@@ -2260,6 +2444,11 @@ export interface components {
         };
         /** UserTextMessage */
         UserTextMessage: {
+            /**
+             * Attachments
+             * @description The message's files (no bytes).
+             */
+            attachments?: components["schemas"]["Attachment"][];
             /**
              * Client Message Id
              * @description As given when the message was posted.
@@ -2376,6 +2565,481 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Readiness"];
+                };
+            };
+        };
+    };
+    list_files_v1_files_get: {
+        parameters: {
+            query?: {
+                limit?: number;
+                /** @description A `next_cursor`: the files after it; another: 422. */
+                after?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FilePage"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    upload_file_v1_files_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    /**
+                     * Format: binary
+                     * @description The file, with its name. Its type is read from its bytes: PNG, JPEG, GIF, WebP, PDF, or UTF-8 text named .txt, .md, .csv or .json (or declared so); others get 415, larger than PARLEY_FILES_MAX_BYTES 413.
+                     */
+                    file: string;
+                    /** @description A label some clients send (e.g. `attachment`): accepted, not stored. */
+                    purpose?: string;
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FileOut"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unsupported media type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    get_file_v1_files__file_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                file_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FileOut"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    delete_file_v1_files__file_id__delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                file_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    get_file_content_v1_files__file_id__content_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                file_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The bytes, streamed, with the file's media type; never rendered as another type (`X-Content-Type-Options: nosniff`), and a download unless an image. */
+            200: {
+                headers: {
+                    /** @description `inline` (images) or `attachment`, with `filename*` (RFC 5987). */
+                    "Content-Disposition"?: string;
+                    "X-Content-Type-Options"?: "nosniff";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": string;
+                    "application/pdf": string;
+                    "image/gif": string;
+                    "image/jpeg": string;
+                    "image/png": string;
+                    "image/webp": string;
+                    "text/csv": string;
+                    "text/markdown": string;
+                    "text/plain": string;
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
         };

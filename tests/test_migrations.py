@@ -43,6 +43,9 @@ APP_TABLES = {
     "turn_leases",
     "context_summaries",
     "context_views",
+    "files",
+    "file_chunks",
+    "message_files",
 }
 
 
@@ -241,3 +244,46 @@ def test_replicas_migrating_at_once_take_turns(backend: str, sync_url: str, engi
         outputs = [run.communicate(timeout=120)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0, 0], outputs
     assert schema_diff(engine) == []
+
+
+def test_0165_keeps_every_row_and_old_messages_have_no_attachments(config: Config, engine: Engine) -> None:
+    command.upgrade(config, "0162")
+    at = "2026-11-29T00:00:00.000+00:00"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO chat_sessions (id, principal, model, tools, status, created_at, updated_at,"
+                " total_tokens, context_used)"
+                " VALUES ('s_old', 'alice', 'parley/demo', '[]', 'active', :at, :at, 0, 0)"
+            ),
+            {"at": at},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO chat_messages (id, session_id, turn_id, type, role, content, sender, timestamp)"
+                " VALUES ('m_old', 's_old', 't_old', 'text', 'user', 'hello', 'User', :at)"
+            ),
+            {"at": at},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO queued_messages (id, session_id, content, sender, timestamp)"
+                " VALUES ('m_wait', 's_old', 'later', 'User', :at)"
+            ),
+            {"at": at},
+        )
+    command.upgrade(config, "head")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT id, principal FROM chat_sessions")).all() == [
+            ("s_old", "alice")
+        ]
+        assert connection.execute(text("SELECT id, content, attachments FROM chat_messages")).all() == [
+            ("m_old", "hello", None)
+        ]
+        assert connection.execute(text("SELECT id, attachments FROM queued_messages")).all() == [
+            ("m_wait", None)
+        ]
+        assert connection.execute(text("SELECT count(*) FROM files")).scalar() == 0
+    command.downgrade(config, "0162")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT id, content FROM chat_messages")).all() == [("m_old", "hello")]

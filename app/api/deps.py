@@ -10,6 +10,7 @@ from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBear
 
 from app.chat.auth import OPEN_PRINCIPAL, KeyRing
 from app.chat.branches import Branches
+from app.chat.files import Files
 from app.chat.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
 from app.chat.limits import MessageLimit, StreamLimit
 from app.chat.messages import Messages
@@ -37,6 +38,7 @@ class Services:
     streams: StreamLimit
     tools: ToolCatalog
     branches: Branches
+    files: Files
 
 
 # Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request.
@@ -57,6 +59,10 @@ async def get_turns(request: Request) -> Turns:
     return (await get_services(request)).turns
 
 
+async def get_files(request: Request) -> Files:
+    return (await get_services(request)).files
+
+
 async def get_answers(request: Request) -> ToolAnswers:
     return (await get_services(request)).answers
 
@@ -71,6 +77,7 @@ SessionsDep = Annotated[Sessions, Depends(get_sessions)]
 MessagesDep = Annotated[Messages, Depends(get_messages)]
 TurnsDep = Annotated[Turns, Depends(get_turns)]
 BranchesDep = Annotated[Branches, Depends(get_branches)]
+FilesDep = Annotated[Files, Depends(get_files)]
 
 _bearer = HTTPBearer(
     auto_error=False,

@@ -37,11 +37,13 @@ STATUS: dict[str, int] = {
     "invalid_idempotency_key": 422,
     "idempotency_key_reused": 422,
     "invalid_answer": 422,
+    "unsupported_attachment": 422,
     # A client tool named as one of the session's server tools.
     "tool_name_clash": 400,
     "unauthorized": 401,
     "not_found": 404,
     "payload_too_large": 413,
+    "unsupported_media_type": 415,
     # The request conflicts with the state of what it names.
     "conflict": 409,
     "turn_running": 409,
@@ -49,6 +51,7 @@ STATUS: dict[str, int] = {
     "withdrawn": 409,
     "no_pending_call": 409,
     "answer_conflict": 409,
+    "file_in_use": 409,
     # Gone: it was there, and is no more.
     "expired": 410,
     "session_deleted": 410,

@@ -8,10 +8,12 @@ middleware, after this one has let go of the id.
 
 Headers larger than `max_header_bytes` in all (names and values) are refused with 431 before anything
 reads them: the HTTP parser in front (httptools) takes headers of any size. Bodies are refused before they
-are read when they are too large (413) or not JSON (415). A server without
-API keys that is reached on a non-loopback address, and was not told PARLEY_ALLOW_OPEN, refuses everything
-but the health probes (403): the launcher refuses to start that way, and this covers a server started
-some other way.
+are read when they are too large (413) or not JSON (415), except at /v1/files: its upload route reads
+multipart and counts the bytes against its own limit as they stream in (app.chat.files), and a wrong
+method there (or on a file's paths, which take no body) is the router's 405, never a refusal of its body.
+A server without API keys that is reached on a non-loopback address, and was not told PARLEY_ALLOW_OPEN,
+refuses everything but the health probes (403): the launcher refuses to start that way, and this covers a
+server started some other way.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from app.observability.context import request_id_var
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 _PROBES = {"/healthz", "/readyz"}
+# Bodies the routes read and limit themselves (multipart uploads, app.api.files).
+_OWN_BODIES = "/v1/files"
 
 
 class RequestContextMiddleware:
@@ -68,17 +72,19 @@ class RequestContextMiddleware:
                     }
                 await send(message)
 
+            path = scope["path"]
+            own_body = path == _OWN_BODIES or path.startswith(_OWN_BODIES + "/")
             refusal = (
                 self._exposed(scope)
                 or self._oversized_headers(scope)
-                or self._refusal(scope["method"], headers)
+                or (None if own_body else self._refusal(scope["method"], headers))
             )
             if refusal is not None:
                 status, code, text = refusal
                 await _send_json(send_with_id, status, error_body(code, text))
                 return
             try:
-                await self.app(scope, self._limited(receive), send_with_id)
+                await self.app(scope, receive if own_body else self._limited(receive), send_with_id)
             except Exception as exc:
                 if started:
                     raise  # a response cut short: no status left to answer with; the server closes it

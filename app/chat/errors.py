@@ -43,3 +43,20 @@ class Withdrawn(Conflict):
     """A message waited for (`?wait=true`) that was withdrawn before a turn took it."""
 
     code = "withdrawn"
+
+
+class UnsupportedMediaType(DomainError):
+    """A file whose bytes are not of an allowed type (docs/files.md), or an upload that is not multipart."""
+
+    code = "unsupported_media_type"
+
+
+class FileInUse(DomainError):
+    code = "file_in_use"
+
+
+class UnsupportedAttachment(DomainError):
+    """An attachment the session's model cannot take (an image for a model without vision, a PDF for one
+    without documents)."""
+
+    code = "unsupported_attachment"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.chat.errors import AlreadyTaken, InvalidCursor, TurnInProgress
+from app.chat.files import Files
 from app.chat.idempotency import IdempotencyStore, fingerprint
 from app.chat.sessions import Sessions
 from app.chat.tool_rules import check_client_tools
@@ -44,6 +45,7 @@ class Messages:
         turns: TurnControl,
         fanout: EventFanOut,
         idempotency: IdempotencyStore,
+        files: Files,
     ) -> None:
         self._settings = settings
         self._database = database
@@ -51,6 +53,7 @@ class Messages:
         self._turns = turns
         self._fanout = fanout
         self._idempotency = idempotency
+        self._files = files
 
     async def post(
         self, principal: str, session_id: str, body: MessageCreate, *, idempotency_key: str | None = None
@@ -66,7 +69,11 @@ class Messages:
         if idempotency_key is None:
             return await self._post(session, body, new_message_id()), False
         # An absent client_message_id is left out, so keys stored before the field existed still match.
-        absent = {name for name in ("client_message_id", "client_tools") if getattr(body, name) is None}
+        absent = {
+            name
+            for name in ("client_message_id", "client_tools", "attachments")
+            if getattr(body, name) is None
+        }
         request_body = body.model_dump(mode="json", exclude=absent)
         request = fingerprint("POST", f"/v1/sessions/{session_id}/messages", request_body)
 
@@ -100,6 +107,7 @@ class Messages:
                 client_message_id=stored.client_message_id,
                 timestamp=stored.timestamp,
                 delivery="steer",
+                attachments=stored.attachments,
             )
             return accepted(session_id, taken, stored.turn_id)
         if waiting is not None and waiting.session_id == session_id:
@@ -109,6 +117,11 @@ class Messages:
     async def _post(self, session: ChatSessionRow, body: MessageCreate, message_id: str) -> MessageAccepted:
         session_id = session.id
         check_client_tools(session.tools, body.client_tools or [])
+        # Checked (count, owner, type, what the model takes) before anything is stored; data URLs become
+        # files, taken back if the message is refused after all.
+        attachments, created = await self._files.attach(
+            session.principal, session.model, body.attachments or []
+        )
         try:
             return await self._turns.post(
                 session,
@@ -118,15 +131,19 @@ class Messages:
                 message_id=message_id,
                 client_message_id=body.client_message_id,
                 client_tools=body.client_tools,
+                attachments=attachments,
             )
         except SessionClosed as exc:
+            await self._files.discard(session.principal, created)
             raise NotFound(f"No session {session_id!r}.", details={"session_id": session_id}) from exc
         except TurnRunning as exc:
+            await self._files.discard(session.principal, created)
             raise TurnInProgress(
                 f"A turn is running ({exc.turn_id}); the message was not stored.",
                 details={"turn_id": exc.turn_id},
             ) from exc
         except ShuttingDown as exc:
+            await self._files.discard(session.principal, created)
             raise Unavailable("The server is shutting down; retry on another instance.") from exc
 
     # --- stop and the waiting line -------------------------------------------------------------------

@@ -85,6 +85,7 @@ def to_chat_message(row: ChatMessageRow) -> ChatMessage:
             timestamp=row.timestamp,
             sender=row.sender or "User",
             client_message_id=row.client_message_id,
+            attachments=row.attachments or [],
         )
     return AssistantTextMessage(
         id=row.id,
@@ -164,6 +165,7 @@ def _turn(turn_id: str, messages: Sequence[ChatMessage], parent: str | None, sib
                         sender=message.sender,
                         client_message_id=message.client_message_id,
                         timestamp=message.timestamp,
+                        attachments=message.attachments,
                     )
                 )
             case AssistantTextMessage():

@@ -226,6 +226,8 @@ def _user_blocks(content: Any) -> list[dict[str, Any]]:
     for part in content:
         if isinstance(part, dict) and part.get("type") == "image_url":
             blocks.append(_image(part.get("image_url")))
+        elif isinstance(part, dict) and part.get("type") == "file":
+            blocks.append(_document(part.get("file")))
         else:
             blocks += _text_blocks([part])
     return blocks
@@ -237,6 +239,20 @@ def _image(image: Any) -> dict[str, Any]:
         media, data = url[5:].split(";base64,", 1)
         return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
     return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def _document(file: Any) -> dict[str, Any]:
+    """An OpenAI `file` part (a PDF's data URL, app/turns/attachments.py) as a document block."""
+    file = file if isinstance(file, dict) else {}
+    url = str(file.get("file_data") or "")
+    media, _, data = url.removeprefix("data:").partition(";base64,")
+    block: dict[str, Any] = {
+        "type": "document",
+        "source": {"type": "base64", "media_type": media, "data": data},
+    }
+    if file.get("filename"):
+        block["title"] = str(file["filename"])
+    return block
 
 
 def _tool_uses(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,7 +8,9 @@ per token). Replies are deterministic functions of the messages and the offered 
 - a time/date question with `current_time` offered, or arithmetic with `calculate` offered: a short text,
   then (parallel) tool calls with fragmented JSON arguments;
 - a request for a tool that is not offered: a plain "no such tool" answer;
-- anything else: "You said: ..." plus a fixed sentence, streamed word by word.
+- anything else: "You said: ..." plus a fixed sentence, streamed word by word;
+- a last user message with attached files (docs/files.md): first a sentence naming each file it received,
+  its type, its size counted from the bytes that arrived, and an image's dimensions.
 
 Triggers in the last user message: "[slow]" (10x slower tokens), "[long]" (~400 tokens),
 "[think]" (a short reasoning streamed before the reply, as a reasoning model's) and
@@ -25,6 +27,8 @@ It always runs in the service's process, whatever PARLEY_STREAM_ADAPTER says.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import json
 import math
@@ -78,6 +82,11 @@ _EXPR_RE = re.compile(rf"{_NUMBER}(?:\s*(?:\*\*|[-+*/%^])\s*{_NUMBER})+")
 _CALC_RE = re.compile(r"\b(?:calculate|compute)\s+(.+?)(?:\s+and\s|[?!;,\n]|\.(?:\s|$)|$)", re.IGNORECASE)
 _CALL_RE = re.compile(r"\[call:([A-Za-z0-9_.-]+)")
 _TOKEN_RE = re.compile(r"\S+\s*")
+# The line before an attached file (app/turns/attachments.py).
+_FILE_LABEL = "[Attached file: "
+_FILE_RE = re.compile(
+    r"^\[Attached file: (?P<name>.+) \((?P<type>[^,]+), \d+ bytes(?:, (?P<w>\d+)x(?P<h>\d+) pixels)?\)\]"
+)
 # Tool results the agent produces for failures; the demo model just echoes them back.
 _ERROR_PREFIXES = (
     "unknown tool",
@@ -112,12 +121,47 @@ class _Plan:
 
 
 def _text(content: object) -> str:
-    """Message content as text: a string, or the text parts of a content-part list."""
+    """Message content as text: a string, or the text parts of a content-part list (attached files left
+    out)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        texts = (str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return " ".join(t for t in texts if not t.startswith(_FILE_LABEL))
     return ""
+
+
+def _received(content: object) -> list[str]:
+    """What arrived of each attached file: the name and dimensions its label gives, the type and size of
+    the bytes that came (an image or PDF part's data URL; a text file's text)."""
+    found: list[str] = []
+    label: re.Match[str] | None = None
+    for part in content if isinstance(content, list) else []:
+        if not isinstance(part, dict):
+            continue
+        text = str(part.get("text") or "")
+        if part.get("type") == "text" and (match := _FILE_RE.match(text)):
+            rest = text[match.end() + 1 :]
+            if rest or "\n" in text:  # a text file: its text follows its label
+                found.append(_described(match, match["type"], len(rest.encode())))
+            else:
+                label = match
+        elif part.get("type") in ("image_url", "file") and label is not None:
+            holder = part.get("image_url") or part.get("file") or {}
+            url = str(holder.get("url") or holder.get("file_data") or "") if isinstance(holder, dict) else ""
+            media_type, _, data = url.removeprefix("data:").partition(";base64,")
+            try:
+                size = len(base64.b64decode(data, validate=True))
+            except binascii.Error:
+                size = 0
+            found.append(_described(label, media_type, size))
+            label = None
+    return found
+
+
+def _described(label: re.Match[str], media_type: str, size: int) -> str:
+    pixels = f", {label['w']}x{label['h']} pixels" if label["w"] else ""
+    return f"{label['name']} ({media_type}, {size} bytes{pixels})"
 
 
 def _sentence(text: str) -> str:
@@ -252,6 +296,10 @@ def _plan(messages: Sequence[Mapping[str, object]], tools: object) -> tuple[_Pla
         plan = _plan_for_tool_results(messages)
     else:
         plan = _plan_for_user(user, _tool_names(tools), f"{len(messages)}\x00{user}")
+        received = _received(messages[-1].get("content")) if messages else []
+        if received:
+            count = f"{len(received)} file{'s' if len(received) > 1 else ''}"
+            plan.tokens = _tokens(f"I received {count}: {'; '.join(received)}. ") + plan.tokens
         if "[think]" in user:
             plan.reasoning = _tokens(_thought(plan))
     return plan, "[slow]" in user

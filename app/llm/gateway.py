@@ -176,6 +176,20 @@ class ModelGateway:
         info = (await self.ready()).info(model)
         return info.max_input_tokens if info is not None else None
 
+    async def takes_files(self, model: str) -> tuple[bool, bool]:
+        """Whether `model` takes (images, documents): the demo takes both; then the models file's `vision`
+        and `documents`, then LiteLLM's model map (supports_vision, supports_pdf_input); else neither."""
+        if model in DEMO_MODELS:
+            return True, True
+        configured = self.catalog.get(model)
+        info = (await self.ready()).info(model)
+        vision = configured.vision if configured is not None else None
+        documents = configured.documents if configured is not None else None
+        return (
+            vision if vision is not None else bool(info and info.vision),
+            documents if documents is not None else bool(info and info.pdf),
+        )
+
     async def resolve(self, model: str) -> ResolvedModel:
         return self.catalog.resolve(model, await self.context_window(model))
 

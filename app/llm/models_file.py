@@ -57,6 +57,10 @@ class ModelEntry(BaseModel):
     prompt_cache: bool | None = None
     # Extended thinking (Anthropic) or reasoning effort (OpenAI-compatible); None: off.
     reasoning: ReasoningEntry | None = None
+    # Whether the model takes images and documents (PDF) as attachments (docs/files.md); None leaves it to
+    # the provider entry, then to LiteLLM's model map (supports_vision, supports_pdf_input).
+    vision: bool | None = None
+    documents: bool | None = None
 
 
 class ProviderEntry(BaseModel):
@@ -67,6 +71,8 @@ class ProviderEntry(BaseModel):
     context_window: int | None = Field(None, gt=0)
     max_output_tokens: int | None = Field(None, gt=0)
     prompt_cache: bool | None = None
+    vision: bool | None = None
+    documents: bool | None = None
     adapter: AdapterChoice = "auto"
     models: list[str] | dict[str, ModelEntry] = Field(default_factory=list)
 
@@ -102,6 +108,8 @@ class ConfiguredModel(BaseModel):
     prompt_cache: bool | None = None
     reasoning_budget: int | None = None
     reasoning_effort: ReasoningEffort | None = None
+    vision: bool | None = None
+    documents: bool | None = None
 
 
 class ModelCatalog:
@@ -138,6 +146,8 @@ class ModelCatalog:
                     prompt_cache=provider.prompt_cache if entry.prompt_cache is None else entry.prompt_cache,
                     reasoning_budget=entry.reasoning.budget if entry.reasoning else None,
                     reasoning_effort=entry.reasoning.effort if entry.reasoning else None,
+                    vision=provider.vision if entry.vision is None else entry.vision,
+                    documents=provider.documents if entry.documents is None else entry.documents,
                 )
         return cls(models)
 

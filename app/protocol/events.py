@@ -24,6 +24,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from app.protocol.files import Attachment
+
 TurnStatus = Literal["completed", "cancelled", "failed", "interrupted"]
 AgentState = Literal["idle", "thinking", "tool_calling", "awaiting_input"]
 # Who runs a tool: the service itself, an MCP server, an HTTP endpoint, or the client (the browser).
@@ -60,6 +62,9 @@ class UserMessage(_Event):
     queued: bool = Field(False, description="True when announced while another turn runs.")
     client_message_id: str | None = Field(
         None, description="The sender's own id of the message: its tab matches its optimistic copy by it."
+    )
+    attachments: list[Attachment] = Field(
+        default_factory=list, description="The message's files (docs/files.md), never their bytes."
     )
 
 

@@ -29,3 +29,10 @@ def new_turn_id() -> str:
 
 def new_session_id() -> str:
     return "s_" + urandom(8).hex()
+
+
+FILE_ID_PATTERN = r"^f_[0-9a-f]{16}$"
+
+
+def new_file_id() -> str:
+    return "f_" + urandom(8).hex()

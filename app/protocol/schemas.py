@@ -8,6 +8,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 from pydantic.json_schema import SkipJsonSchema
 
 from app.protocol.events import AgentState, TurnStatus
+from app.protocol.files import MAX_ATTACHMENTS_SCHEMA, Attachment, AttachmentRef
 from app.protocol.tool_requests import ApprovalRule, ClientTool, unique_client_tools
 
 
@@ -195,6 +196,14 @@ class MessageCreate(_Strict):
     client_tools: list[ClientTool] | None = Field(
         None, max_length=64, description="Client tools offered for the turn that takes this message only."
     )
+    attachments: list[AttachmentRef] | None = Field(
+        None,
+        max_length=MAX_ATTACHMENTS_SCHEMA,
+        description="Files for the model (docs/files.md): `{file_id}` of an upload, or `{url}` with a data "
+        "URL (stored as a file first). More than PARLEY_FILES_MAX_ATTACHMENTS: 413; a file the session's "
+        "model cannot take (an image without vision, a PDF without documents): 422 `unsupported_attachment`, "
+        "before anything is stored.",
+    )
 
     _unique = field_validator("client_tools")(unique_client_tools)
 
@@ -216,6 +225,7 @@ class MessageAccepted(BaseModel):
     turn_id: str | None = Field(description="The turn this message started; null while it waits its turn.")
     queued: bool
     delivery: Delivery
+    attachments: list[Attachment] = Field(default_factory=list, description="The message's files, as stored.")
 
 
 class QueuedMessage(BaseModel):
@@ -229,6 +239,7 @@ class QueuedMessage(BaseModel):
     delivery: Delivery
     # Kept for the turn that takes the message, not shown: the queue's shape is its events' (QueuedItem).
     client_tools: list[ClientTool] | None = Field(None, exclude=True)
+    attachments: list[Attachment] | None = Field(None, exclude=True)
 
 
 class QueueList(BaseModel):
@@ -280,6 +291,7 @@ class UserTextMessage(BaseModel):
     timestamp: str
     sender: str
     client_message_id: str | None = Field(None, description="As given when the message was posted.")
+    attachments: list[Attachment] = Field(default_factory=list, description="The message's files (no bytes).")
 
 
 class AssistantTextMessage(BaseModel):

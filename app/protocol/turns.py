@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from app.protocol.events import TurnStatus
+from app.protocol.files import Attachment
 
 
 class TurnInput(BaseModel):
@@ -18,6 +19,7 @@ class TurnInput(BaseModel):
     sender: str
     client_message_id: str | None = Field(None, description="As given when the message was posted.")
     timestamp: str
+    attachments: list[Attachment] = Field(default_factory=list, description="The message's files (no bytes).")
 
 
 class LlmNode(BaseModel):

@@ -12,6 +12,7 @@ from sqlalchemy.orm import configure_mappers
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from app.storage import files
 from app.storage.sql import Raw, RawPostgres, dialect_insert, load_json, raw
 from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
 from app.storage.turn_tree import on_path
@@ -80,8 +81,12 @@ async def add_usage(
 
 
 async def delete_session(db: AsyncSession, session_id: str) -> bool:
+    """The session with its history, its log and the links to its files; the files themselves too,
+    unless a message of another session uses them."""
+    attached = await files.session_files(db, session_id)
     await db.exec(delete(EventRow).where(col(EventRow.session_id) == session_id))
     result = await db.exec(delete(ChatSessionRow).where(col(ChatSessionRow.id) == session_id))
+    await files.delete_unlinked(db, attached)
     return bool(result.rowcount)
 
 
@@ -177,6 +182,21 @@ async def insert_messages(
     renames are returned ({old id: new id}), and the rows themselves carry their final ids. Without
     `new_id` a taken id is an IntegrityError (the rows' ids were handed out already)."""
     rows = list(rows)
+    renamed = await _insert_messages(db, rows, new_id)
+    await _link_files(db, rows)
+    return renamed
+
+
+async def _link_files(db: AsyncSession, rows: Iterable[ChatMessageRow | QueuedMessageRow]) -> None:
+    """A user message's files are linked to it in the transaction that stores it."""
+    links = [(r.id, a["file_id"], r.session_id) for r in rows for a in (r.attachments or [])]
+    if links:
+        await files.link_messages(db, links)
+
+
+async def _insert_messages(
+    db: AsyncSession, rows: list[ChatMessageRow], new_id: Callable[[], str] | None
+) -> dict[str, str]:
     renamed: dict[str, str] = {}
     if new_id is not None:
         seen: set[str] = set()
@@ -372,6 +392,7 @@ async def enqueue(db: AsyncSession, row: QueuedMessageRow, new_id: Callable[[], 
         row.id = new_id()
     db.add(row)
     await db.flush()
+    await _link_files(db, [row])
 
 
 async def queued(db: AsyncSession, session_id: str) -> list[QueuedMessageRow]:
@@ -388,7 +409,10 @@ async def sessions_with_queue(db: AsyncSession) -> list[str]:
 
 
 async def dequeue(db: AsyncSession, message_ids: Sequence[str]) -> None:
+    """Waiting messages out of the line, with their links to files: a turn that takes them links them again
+    as it stores them in the history (the same transaction); a withdrawn one uses its files no more."""
     await db.exec(delete(QueuedMessageRow).where(col(QueuedMessageRow.id).in_(message_ids)))
+    await files.unlink_messages(db, message_ids)
 
 
 # --- idempotency keys ------------------------------------------------------------------------------

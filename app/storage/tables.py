@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, ForeignKey, Index, String, text
+from sqlalchemy import JSON, BigInteger, Column, ForeignKey, Index, LargeBinary, String, text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import Field, SQLModel
@@ -100,6 +100,9 @@ class ChatMessageRow(SQLModel, table=True):
     wait_ms: int | None = None
     # A user message's own client tools, offered to the model for the turn that takes it.
     client_tools: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
+    # A user message's files, as its events show them ({file_id, name, media_type, size, width?,
+    # height?} each); the bytes stay in file_chunks, and message_files links them for their lifetime.
+    attachments: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 def new_message(**fields: Any) -> ChatMessageRow:
@@ -157,6 +160,7 @@ class QueuedMessageRow(SQLModel, table=True):
     # steer: taken at the running turn's next breakpoint; queue: after it ends; interrupt: it was stopped.
     delivery: str = Field(default="steer", sa_column_kwargs={"server_default": "steer"})
     client_tools: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
+    attachments: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 class EventRow(SQLModel, table=True):
@@ -301,3 +305,53 @@ class ContextViewRow(SQLModel, table=True):
     tokens_before: int
     tokens_after: int
     created_at: str
+
+
+class FileRow(SQLModel, table=True):
+    """An uploaded file of one principal (docs/files.md); its bytes are the blob of its sha256. The same
+    bytes uploaded again by the same principal are this row (the unique index), not a second one."""
+
+    __tablename__ = "files"
+    __table_args__ = (
+        Index("ux_files_principal_sha256", "principal", "sha256", unique=True),
+        Index("ix_files_principal_created", "principal", "created_at", "id"),
+        Index("ix_files_sha256", "sha256"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    principal: str = Field(max_length=100)
+    name: str = Field(max_length=255)
+    media_type: str = Field(max_length=100)
+    size: int = Field(sa_column=Column(BigInteger, nullable=False))
+    sha256: str = Field(max_length=64)
+    created_at: str
+    width: int | None = None
+    height: int | None = None
+
+
+class FileChunkRow(SQLModel, table=True):
+    """Content-addressed blobs, in parts: a file is written and served a part at a time, never loaded whole.
+    Shared by every file row with the same sha256 (of any principal); deleted with the last of them."""
+
+    __tablename__ = "file_chunks"
+
+    sha256: str = Field(primary_key=True, max_length=64)
+    part: int = Field(primary_key=True)
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+class MessageFileRow(SQLModel, table=True):
+    """A message (waiting or in the history) that uses a file: while one does, the file cannot be deleted;
+    the links go with their session, and a deleted session's files with them unless another links them."""
+
+    __tablename__ = "message_files"
+    __table_args__ = (
+        Index("ix_message_files_file", "file_id"),
+        Index("ix_message_files_session", "session_id"),
+    )
+
+    message_id: str = Field(primary_key=True, max_length=20)
+    file_id: str = Field(sa_column=Column(String(40), ForeignKey("files.id"), primary_key=True))
+    session_id: str = Field(
+        sa_column=Column(String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False)
+    )

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from app.errors import StorageUnavailable
 from app.protocol.events import QueuedItem, QueueUpdated
+from app.protocol.files import Attachment
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.protocol.tool_requests import ClientTool, Resolution
 from app.storage.tables import ChatSessionRow, QueuedMessageRow
@@ -76,6 +77,7 @@ class TurnControl(Protocol):
         message_id: str | None = None,
         client_message_id: str | None = None,
         client_tools: list[ClientTool] | None = None,
+        attachments: list[Attachment] | None = None,
     ) -> MessageAccepted: ...
 
     async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult: ...
@@ -135,6 +137,7 @@ def accepted(session_id: str, message: QueuedMessage, turn_id: str | None) -> Me
         turn_id=turn_id,
         queued=turn_id is None,
         delivery=message.delivery,
+        attachments=message.attachments or [],
     )
 
 

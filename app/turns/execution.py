@@ -19,6 +19,7 @@ from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, ContextSummaryRow
 from app.tools.registry import ToolRegistry
 from app.turns.agent import AgentRun
+from app.turns.attachments import with_files
 from app.turns.context.compactor import Compactor, SummaryModel, may_need_summary, resolve_policy
 from app.turns.context.planner import Summary
 from app.turns.pending_calls import Inbox
@@ -64,7 +65,7 @@ class AgentFactory:
                 rows = await repository.list_messages(db, session.id, through_turn=turn_id)
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
         turns: list[tuple[str, ...]] = []
-        messages = rebuild(rows, session.system_prompt, turns)
+        messages = await with_files(self._database, rebuild(rows, session.system_prompt, turns))
         if plan is not None:
             # The round's results enter the history when it ends, in call order.
             while messages and messages[-1]["role"] == "tool":

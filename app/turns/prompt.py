@@ -1,7 +1,8 @@
 """Rebuilds the LLM history (OpenAI chat format, as LiteLLM takes it) from chat_messages
 (docs/protocol.md, The prompt a model reads).
 
-user text → user message (consecutive ones merged into one); an assistant text and the tool_groups of
+user text → user message (consecutive ones merged into one), its attachments as content parts (filled in
+with the files' bytes by turns.attachments); an assistant text and the tool_groups of
 the same model response → one assistant message with `tool_calls`, followed by one role "tool" message
 per result; a reasoning row's signed or redacted blocks (Anthropic's) → that message's `thinking_blocks`,
 which the Anthropic reader sends first and no other reader sends (reasoning without them never goes
@@ -17,6 +18,8 @@ from app.storage.tables import ChatMessageRow
 from app.turns.agent import arguments_text
 
 INTERRUPTED_MARK = "[interrupted]"
+# A user message's attached file, as `rebuild` leaves it for turns.attachments to fill in.
+FILE_PART = "parley_file"
 TOOL_INTERRUPTED = "[Tool execution interrupted]"
 
 
@@ -71,15 +74,37 @@ def rebuild(
 
 def _add_user(messages: list[dict[str, Any]], owners: list[tuple[str, ...]], row: ChatMessageRow) -> None:
     previous = messages[-1] if messages else None
+    content = _user_content(row)
     if previous is not None and previous["role"] == "user":
         # Several waiting messages taken together, or a turn that failed before the model answered: one
         # user turn, since strict providers refuse two in a row.
-        previous["content"] = f"{previous['content']}\n\n{row.content or ''}"
+        previous["content"] = _joined(previous["content"], content)
         if row.turn_id not in owners[-1]:
             owners[-1] = (*owners[-1], row.turn_id)
     else:
-        messages.append({"role": "user", "content": row.content or ""})
+        messages.append({"role": "user", "content": content})
         owners.append((row.turn_id,))
+
+
+def _user_content(row: ChatMessageRow) -> str | list[dict[str, Any]]:
+    """A user message's text, or its text and a FILE_PART per attachment (turns.attachments replaces them
+    with the model's own parts before any model reads them)."""
+    text = row.content or ""
+    if not row.attachments:
+        return text
+    return [{"type": "text", "text": text}, *({"type": FILE_PART, "file": a} for a in row.attachments)]
+
+
+def _joined(
+    first: str | list[dict[str, Any]], second: str | list[dict[str, Any]]
+) -> str | list[dict[str, Any]]:
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n\n{second}"
+    return _parts(first) + _parts(second)
+
+
+def _parts(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
 
 def _add_to_response(assistant: dict[str, Any], results: list[dict[str, Any]], row: ChatMessageRow) -> None:

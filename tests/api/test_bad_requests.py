@@ -216,7 +216,19 @@ def test_the_query_parameters_checked_are_those_the_spec_declares() -> None:
     its API key in the query included."""
     from fastapi.routing import APIRoute
 
-    from app.api import branches, debug, events, health, messages, metrics, sessions, tool_requests, turns, ui
+    from app.api import (
+        branches,
+        debug,
+        events,
+        files,
+        health,
+        messages,
+        metrics,
+        sessions,
+        tool_requests,
+        turns,
+        ui,
+    )
     from app.api.deps import _query_names
     from app.api.tools import router as tools_router
     from app.main import create_app
@@ -225,7 +237,8 @@ def test_the_query_parameters_checked_are_those_the_spec_declares() -> None:
     spec = app.openapi()
     schemes = spec["components"].get("securitySchemes", {})
     routers = [
-        m.router for m in (health, sessions, messages, events, turns, branches, tool_requests, debug, metrics)
+        m.router
+        for m in (health, sessions, messages, events, turns, branches, tool_requests, debug, metrics, files)
     ]
     routes = [r for router in (*routers, tools_router, ui.docs_router, ui.router) for r in router.routes]
     checked = 0

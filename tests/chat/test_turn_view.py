@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from app.chat.errors import InvalidCursor
+from app.chat.files import Files
 from app.chat.idempotency import Idempotency
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
@@ -59,7 +60,10 @@ async def view(settings: Settings) -> AsyncIterator[View]:
         sessions = Sessions(
             parts.settings, parts.database, parts.runner, parts.models, parts.tools, idempotency
         )
-        messages = Messages(parts.settings, parts.database, sessions, parts.runner, parts.broker, idempotency)
+        files = Files(parts.settings, parts.database, parts.models)
+        messages = Messages(
+            parts.settings, parts.database, sessions, parts.runner, parts.broker, idempotency, files
+        )
         turns = Turns(parts.settings, parts.database, sessions, messages, parts.runner)
         yield View(parts, sessions, messages, turns, await parts.add_session(SID, principal=ALICE))
 

@@ -63,6 +63,7 @@ async def test_a_tool_round_groups_into_one_turn(contract_server: LiveServer) ->
             "sender": "User",
             "client_message_id": None,
             "timestamp": user["timestamp"],
+            "attachments": [],
         }
     ]
     assert [n["kind"] for n in turn["nodes"]] == ["llm", "tool", "llm"]

@@ -23,6 +23,9 @@ What the spec cannot say in JSON Schema, the harness does as a client that read 
   `wait_required`): a valid case with a timeout gets `wait=true`.
 * An Idempotency-Key is per request: a valid case's key gets a suffix naming its path and body, so that a
   key the generator reuses with another body (a documented 422) does not read as valid data refused.
+* A file's type is read from its bytes, which no schema can state: a valid upload's `file` is a real
+  PNG, a valid message's `attachments` name a real file of the caller, and a path's `file_id` is a real
+  file (a new one for a DELETE).
 * The event stream never ends by itself: every run asks for `until_idle=true` (unless the case is about
   an invalid `until_idle`), which ends the stream once the session is idle and the stream has caught up,
   as a generic client that wants an end must; at most MAX_STREAM_EVENTS events are read in any case.
@@ -36,6 +39,7 @@ refused with 413 or 431 (too large), besides schemathesis's default list of refu
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
@@ -134,6 +138,10 @@ fresh = schemathesis.openapi.from_dict(copy.deepcopy(SPEC), config=_config(FRESH
 
 READ_ONLY = {"GET", "HEAD"}
 DEMO_MODEL = "parley/demo"
+# A 2x1 PNG: what a valid upload sends (any bytes of another type are a documented 415).
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAIAAAABCAIAAAB7QOjdAAAAD0lEQVR4nGP8z8DAwMAAAAYIAQHLR3Z1AAAAAElFTkSuQmCC"
+)
 
 
 class Target:
@@ -154,6 +162,17 @@ class Target:
         self.cursor: str = page["next_cursor"]
         tools = self.http.get(f"{server.base_url}/v1/sessions/{self.history_session}", timeout=10).json()
         self.tools: list[str] = tools["tools"]
+        self.file_id = self._new_file()
+
+    def _new_file(self) -> str:
+        """A file of the caller: a PNG made unique by bytes after its end (the same bytes are one file)."""
+        data = PNG + secrets.token_bytes(8)
+        uploaded = self.http.post(
+            f"{self.server.base_url}/v1/files", files={"file": ("f.png", data)}, timeout=10
+        )
+        assert uploaded.status_code == 201, uploaded.text
+        file_id: str = uploaded.json()["id"]
+        return file_id
 
     def _ready(self) -> None:
         """Until the model layer has loaded (seconds on a busy machine), the first request waits for it:
@@ -190,6 +209,8 @@ class Target:
                 params["session_id"] = self._new_session()
             if "turn_id" in params:
                 params["turn_id"] = self.turn_id
+            if "file_id" in params:
+                params["file_id"] = self._new_file() if case.method.upper() == "DELETE" else self.file_id
             if "message_id" in params:
                 # A message the finished turn took: withdrawing it is a 409 and changes nothing.
                 params["session_id"] = self.history_session
@@ -238,6 +259,17 @@ class Target:
             names = list(dict.fromkeys(available)) or ["*"]
             body["approval"] = {names[n % len(names)]: when for n, when in enumerate(rule.values())}
 
+    def _files(self, case: Case[Any]) -> None:
+        """A valid upload sends a real PNG; valid attachments name the caller's file."""
+        body: Any = case.body
+        if not isinstance(body, dict):
+            return
+        if case.path == "/v1/files" and "file" in body:
+            body["file"] = PNG
+        attachments = body.get("attachments")
+        if isinstance(attachments, list):
+            body["attachments"] = [{"file_id": self.file_id} for _ in attachments]
+
     def _references(self, case: Case[Any]) -> None:
         self._until_idle(case)
         if case.meta is None or not case.meta.generation.mode.is_positive:
@@ -255,6 +287,7 @@ class Target:
                     del query[name]
         if "timeout" in query:
             query["wait"] = "true"
+        self._files(case)
         if isinstance(case.body, dict):
             if isinstance(case.body.get("model"), str):
                 case.body["model"] = DEMO_MODEL

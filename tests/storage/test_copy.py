@@ -6,14 +6,18 @@ histories and events, and goes on with new turns after them. A row changed on on
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 import pytest
+from PIL import Image
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -101,24 +105,43 @@ async def snapshot(base_url: str, sids: list[str]) -> dict[str, object]:
                     if line and json.loads(line)["seq"] == last:
                         break
             seen[f"{sid}/events"] = lines
+        for listed in (await client.get("/v1/files")).json()["files"]:
+            seen[f"files/{listed['id']}"] = (
+                listed,
+                (await client.get(f"/v1/files/{listed['id']}/content")).content,
+            )
     return seen
 
 
-async def wait_post(client: httpx.AsyncClient, sid: str, content: str, **headers: str) -> None:
-    answer = await client.post(
-        f"/v1/sessions/{sid}/messages?wait=true", json={"content": content}, headers=headers
-    )
+async def wait_post(
+    client: httpx.AsyncClient, sid: str, content: str, attachments: Sequence[str] = (), **headers: str
+) -> None:
+    body = {"content": content, "attachments": [{"file_id": f} for f in attachments]}
+    answer = await client.post(f"/v1/sessions/{sid}/messages?wait=true", json=body, headers=headers)
     assert answer.status_code == 200, answer.text
 
 
+def noise(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.frombytes("RGB", (width, height), os.urandom(width * height * 3)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
 async def fill(settings: Settings) -> list[str]:
-    """Three sessions: answered turns with tool calls, an idempotent post, a turn stopped mid-answer."""
-    with live_server(settings.model_copy(update={"demo_token_delay": 0.01})) as server:
+    """Three sessions: answered turns with tool calls, an idempotent post, a turn stopped mid-answer, a
+    message with an image attached (stored in parts)."""
+    with live_server(
+        settings.model_copy(update={"demo_token_delay": 0.01, "files_chunk_bytes": 4096})
+    ) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
             sids = [await new_session(client) for _ in range(3)]
             for sid in sids:
                 await wait_post(client, sid, "what time is it?")
-            await wait_post(client, sids[0], "what is 2+3*4?", **{"Idempotency-Key": "k-1"})
+            await wait_post(client, sids[0], "what is 2+3*4?", (), **{"Idempotency-Key": "k-1"})
+            shot = noise(64, 64)  # 12 KB that do not compress: three parts of 4096 bytes
+            uploaded = await client.post("/v1/files", files={"file": ("shot.png", shot)})
+            assert uploaded.status_code == 201, uploaded.text
+            await wait_post(client, sids[2], "what is in it?", [uploaded.json()["id"]])
             watch = StreamClient(client, sids[1])
             turn_id = (await post(client, sids[1], LONG))["turn_id"]
             await watch.read_until_type("text_delta", params={"after": "0"})
@@ -148,8 +171,13 @@ async def test_a_sqlite_database_copied_into_postgresql_serves_the_same_historie
         "idempotency_keys",
         "pending_tool_requests",
         "turn_leases",
+        "files",
+        "file_chunks",
+        "message_files",
     }
     assert copied["chat_sessions"] == (3, 3, 3)
+    assert copied["files"] == copied["message_files"] == (1, 1, 1)
+    assert copied["file_chunks"][0] > 1
     assert copied["idempotency_keys"] == (1, 1, 1)
     for table, (in_source, new, in_target) in copied.items():
         assert in_source == new == in_target, table

@@ -120,6 +120,7 @@ class TurnRows:
                 sender=m.sender,
                 client_message_id=m.client_message_id,
                 client_tools=[t.model_dump(mode="json") for t in m.client_tools] if m.client_tools else None,
+                attachments=[a.model_dump() for a in m.attachments] if m.attachments else None,
             )
             for m in messages
         ]
@@ -151,6 +152,7 @@ class TurnRows:
                     model=self.model,
                     sender=m.sender,
                     client_message_id=m.client_message_id,
+                    attachments=m.attachments or [],
                 )
             await turn_tree.set_head(db, self.session_id, self.turn_id)
             if branch is not None:

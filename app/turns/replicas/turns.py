@@ -28,6 +28,7 @@ from contextlib import suppress
 from typing import Any
 
 from app.errors import DomainError, Unavailable
+from app.protocol.files import Attachment
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.protocol.tool_requests import ClientTool, Resolution
 from app.storage import leases, repository, turn_queries
@@ -101,6 +102,7 @@ class ReplicaTurns:
         message_id: str | None = None,
         client_message_id: str | None = None,
         client_tools: list[ClientTool] | None = None,
+        attachments: list[Attachment] | None = None,
     ) -> MessageAccepted:
         accepted = await self._runner.post(
             session,
@@ -110,6 +112,7 @@ class ReplicaTurns:
             message_id=message_id,
             client_message_id=client_message_id,
             client_tools=client_tools,
+            attachments=attachments,
         )
         if not accepted.queued or delivery not in ("steer", "interrupt") or self._runner.runs(session.id):
             return accepted

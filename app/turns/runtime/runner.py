@@ -25,6 +25,7 @@ from app.llm.gateway import ModelGateway
 from app.observability.hooks import message_queued, observe_turn, turn_cancelled
 from app.protocol.clock import now_iso
 from app.protocol.events import BranchChanged, QueuedItem
+from app.protocol.files import Attachment
 from app.protocol.ids import new_message_id, new_turn_id
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.protocol.tool_requests import ClientTool, Resolution
@@ -151,6 +152,7 @@ class Runner:
         message_id: str | None = None,
         client_message_id: str | None = None,
         client_tools: list[ClientTool] | None = None,
+        attachments: list[Attachment] | None = None,
     ) -> MessageAccepted:
         if self._closing:
             raise ShuttingDown
@@ -162,6 +164,7 @@ class Runner:
             timestamp=now_iso(),
             delivery=delivery,
             client_tools=client_tools,
+            attachments=attachments or None,
         )
         async with self.sessions.held(session.id) as state:
             if state.closed:

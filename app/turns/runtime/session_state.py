@@ -56,7 +56,13 @@ async def enqueue(
     """Stores the message in the waiting line; the row and its announcement commit together, so a client
     never misses a waiting message. Called under the session's lock."""
     tools = [t.model_dump(mode="json") for t in client_tools] if client_tools else None
-    row = QueuedMessageRow(session_id=session.id, **message.model_dump(), client_tools=tools)
+    attachments = message.attachments or []
+    row = QueuedMessageRow(
+        session_id=session.id,
+        **message.model_dump(),
+        client_tools=tools,
+        attachments=[a.model_dump() for a in attachments] or None,
+    )
     events = writer.publisher(session.id)
     async with writer.transaction(session.id) as db:
         await repository.enqueue(db, row, new_message_id)
@@ -71,6 +77,7 @@ async def enqueue(
             sender=message.sender,
             queued=True,
             client_message_id=message.client_message_id,
+            attachments=attachments,
         )
         announce_queue([*state.waiting.values(), message], events)
     state.waiting[message.id] = message

@@ -9,6 +9,7 @@ import type {
   CancelResult,
   ClientToolResult,
   EditRequest,
+  FileOut,
   HistoryPage,
   HistoryRow,
   MessageAccepted,
@@ -105,6 +106,26 @@ export class ParleyClient {
       cursor = page.next_cursor;
     } while (cursor);
     return { rows, lastEventId };
+  }
+
+  /** POST /v1/files: uploads a file (multipart) for `attachments: [{file_id}]`; its type is read from its bytes. */
+  async uploadFile(file: Blob, name = "file"): Promise<FileOut> {
+    const form = new FormData();
+    form.append("file", file, file instanceof File ? file.name : name);
+    const headers: Record<string, string> = { accept: "application/json" };
+    if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
+    const response = await this.fetchImpl(`${this.baseUrl}/v1/files`, { method: "POST", headers, body: form });
+    if (!response.ok) throw await httpError(response);
+    return (await response.json()) as FileOut;
+  }
+
+  /** GET /v1/files/{file_id}/content: the file's bytes (e.g. for a thumbnail's object URL). */
+  async fileContent(fileId: string): Promise<Blob> {
+    const headers: Record<string, string> = {};
+    if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
+    const response = await this.fetchImpl(`${this.baseUrl}/v1/files/${encodeURIComponent(fileId)}/content`, { headers });
+    if (!response.ok) throw await httpError(response);
+    return await response.blob();
   }
 
   /** Posts a message; the idempotency key makes a retry of the same send safe. */

@@ -3,6 +3,7 @@
 import type {
   AgentStatus,
   ContextCompactedEvent,
+  Attachment,
   HistoryRow,
   ParleyEvent,
   PendingRequest,
@@ -25,6 +26,8 @@ export interface UserTextItem {
   sender: string;
   clientMessageId: string | null;
   turnId: string | null;
+  /** The message's files (metadata only: the bytes are at /v1/files/{file_id}/content). */
+  attachments: Attachment[];
 }
 export interface AssistantTextItem {
   kind: "assistant";
@@ -190,6 +193,7 @@ export function itemFromRow(row: HistoryRow): ChatItem {
           sender: row.sender,
           clientMessageId: row.client_message_id ?? null,
           turnId: null,
+          attachments: row.attachments ?? [],
         };
       }
       return {
@@ -371,6 +375,7 @@ export function reduce(state: ChatState, event: ParleyEvent): ChatState {
         sender: event.sender,
         clientMessageId: event.client_message_id ?? null,
         turnId: event.turn_id,
+        attachments: event.attachments ?? [],
       };
       return { ...s, optimistic, currentModel, items: upsert(s.items, item) };
     }

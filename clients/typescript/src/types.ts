@@ -57,6 +57,10 @@ export interface ClientToolDeclaration {
 export type PendingList = Schemas["PendingList"];
 export type PendingRequest = Schemas["PendingRequest"];
 
+/** An uploaded file (POST /v1/files), and a message's attachment as events and the history show it. */
+export type FileOut = Schemas["FileOut"];
+export type Attachment = Schemas["Attachment"];
+
 export type HistoryPage = Schemas["MessagePage"];
 export type HistoryRow = HistoryPage["chat_messages"][number];
 export type Session = Schemas["SessionOut"];

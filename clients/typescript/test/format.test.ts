@@ -62,7 +62,7 @@ describe("the seed's display rules", () => {
   it("arrows: only the first bubble of a run of one role", () => {
     const items: ChatItem[] = [
       { kind: "turn_start", id: "a", turnId: "t", timestamp: at },
-      { kind: "user", id: "b", content: "", timestamp: at, sender: "U", clientMessageId: null, turnId: "t" },
+      { kind: "user", id: "b", content: "", timestamp: at, sender: "U", clientMessageId: null, turnId: "t", attachments: [] },
       { kind: "assistant", id: "c", content: "", timestamp: at, model: null, durationMs: null, interrupted: false, streaming: false },
       { kind: "tool_group", id: "d", toolCallId: "x", toolName: "n", arguments: {}, result: null, isError: null, timestamp: at, model: null, durationMs: null, interrupted: false, decision: null, reason: null },
       { kind: "assistant", id: "e", content: "", timestamp: at, model: null, durationMs: null, interrupted: false, streaming: false },

@@ -88,6 +88,25 @@ describe.runIf(available)("against a live server", () => {
     chat.close();
   });
 
+  it("uploadFile stores a screenshot; send() attaches it and the demo model describes what it received", async () => {
+    const client = new ParleyClient({ baseUrl: base, apiKey: KEY });
+    const png = Uint8Array.from(
+      atob("iVBORw0KGgoAAAANSUhEUgAAAAIAAAABCAIAAAB7QOjdAAAAD0lEQVR4nGP8z8DAwMAAAAYIAQHLR3Z1AAAAAElFTkSuQmCC"),
+      (c) => c.charCodeAt(0),
+    );
+    const file = await client.uploadFile(new Blob([png], { type: "image/png" }), "shot.png");
+    expect(file).toMatchObject({ name: "shot.png", media_type: "image/png", size: png.length, width: 2, height: 1 });
+    const { id } = await client.createSession({});
+    const chat = new ChatSession({ client, sessionId: id });
+    await chat.open();
+    const sent = await chat.send("what is this?", { attachments: [{ file_id: file.id }] });
+    expect(sent.attachments).toEqual([{ file_id: file.id, name: "shot.png", media_type: "image/png", size: png.length, width: 2, height: 1 }]);
+    await until(() => chat.state.items.some((i) => i.kind === "turn_done"), 20_000);
+    const answer = chat.state.items.find((i) => i.kind === "assistant");
+    expect(answer && "content" in answer ? answer.content : "").toContain(`I received 1 file: shot.png (image/png, ${png.length} bytes, 2x1 pixels).`);
+    chat.close();
+  });
+
   it("stop() calls the cancel endpoint: the partial answer stays, marked interrupted", async () => {
     const client = new ParleyClient({ baseUrl: base, apiKey: KEY });
     const { id } = await client.createSession({});

@@ -11,6 +11,7 @@ import {
   usageHeader,
   workedFor,
   type ApprovalDecision,
+  type Attachment,
   type ChatItem,
   type ChatState,
   type ClientToolDeclaration,
@@ -98,6 +99,47 @@ function el(tag: string, className?: string, text?: string): HTMLElement {
   return node;
 }
 
+// Thumbnails: the bytes are fetched once with the page's key (an <img src> cannot send it) and shown as a
+// data: URL (the page's policy allows data: images, not blob: ones), kept for the page's life.
+const thumbnails = new Map<string, Promise<string>>();
+
+function dataUrl(blob: Blob): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(String(reader.result));
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(blob);
+  });
+}
+
+function thumbnail(fileId: string): Promise<string> {
+  let url = thumbnails.get(fileId);
+  if (!url) {
+    url = client.fileContent(fileId).then(dataUrl);
+    url.catch(() => thumbnails.delete(fileId));
+    thumbnails.set(fileId, url);
+  }
+  return url;
+}
+
+function attachmentsView(attachments: Attachment[]): HTMLElement | null {
+  if (!attachments.length) return null;
+  const box = el("div", "attachments");
+  for (const file of attachments) {
+    if (file.media_type.startsWith("image/")) {
+      const image = el("img", "thumbnail") as HTMLImageElement;
+      image.alt = file.name;
+      image.title = file.width ? `${file.name} (${file.width}×${file.height})` : file.name;
+      image.dataset.fileId = file.file_id;
+      thumbnail(file.file_id).then((url) => (image.src = url), () => undefined);
+      box.append(image);
+    } else {
+      box.append(el("span", "attachment-chip", file.name));
+    }
+  }
+  return box;
+}
+
 function bubbleRow(kind: string, first: boolean, id: string, meta: string | null): { row: HTMLElement; bubble: HTMLElement } {
   const row = el("div", `message-row ${kind} ${first ? "first" : "continuation"}`);
   row.dataset.id = id;
@@ -135,6 +177,8 @@ function renderItem(items: ChatItem[], index: number): HTMLElement | null {
     case "user": {
       const { row, bubble } = bubbleRow("user", first, item.id, meta);
       bubble.textContent = item.content;
+      const files = attachmentsView(item.attachments);
+      if (files) row.prepend(files); // above the bubble, apart from its text
       return row;
     }
     case "assistant": {
@@ -559,6 +603,69 @@ function wireLayout(): void {
   new ResizeObserver(follow).observe(box);
 }
 
+// Files for the next message: chosen with the button, pasted or dropped; each uploaded at once
+// (POST /v1/files) and shown as a chip until the message is sent.
+function wireAttachments(): { take: () => { file_id: string }[]; uploading: () => boolean } {
+  const list = $("pending-files");
+  const picker = $<HTMLInputElement>("file-input");
+  // In the order they were added; file_id once uploaded.
+  let entries: { file_id: string | null; chip: HTMLElement }[] = [];
+  const add = async (file: File): Promise<void> => {
+    const chip = el("span", "attachment-chip uploading", `${file.name || "pasted image"} (uploading…)`);
+    const entry: { file_id: string | null; chip: HTMLElement } = { file_id: null, chip };
+    entries.push(entry);
+    list.append(chip);
+    try {
+      const stored = await client.uploadFile(file, file.name || "pasted.png");
+      chip.textContent = stored.name;
+      chip.classList.remove("uploading");
+      chip.dataset.fileId = stored.id;
+      const remove = el("button", "remove", "×") as HTMLButtonElement;
+      remove.type = "button";
+      remove.title = "Remove";
+      remove.onclick = () => {
+        entries = entries.filter((other) => other !== entry);
+        chip.remove();
+      };
+      chip.append(remove);
+      entry.file_id = stored.id;
+    } catch (error) {
+      entries = entries.filter((other) => other !== entry);
+      chip.remove();
+      showError(error);
+    }
+  };
+  const addAll = (files: FileList | null | undefined): void => {
+    for (const file of Array.from(files ?? [])) void add(file);
+  };
+  $("attach").onclick = () => picker.click();
+  picker.onchange = () => {
+    addAll(picker.files);
+    picker.value = "";
+  };
+  $("input").addEventListener("paste", (event) => {
+    if (event.clipboardData?.files.length) {
+      event.preventDefault();
+      addAll(event.clipboardData.files);
+    }
+  });
+  const composer = $("composer");
+  composer.addEventListener("dragover", (event) => event.preventDefault());
+  composer.addEventListener("drop", (event) => {
+    event.preventDefault();
+    addAll(event.dataTransfer?.files);
+  });
+  return {
+    take: () => {
+      const taken = entries.flatMap(({ file_id }) => (file_id ? [{ file_id }] : []));
+      for (const entry of entries) entry.chip.remove();
+      entries = [];
+      return taken;
+    },
+    uploading: () => entries.some((entry) => entry.file_id === null),
+  };
+}
+
 function wire(): void {
   const key = $<HTMLInputElement>("key");
   key.value = sessionStorage.getItem(KEY_STORAGE) ?? "";
@@ -588,6 +695,7 @@ function wire(): void {
     }
   };
   const input = $<HTMLTextAreaElement>("input");
+  const pending = wireAttachments();
   const send = async (): Promise<void> => {
     const text = input.value.trim();
     if (!text) return;
@@ -595,9 +703,14 @@ function wire(): void {
       showError(new Error("Open a session on the left (or create one) to send a message."));
       return;
     }
+    if (pending.uploading()) {
+      showError(new Error("Wait for the files to finish uploading."));
+      return;
+    }
+    const attachments = pending.take();
     input.value = "";
     try {
-      await chat.send(text);
+      await chat.send(text, attachments.length ? { attachments } : {});
       void loadSessions();
     } catch (error) {
       showError(error);

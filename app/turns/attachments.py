@@ -1,0 +1,83 @@
+"""A prompt's attached files in the form models take (docs/files.md, To the model), OpenAI's content parts:
+an image as an `image_url` part with a data URL, a PDF as a `file` part with its data, a text-like file as
+text with its name; each after a line that names the file. The Anthropic reader turns them into its own
+image and document blocks (llm.anthropic), LiteLLM into its providers'.
+
+Read at a turn's start, in one short read, before the model is called.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+from app.storage import files
+from app.storage.engine import Database
+from app.turns.prompt import FILE_PART
+
+
+def label(file: dict[str, Any]) -> str:
+    """The line before an attached file: its name, type, size and, for an image, its dimensions."""
+    size = f"{file['media_type']}, {file['size']} bytes"
+    if file.get("width") and file.get("height"):
+        size += f", {file['width']}x{file['height']} pixels"
+    return f"[Attached file: {file['name']} ({size})]"
+
+
+async def with_files(database: Database, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with every FILE_PART replaced by the file's parts (the list is changed in place)."""
+    wanted = {
+        part["file"]["file_id"]: part["file"]
+        for message in messages
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for part in message["content"]
+        if part.get("type") == FILE_PART
+    }
+    if not wanted:
+        return messages
+    loaded = await _load(database, list(wanted))
+    for message in messages:
+        if message["role"] == "user" and isinstance(message["content"], list):
+            message["content"] = [
+                converted
+                for part in message["content"]
+                for converted in (
+                    _parts(part["file"], loaded.get(part["file"]["file_id"]))
+                    if part.get("type") == FILE_PART
+                    else [part]
+                )
+            ]
+    return messages
+
+
+async def _load(database: Database, file_ids: Sequence[str]) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    async with database.read() as db:
+        for file_id in file_ids:
+            row = await files.any_file(db, file_id)
+            if row is None:
+                continue
+            chunks: list[bytes] = []
+            part = 0
+            while (data := await files.read_part(db, row.sha256, part)) is not None:
+                chunks.append(data)
+                part += 1
+            found[file_id] = b"".join(chunks)
+    return found
+
+
+def _parts(file: dict[str, Any], data: bytes | None) -> list[dict[str, Any]]:
+    media_type = str(file["media_type"])
+    if data is None:  # cannot happen while a message links it; said plainly rather than failing the turn
+        return [{"type": "text", "text": f"{label(file)} [its content is no longer stored]"}]
+    if media_type.startswith("text/") or media_type == "application/json":
+        text = data.decode("utf-8", "replace")
+        return [{"type": "text", "text": f"{label(file)}\n{text}"}]
+    url = f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+    if media_type.startswith("image/"):
+        return [{"type": "text", "text": label(file)}, {"type": "image_url", "image_url": {"url": url}}]
+    return [
+        {"type": "text", "text": label(file)},
+        {"type": "file", "file": {"filename": file["name"], "file_data": url}},
+    ]
