@@ -41,6 +41,8 @@ APP_TABLES = {
     "idempotency_keys",
     "pending_tool_requests",
     "turn_leases",
+    "session_metadata",
+    "service_secrets",
 }
 
 

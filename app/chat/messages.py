@@ -110,7 +110,7 @@ class Messages:
         session_id = session.id
         check_client_tools(session.tools, body.client_tools or [])
         try:
-            return await self._turns.post(
+            answer = await self._turns.post(
                 session,
                 body.content,
                 body.sender,
@@ -128,6 +128,8 @@ class Messages:
             ) from exc
         except ShuttingDown as exc:
             raise Unavailable("The server is shutting down; retry on another instance.") from exc
+        await self._sessions.title_from_message(session, body.content)
+        return answer
 
     # --- stop and the waiting line -------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from app.chat.errors import InvalidCursor
 from app.chat.idempotency import Idempotency
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
+from app.chat.stream_tokens import StreamTokens
 from app.chat.turn_view import Turns
 from app.errors import Conflict, NotFound, WaitTimeout
 from app.protocol.schemas import MessageCreate
@@ -56,8 +57,15 @@ class View:
 async def view(settings: Settings) -> AsyncIterator[View]:
     async with runtime(settings) as parts:
         idempotency = Idempotency(parts.database, ttl_seconds=60)
+        stream_tokens = StreamTokens(parts.settings, parts.database)
         sessions = Sessions(
-            parts.settings, parts.database, parts.runner, parts.models, parts.tools, idempotency
+            parts.settings,
+            parts.database,
+            parts.runner,
+            parts.models,
+            parts.tools,
+            idempotency,
+            stream_tokens,
         )
         messages = Messages(parts.settings, parts.database, sessions, parts.runner, parts.broker, idempotency)
         turns = Turns(parts.settings, parts.database, sessions, messages, parts.runner)
