@@ -108,7 +108,9 @@ async def test_users_of_one_tenant_and_of_another_see_only_their_own_sessions(hs
                     response = await client.request(method, path, json=body)
                     assert response.status_code == 404, (name, other, method, path, response.text)
         history = (await alice.get(f"/v1/sessions/{created['alice']}/messages")).json()["chat_messages"]
-        assert [m.get("content") for m in history if m["type"] == "text" and m.get("role") == "user"] == ["hi"]
+        assert [m.get("content") for m in history if m["type"] == "text" and m.get("role") == "user"] == [
+            "hi"
+        ]
         assert (await alice.get(f"/v1/sessions/{created['alice']}")).json()["title"] == "alice's"
     finally:
         for client in clients.values():
@@ -167,7 +169,9 @@ async def test_keys_and_tokens_work_side_by_side_and_a_bad_key_is_still_unauthor
 ) -> None:
     async with httpx.AsyncClient(base_url=hs_server.base_url, timeout=30) as client:
         assert (await client.get("/v1/sessions", headers=bearer(KEY))).status_code == 200
-        assert (await client.get("/v1/sessions", headers=bearer(hs256(claims("a", org="o"))))).status_code == 200
+        assert (
+            await client.get("/v1/sessions", headers=bearer(hs256(claims("a", org="o"))))
+        ).status_code == 200
         wrong = await client.get("/v1/sessions", headers=bearer("not-a-key-0000000000000"))
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "unauthorized"
         missing = await client.get("/v1/sessions")
@@ -175,14 +179,16 @@ async def test_keys_and_tokens_work_side_by_side_and_a_bad_key_is_still_unauthor
 
 
 async def test_jwks_tokens_of_three_key_types_and_a_key_rotation_without_restart(settings: Settings) -> None:
-    first, ec, ed = rsa_key("rsa-1"), ec_key("ec-1"), ed_key("ed-1")
+    # Made first: an RSA key takes a while to generate, and the test's timing is the refresh interval's.
+    first, ec, ed, second = rsa_key("rsa-1"), ec_key("ec-1"), ed_key("ed-1"), rsa_key("rsa-2")
+    strangers = [rsa_key(f"x-{n}") for n in range(5)]
     with jwks_server(first, ec, ed) as idp:
         configured = settings.model_copy(
             update={
                 "jwt_jwks_url": idp.url,
                 "jwt_audience": [AUDIENCE],
                 "jwt_issuer": ISSUER,
-                "jwt_jwks_refresh_seconds": 2.0,
+                "jwt_jwks_refresh_seconds": 3.0,
             }
         )
         with live_server(configured) as server:
@@ -190,9 +196,12 @@ async def test_jwks_tokens_of_three_key_types_and_a_key_rotation_without_restart
 
                 async def status(token: str) -> tuple[int, str | None]:
                     response = await client.get("/v1/sessions", headers=bearer(token))
-                    reason = response.json()["error"]["details"]["reason"] if response.status_code == 401 else None
+                    reason = (
+                        response.json()["error"]["details"]["reason"] if response.status_code == 401 else None
+                    )
                     return response.status_code, reason
 
+                await _ready(client)  # the model layer's load holds the GIL: the timing below would stretch
                 for key in (first, ec, ed):
                     assert await status(key.sign(claims("dana"))) == (200, None), key.algorithm
                 assert idp.fetches == 1  # cached
@@ -203,14 +212,12 @@ async def test_jwks_tokens_of_three_key_types_and_a_key_rotation_without_restart
                 sid = created.json()["id"]
 
                 # The provider rotates: the old key is gone, a new one signs.
-                second = rsa_key("rsa-2")
-                strangers = [rsa_key(f"x-{n}") for n in range(5)]
-                idp.publish(second, ec, ed)
                 rotated = second.sign(claims("dana"))
+                idp.publish(second, ec, ed)
                 # Within the refresh interval of the last fetch, an unknown kid does not fetch again.
                 assert await status(rotated) == (401, "unknown_key")
                 assert idp.fetches == 1
-                await asyncio.sleep(2.1)  # the interval under test, not a synchronisation
+                await asyncio.sleep(3.1)  # the interval under test, not a synchronisation
                 assert await status(rotated) == (200, None)
                 assert idp.fetches == 2
                 # The same user, with the new key: the same sessions.
@@ -237,6 +244,14 @@ async def test_jwks_tokens_of_three_key_types_and_a_key_rotation_without_restart
                     401,
                     "algorithm",
                 )
+
+
+async def _ready(client: httpx.AsyncClient) -> None:
+    deadline = asyncio.get_running_loop().time() + 120
+    while (answer := (await client.get("/readyz")).status_code) != 200:
+        assert answer == 503, answer
+        assert asyncio.get_running_loop().time() < deadline, "/readyz never turned 200"
+        await asyncio.sleep(0.05)
 
 
 async def test_a_jwks_that_cannot_be_fetched_is_503_not_401(settings: Settings) -> None:

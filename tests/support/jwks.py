@@ -48,7 +48,9 @@ class SigningKey:
         return {**jwk, "kid": self.kid, "use": "sig", "alg": self.algorithm}
 
     def sign(self, claims: dict[str, Any], **headers: Any) -> str:
-        return jwt.encode(claims, self.private, algorithm=self.algorithm, headers={"kid": self.kid, **headers})
+        return jwt.encode(
+            claims, self.private, algorithm=self.algorithm, headers={"kid": self.kid, **headers}
+        )
 
 
 def rsa_key(kid: str) -> SigningKey:
