@@ -73,7 +73,8 @@ export interface paths {
         };
         /**
          * List Sessions
-         * @description List the caller's sessions, newest first.
+         * @description List the caller's sessions, newest first; `metadata.<key>=<value>` keeps those whose metadata holds
+         *     it (each such parameter narrows the list).
          */
         get: operations["list_sessions_v1_sessions_get"];
         put?: never;
@@ -321,6 +322,28 @@ export interface paths {
          * @description Withdraw a waiting message; 409 once a turn has taken it.
          */
         delete: operations["withdraw_v1_sessions__session_id__queue__message_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/stream_token": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create Stream Token
+         * @description A short-lived token that opens this session's event stream only, as `?access_token=`: an
+         *     EventSource URL then carries no long-lived credential (PARLEY_STREAM_TOKEN_SECONDS, 5 minutes by
+         *     default; a stream it opened goes on after it expires).
+         */
+        post: operations["create_stream_token_v1_sessions__session_id__stream_token_post"];
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -1358,6 +1381,10 @@ export interface components {
              * @description Tools the client runs: a call suspends the turn until POST .../tool_results answers it.
              */
             client_tools?: components["schemas"]["ClientTool"][] | null;
+            /** Metadata */
+            metadata?: {
+                [key: string]: string | boolean | number;
+            } | null;
             /**
              * Model
              * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. The default model if omitted or null.
@@ -1392,6 +1419,10 @@ export interface components {
             created_at: string;
             /** Id */
             id: string;
+            /** Metadata */
+            metadata: {
+                [key: string]: string | boolean | number;
+            };
             /** Model */
             model: string;
             /** Running Turn Id */
@@ -1400,7 +1431,10 @@ export interface components {
             status: string;
             /** System Prompt */
             system_prompt: string | null;
-            /** Title */
+            /**
+             * Title
+             * @description As given; a session created without one takes the first line of its first message (at most 80 characters).
+             */
             title: string | null;
             /** Tools */
             tools: string[];
@@ -1425,6 +1459,13 @@ export interface components {
          */
         SessionUpdate: {
             /**
+             * Metadata
+             * @description Replaces the metadata whole; null empties it.
+             */
+            metadata?: {
+                [key: string]: string | boolean | number;
+            } | null;
+            /**
              * Model
              * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. Not null.
              */
@@ -1433,6 +1474,16 @@ export interface components {
             system_prompt?: string | null;
             /** Title */
             title?: string | null;
+        };
+        /** StreamToken */
+        StreamToken: {
+            /** Expires At */
+            expires_at: string;
+            /**
+             * Token
+             * @description Opens this session's event stream only, as `?access_token=<token>`, until expires_at.
+             */
+            token: string;
         };
         /** TextDelta */
         TextDelta: {
@@ -2239,6 +2290,8 @@ export interface operations {
                 limit?: number;
                 /** @description `next_cursor` of the previous page, as it was (opaque); one the server did not make: 422 `invalid_cursor`. */
                 cursor?: string;
+                /** @description `metadata.<key>=<value>` (e.g. `metadata.project=apollo`): only the sessions whose metadata has the top-level `<key>` with this value: a string as is, a number or boolean as JSON writes it (`metadata.pinned=true`, `metadata.rank=3`). Repeat with other keys: each narrows the list. */
+                "metadata.{key}"?: string;
             };
             header?: never;
             path?: never;
@@ -3565,6 +3618,95 @@ export interface operations {
             };
             /** @description Conflict */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    create_stream_token_v1_sessions__session_id__stream_token_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StreamToken"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
