@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives import serialization
 
 from app.chat.tokens import principal_of
 from app.settings import Settings
+from tests.api.test_auth import BODIES, _alice_session_with_a_turn, _session_routes
 from tests.support.jwks import (
     AUDIENCE,
     ISSUER,
@@ -263,3 +264,30 @@ async def test_a_jwks_that_cannot_be_fetched_is_503_not_401(settings: Settings) 
             response = await client.get("/v1/sessions", headers=bearer(rsa_key("k").sign(claims("x"))))
     assert response.status_code == 503, response.text
     assert "PARLEY_JWT_JWKS_URL" in response.json()["error"]["message"]
+
+
+async def test_another_user_of_the_same_tenant_gets_404_on_every_session_route(hs_server: LiveServer) -> None:
+    """Every operation of the spec that names a session (new routes are covered by themselves), as in
+    test_auth.py for keys: bob of acme, with a valid token, finds nothing of alice of acme."""
+    alice_token, bob_token = hs256(claims("alice", org="acme")), hs256(claims("bob", org="acme"))
+    async with (
+        httpx.AsyncClient(base_url=hs_server.base_url, timeout=30, headers=bearer(alice_token)) as alice,
+        httpx.AsyncClient(base_url=hs_server.base_url, timeout=30, headers=bearer(bob_token)) as bob,
+        httpx.AsyncClient(base_url=hs_server.base_url, timeout=30) as browser,
+    ):
+        ids = await _alice_session_with_a_turn(alice)
+        sid = ids["session_id"]
+        before = (await alice.get(f"/v1/sessions/{sid}/messages")).json()
+        routes = _session_routes((await alice.get("/openapi.json")).json())
+        assert ("POST", "/v1/sessions/{session_id}/stream_token") in routes
+        for method, template in sorted(routes, key=lambda route: route[0] == "DELETE"):
+            path = template.format(**ids)
+            if template.endswith("/events"):
+                for client, params in ((bob, {}), (browser, {"access_token": bob_token})):
+                    async with client.stream("GET", path, params=params) as stream:
+                        await stream.aread()
+                    assert stream.status_code == 404, (path, params)
+                continue
+            response = await bob.request(method, path, json=BODIES.get((method, template)))
+            assert response.status_code == 404, (method, template, response.text)
+        assert (await alice.get(f"/v1/sessions/{sid}/messages")).json() == before
