@@ -220,8 +220,13 @@ class JwtVerifier:
         except jwt.InvalidIssuedAtError as exc:
             raise refuse("The token's `iat` is in the future or not a number.", "issued_at") from exc
         except jwt.InvalidAudienceError as exc:
-            wanted = "an audience of PARLEY_JWT_AUDIENCE" if config.audience else "no audience"
-            raise refuse(f"The token's audience (`aud`) is not {wanted}.", "audience") from exc
+            message = (
+                "The token's audience (`aud`) is not one of PARLEY_JWT_AUDIENCE."
+                if config.audience
+                else "The token names an audience (`aud`), and this server is configured with none "
+                "(PARLEY_JWT_AUDIENCE)."
+            )
+            raise refuse(message, "audience") from exc
         except jwt.InvalidIssuerError as exc:
             raise refuse("The token's issuer (`iss`) is not PARLEY_JWT_ISSUER.", "issuer") from exc
         except jwt.MissingRequiredClaimError as exc:
