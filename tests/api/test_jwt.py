@@ -137,6 +137,8 @@ def _refusals() -> list[tuple[str, str, str]]:
         ("no sub", hs256({k: v for k, v in good.items() if k != "sub"}), "missing_claim"),
         ("no exp", hs256({k: v for k, v in good.items() if k != "exp"}), "missing_claim"),
         ("no tenant", hs256({k: v for k, v in good.items() if k != "org_id"}), "missing_claim"),
+        ("a sub too long to be a principal", hs256({**good, "sub": "u" * 120}), "subject"),
+        ("a sub that is not a string", hs256({**good, "sub": 42}), "subject"),
         ("another secret", hs256(good, secret="another-secret-0123456789abcdef0123456"), "signature"),
         ("alg none", unsigned({"alg": "none", "typ": "JWT"}, good), "algorithm"),
         ("HS256 signed with a public key", hmac_signed({"alg": "HS512"}, good, public_pem), "algorithm"),
