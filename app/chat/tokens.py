@@ -231,7 +231,7 @@ class JwtVerifier:
             raise refuse("The token's issuer (`iss`) is not PARLEY_JWT_ISSUER.", "issuer") from exc
         except jwt.MissingRequiredClaimError as exc:
             raise refuse(f"The token has no `{exc.claim}` claim.", "missing_claim") from exc
-        except jwt.InvalidSubjectError as exc:
+        except jwt.exceptions.InvalidSubjectError as exc:
             raise refuse("The token's `sub` must be a non-empty string.", "subject") from exc
         except jwt.DecodeError as exc:
             raise refuse("The token is not a well-formed JWT.", "malformed") from exc

@@ -142,9 +142,8 @@ def _refusals() -> list[tuple[str, str, str]]:
         ("another secret", hs256(good, secret="another-secret-0123456789abcdef0123456"), "signature"),
         ("alg none", unsigned({"alg": "none", "typ": "JWT"}, good), "algorithm"),
         ("HS256 signed with a public key", hmac_signed({"alg": "HS512"}, good, public_pem), "algorithm"),
-        # 43 base64 characters of a 32-byte HMAC: 3 fewer still decode (to 30 bytes), 1 fewer do not.
+        # 43 base64 characters of a 32-byte HMAC: 3 fewer always decode (to 30 bytes).
         ("truncated signature", valid[:-3], "signature"),
-        ("signature cut mid-character", valid[:-1], "malformed"),
         ("huge header", hs256(good, x="a" * 9000), "too_large"),
         ("not base64", "eyJ!.eyJ.sig", "malformed"),
     ]
