@@ -148,6 +148,8 @@ async def test_a_sqlite_database_copied_into_postgresql_serves_the_same_historie
         "idempotency_keys",
         "pending_tool_requests",
         "turn_leases",
+        "session_metadata",
+        "service_secrets",
     }
     assert copied["chat_sessions"] == (3, 3, 3)
     assert copied["idempotency_keys"] == (1, 1, 1)
