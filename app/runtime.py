@@ -36,6 +36,8 @@ from app.chat.idempotency import Idempotency
 from app.chat.limits import MessageLimit, MessageRate, StreamLimit, StreamSlots
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
+from app.chat.stream_tokens import StreamTokens
+from app.chat.tokens import JwksKeys, JwtVerifier
 from app.chat.tool_answers import ToolAnswers
 from app.chat.turn_view import Turns
 from app.llm.gateway import ModelGateway
@@ -120,7 +122,10 @@ async def build_runtime(settings: Settings, keys: KeyRing, catalog: ToolCatalog)
         # The one place the mode is decided.
         build = _replicated if settings.multi_replica else _single
         mode = build(settings, database, models, catalog)
-        services = _services(settings, database, mode.control, models, catalog, mode.broker, keys)
+        tokens = _jwt_verifier(settings, keys)
+        if tokens is not None:
+            stack.push_async_callback(tokens.close)
+        services = _services(settings, database, mode.control, models, catalog, mode.broker, keys, tokens)
         drain = Drain(mode.runner, mode.writer, mode.broker, timeout=settings.shutdown_timeout)
         # Stopped in the reverse order of these pushes (the module's docstring).
         stack.push_async_callback(services.streams.close)
@@ -276,6 +281,21 @@ def _limits(settings: Settings) -> tuple[MessageLimit, StreamLimit]:
     )
 
 
+def _jwt_verifier(settings: Settings, keys: KeyRing) -> JwtVerifier | None:
+    """Bearer JWTs, when configured: with a JWKS URL, its keys are fetched at the first token."""
+    if keys.jwt is None:
+        return None
+    jwks = None
+    if keys.jwt.jwks_url is not None:
+        jwks = JwksKeys(
+            keys.jwt.jwks_url,
+            timeout=settings.jwt_jwks_timeout,
+            min_refresh=settings.jwt_jwks_refresh_seconds,
+            max_age=settings.jwt_jwks_cache_seconds,
+        )
+    return JwtVerifier(keys.jwt, jwks)
+
+
 def _services(
     settings: Settings,
     database: Database,
@@ -284,6 +304,7 @@ def _services(
     catalog: ToolCatalog,
     broker: Broker,
     keys: KeyRing,
+    tokens: JwtVerifier | None,
 ) -> Services:
     """The use cases the routes call, and what the routes' dependencies read."""
     # Several replicas: a racing attempt with the same key may run on another one; wait for its answer.
@@ -291,7 +312,8 @@ def _services(
     idempotency = Idempotency(
         database, ttl_seconds=settings.idempotency_ttl_hours * 3600, race_wait=race_wait
     )
-    sessions = Sessions(settings, database, turns, models, catalog.registry, idempotency)
+    stream_tokens = StreamTokens(settings, database)
+    sessions = Sessions(settings, database, turns, models, catalog.registry, idempotency, stream_tokens)
     files = Files(settings, database, models)
     messages = Messages(settings, database, sessions, turns, broker, idempotency, files)
     message_rate, streams = _limits(settings)
@@ -304,6 +326,7 @@ def _services(
         broker=broker,
         models=models,
         keys=keys,
+        tokens=tokens,
         message_rate=message_rate,
         streams=streams,
         tools=catalog,

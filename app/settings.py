@@ -235,6 +235,56 @@ class Settings(BaseSettings):
     allow_open: bool = Field(
         False, description="Serve without keys on a non-loopback address (everyone is one anonymous caller)."
     )
+    # --- bearer tokens (docs/auth.md) ---------------------------------------------------------------------
+    jwt_secret: str = Field(
+        "",
+        repr=False,
+        description="The shared secret of HS256/HS384/HS512 bearer tokens (at least 32 bytes); with it, JWTs "
+        "are accepted beside the API keys.",
+    )
+    jwt_jwks_url: str | None = Field(
+        None,
+        description="The identity provider's JWKS URL: RS256/ES256/EdDSA bearer tokens are checked against "
+        "its keys (fetched with a timeout, cached, fetched again for a key id it does not hold).",
+    )
+    jwt_audience: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="The `aud` a token must name (comma-separated: any of them); none: a token that names "
+        "an audience is refused.",
+    )
+    jwt_issuer: str | None = Field(None, description="The `iss` a token must carry; none: not checked.")
+    jwt_algorithms: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="The algorithms accepted (comma-separated), never the token's choice: HS* need "
+        "PARLEY_JWT_SECRET, the others PARLEY_JWT_JWKS_URL. Unset: HS256 with a secret, RS256, ES256 "
+        "and EdDSA with a JWKS URL.",
+    )
+    jwt_tenant_claim: str | None = Field(
+        None,
+        description="A claim naming the user's tenant (e.g. `org_id`): the principal is then tenant and "
+        "`sub`, and a token without the claim is refused.",
+    )
+    jwt_leeway_seconds: float = Field(
+        30.0, ge=0, le=300, description="Clock skew allowed on `exp`, `nbf` and `iat`, in seconds."
+    )
+    jwt_jwks_timeout: float = Field(5.0, gt=0, description="Seconds a JWKS fetch may take.")
+    jwt_jwks_refresh_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="Least seconds between two JWKS fetches that a token with an unknown key id causes.",
+    )
+    jwt_jwks_cache_seconds: float = Field(
+        3600.0, gt=0, description="Seconds fetched JWKS keys are used before they are fetched again."
+    )
+    stream_token_secret: str = Field(
+        "",
+        repr=False,
+        description="The secret stream tokens are signed with (every replica must have the same one). "
+        "Unset: a random secret kept in the database, which every replica shares.",
+    )
+    stream_token_seconds: float = Field(
+        300.0, gt=0, le=86_400, description="Seconds a stream token opens its session's event stream."
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Origins allowed to call the API from a browser (comma-separated or a JSON list); "
@@ -287,7 +337,7 @@ class Settings(BaseSettings):
         "sampler thread notes where it is (0: off; it takes the GIL every half of it).",
     )
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "jwt_audience", "jwt_algorithms", mode="before")
     @classmethod
     def _split_origins(cls, value: Any) -> Any:
         if isinstance(value, str):

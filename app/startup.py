@@ -114,7 +114,8 @@ def describe(settings: Settings, catalog: ModelCatalog, host: str, port: int) ->
     """The startup line: what runs, without a credential."""
     try:
         keys = load_key_ring(settings)
-        auth = "open (no API keys)" if keys.is_open else "API keys"
+        kinds = [name for name, on in (("API keys", keys.entries), ("JWTs", keys.jwt)) if on]
+        auth = " and ".join(kinds) if kinds else "open (no API keys)"
     except ConfigError:
         auth = "unusable keys"
     database = make_url(settings.database_url).render_as_string(hide_password=True)

@@ -4,6 +4,7 @@ row, and the files are named by date and slug."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -46,6 +47,8 @@ APP_TABLES = {
     "files",
     "file_chunks",
     "message_files",
+    "session_metadata",
+    "service_secrets",
 }
 
 
@@ -287,3 +290,29 @@ def test_0165_keeps_every_row_and_old_messages_have_no_attachments(config: Confi
     command.downgrade(config, "0162")
     with engine.connect() as connection:
         assert connection.execute(text("SELECT id, content FROM chat_messages")).all() == [("m_old", "hello")]
+
+
+def test_0166_keeps_every_session_and_gives_it_empty_metadata(config: Config, engine: Engine) -> None:
+    command.upgrade(config, "0162")
+    at = "2026-11-28T00:00:00.000+00:00"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO chat_sessions (id, principal, title, model, tools, status, created_at,"
+                " updated_at, total_tokens, context_used) VALUES ('s_old', 'alice', 'kept', 'parley/demo',"
+                " '[\"clock\"]', 'active', :at, :at, 7, 3)"
+            ),
+            {"at": at},
+        )
+    command.upgrade(config, "head")
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT id, principal, title, total_tokens, session_metadata FROM chat_sessions")
+        ).all()
+        assert len(rows) == 1 and rows[0][:4] == ("s_old", "alice", "kept", 7)
+        metadata = rows[0][4]
+        assert (json.loads(metadata) if isinstance(metadata, str) else metadata) == {}
+        assert connection.execute(text("SELECT count(*) FROM session_metadata")).scalar() == 0
+    command.downgrade(config, "0162")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT id, title FROM chat_sessions")).all() == [("s_old", "kept")]

@@ -169,7 +169,8 @@ def _documented_routes() -> dict[tuple[str, str], set[str]]:
             if path.startswith("..."):
                 rest = path[len("...") :]
                 path = previous[: previous.index("/" + rest.split("/")[1])] + rest
-            routes[(method, path)] = {name for name in re.findall(r"(\w+)=", query or "")}
+            # A name may stand for several (`metadata.{key}=`, the list's metadata filter).
+            routes[(method, path)] = {name for name in re.findall(r"([\w.{}]+)=", query or "")}
             previous = path
     return routes
 

@@ -15,10 +15,13 @@ from app.chat.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
 from app.chat.limits import MessageLimit, StreamLimit
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
+from app.chat.stream_tokens import is_stream_token
+from app.chat.tokens import JwtVerifier, looks_like_jwt, refuse
 from app.chat.tool_answers import ToolAnswers
 from app.chat.turn_view import Turns
 from app.errors import InvalidRequest, Unauthorized
 from app.llm.gateway import ModelGateway
+from app.observability.hooks import auth_failed
 from app.settings import Settings
 from app.streaming.broker import EventFanOut
 from app.tools.catalog import ToolCatalog
@@ -34,6 +37,8 @@ class Services:
     broker: EventFanOut
     models: ModelGateway
     keys: KeyRing
+    # Bearer JWTs, when PARLEY_JWT_SECRET or PARLEY_JWT_JWKS_URL is set.
+    tokens: JwtVerifier | None
     message_rate: MessageLimit
     streams: StreamLimit
     tools: ToolCatalog
@@ -82,48 +87,68 @@ FilesDep = Annotated[Files, Depends(get_files)]
 _bearer = HTTPBearer(
     auto_error=False,
     scheme_name="ApiKey",
-    description="`Authorization: Bearer <key>`, a key of PARLEY_API_KEYS or PARLEY_API_KEYS_FILE. "
-    "Not required when the server runs without keys.",
+    bearerFormat="API key or JWT",
+    description="`Authorization: Bearer <credential>`: a key of PARLEY_API_KEYS or PARLEY_API_KEYS_FILE, "
+    "or, when PARLEY_JWT_SECRET or PARLEY_JWT_JWKS_URL is set, a JWT of the identity provider "
+    "(docs/auth.md). Not required when the server runs without keys or tokens.",
 )
 _access_token = APIKeyQuery(
     name="access_token",
     auto_error=False,
     scheme_name="AccessToken",
-    description="The same key as a query parameter, for the event stream only: EventSource cannot set "
-    "headers. URLs end up in histories and proxy logs, so use it over TLS only and prefer the header.",
+    description="For the event stream only (EventSource cannot set headers): a stream token of POST "
+    ".../stream_token, which opens this one session's stream for a few minutes, or the same key or JWT "
+    "as the header. URLs end up in histories and proxy logs: prefer stream tokens, over TLS.",
 )
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 # The event stream's refusals also name `?access_token=`: EventSource cannot send the header, and a
 # browser that gets a 401 just closes its EventSource (readyState 2) without saying why.
-_STREAM_HINT = " An EventSource, which cannot send headers, passes it as `?access_token=<key>`."
+_STREAM_HINT = (
+    " An EventSource, which cannot send headers, passes the key as `?access_token=<key>`, or a stream "
+    "token of POST .../stream_token in its place."
+)
 
 
-def _identify(services: Services, key: str | None, *, stream: bool = False) -> str:
+async def _identify(services: Services, credential: str | None, *, stream: bool = False) -> str:
+    """The principal of a key, or of a JWT when tokens are configured; 401 for anything else."""
     if services.keys.is_open:
         return OPEN_PRINCIPAL
     hint = _STREAM_HINT if stream else ""
-    if not key:
-        raise Unauthorized("An API key is required: send `Authorization: Bearer <key>`." + hint)
-    principal = services.keys.identify(key)
-    if principal is None:
-        raise Unauthorized("The API key is not valid." + hint)
-    return principal
+    wanted = "An API key or a token" if services.tokens is not None else "An API key"
+    if not credential:
+        auth_failed("missing")
+        raise Unauthorized(f"{wanted} is required: send `Authorization: Bearer <credential>`." + hint)
+    principal = services.keys.identify(credential)
+    if principal is not None:
+        return principal
+    if is_stream_token(credential):
+        raise refuse(
+            "A stream token opens its session's event stream only, as `?access_token=`.", "stream_token"
+        )
+    if services.tokens is not None and looks_like_jwt(credential):
+        return await services.tokens.principal(credential)
+    auth_failed("key")
+    raise Unauthorized(f"The {'API key or token' if services.tokens else 'API key'} is not valid." + hint)
 
 
 async def get_principal(services: ServicesDep, credentials: BearerDep) -> str:
-    """The caller's principal: the owner of its bearer key ("" when the server runs without keys)."""
-    return _identify(services, credentials.credentials if credentials else None)
+    """The caller's principal: the owner of its bearer key or token ("" when the server is open)."""
+    return await _identify(services, credentials.credentials if credentials else None)
 
 
 async def get_stream_principal(
+    session_id: str,
     services: ServicesDep,
     credentials: BearerDep,
     access_token: Annotated[str | None, Depends(_access_token)],
 ) -> str:
-    """As get_principal, also accepting the key as `?access_token=`; the header wins when both are sent."""
-    return _identify(services, credentials.credentials if credentials else access_token, stream=True)
+    """As get_principal, also accepting `?access_token=`: a stream token of this session, or a key or
+    token; the header wins when both are sent."""
+    if credentials is None and access_token and not services.keys.is_open and is_stream_token(access_token):
+        return await services.sessions.open_stream(access_token, session_id)
+    return await _identify(services, credentials.credentials if credentials else access_token, stream=True)
 
 
 PrincipalDep = Annotated[str, Depends(get_principal)]
@@ -153,6 +178,33 @@ IdempotencyKey = Annotated[
 ]
 
 
+METADATA_PREFIX = "metadata."
+# The list's filter parameters are named by the metadata's keys: OpenAPI has no pattern for a
+# parameter's name, so the spec shows one parameter whose name stands for all of them.
+METADATA_FILTER_NAME = METADATA_PREFIX + "{key}"
+METADATA_FILTER_PARAMETER: dict[str, Any] = {
+    "name": METADATA_FILTER_NAME,
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "`metadata.<key>=<value>` (e.g. `metadata.project=apollo`): only the sessions whose "
+    "metadata has the top-level `<key>` with this value: a string as is, a number or boolean as JSON "
+    "writes it (`metadata.pinned=true`, `metadata.rank=3`). Repeat with other keys: each narrows the list.",
+}
+
+
+class MetadataFilter:
+    """The `metadata.<key>=<value>` query parameters, as (key, value) pairs (a key no session holds, or a
+    key given twice with two values, matches nothing)."""
+
+    async def __call__(self, request: Request) -> list[tuple[str, str]]:
+        return [
+            (name.removeprefix(METADATA_PREFIX), value)
+            for name, value in request.query_params.multi_items()
+            if name.startswith(METADATA_PREFIX)
+        ]
+
+
 async def known_query_only(request: Request) -> None:
     """A query parameter the operation does not declare is a 422, as an unknown body field is: a typo
     (`?wiat=true`) must not be silently ignored. The declared ones are read from the route's dependencies,
@@ -172,6 +224,8 @@ async def known_query_only(request: Request) -> None:
     for name in request.query_params:
         # access_token is a credential: where the route does not take it, the caller gets the 401 of a
         # request without a key, as before this check.
+        if name.startswith(METADATA_PREFIX) and METADATA_FILTER_NAME in known:
+            continue
         if name not in known and name != "access_token":
             raise InvalidRequest(f"query.{name[:100]}", "not a parameter of this route", "extra_forbidden")
 
@@ -182,6 +236,8 @@ def _query_names(dependant: Any) -> frozenset[str]:
     declared = {param.alias for param in dependant.query_params}
     if isinstance(dependant.call, APIKeyQuery):
         declared.add(dependant.call.model.name)
+    if isinstance(dependant.call, MetadataFilter):
+        declared.add(METADATA_FILTER_NAME)
     for sub in dependant.dependencies:
         declared |= _query_names(sub)
     return frozenset(declared)

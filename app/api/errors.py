@@ -41,6 +41,7 @@ STATUS: dict[str, int] = {
     # A client tool named as one of the session's server tools.
     "tool_name_clash": 400,
     "unauthorized": 401,
+    "invalid_token": 401,
     "not_found": 404,
     "payload_too_large": 413,
     "unsupported_media_type": 415,
@@ -70,7 +71,11 @@ STATUS: dict[str, int] = {
     "wait_timeout": 504,
 }
 
-_CODE_HEADERS: dict[str, dict[str, str]] = {"unauthorized": {"WWW-Authenticate": "Bearer"}}
+_CODE_HEADERS: dict[str, dict[str, str]] = {
+    "unauthorized": {"WWW-Authenticate": "Bearer"},
+    # RFC 6750 §3.1: the token was presented and refused.
+    "invalid_token": {"WWW-Authenticate": 'Bearer error="invalid_token"'},
+}
 
 
 def http_status(error: DomainError) -> int:

@@ -61,8 +61,10 @@ The first frame carries only `retry:` (the reconnection delay); a `: ping` comme
 `PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the
 server shuts down, sees its stream end: reconnecting with Last-Event-ID loses nothing.
 
-The API key goes in the `Authorization` header or, for EventSource (which cannot set headers), in the
-`access_token` query parameter; over TLS only, since URLs are kept in browser histories and proxy logs.
+The API key or token goes in the `Authorization` header or, for EventSource (which cannot set headers),
+in the `access_token` query parameter: best a stream token of `POST .../stream_token`, which opens this
+session's stream only and for minutes; over TLS only, since URLs are kept in browser histories and proxy
+logs.
 A principal may hold `PARLEY_MAX_STREAMS_PER_PRINCIPAL` streams at once; one more gets 429.
 
 `Accept: application/x-ndjson` (or `format=ndjson`, which wins over the header) gives the same events as

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Depends, Query, Response, status
 
-from app.api.deps import IdempotencyKey, PrincipalDep, SessionsDep
+from app.api.deps import METADATA_FILTER_PARAMETER, IdempotencyKey, MetadataFilter, PrincipalDep, SessionsDep
 from app.api.responses import v1_errors
 from app.protocol.schemas import (
     CURSOR_PATTERN,
@@ -15,6 +15,7 @@ from app.protocol.schemas import (
     SessionOut,
     SessionPage,
     SessionUpdate,
+    StreamToken,
 )
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -46,10 +47,11 @@ async def create_session(
     return session
 
 
-@router.get("", responses=v1_errors(422))
+@router.get("", responses=v1_errors(422), openapi_extra={"parameters": [METADATA_FILTER_PARAMETER]})
 async def list_sessions(
     sessions: SessionsDep,
     principal: PrincipalDep,
+    metadata: Annotated[list[tuple[str, str]], Depends(MetadataFilter())],
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[
         str | None,
@@ -61,8 +63,9 @@ async def list_sessions(
         ),
     ] = None,
 ) -> SessionPage:
-    """List the caller's sessions, newest first."""
-    return await sessions.page(principal, limit, cursor)
+    """List the caller's sessions, newest first; `metadata.<key>=<value>` keeps those whose metadata holds
+    it (each such parameter narrows the list)."""
+    return await sessions.page(principal, limit, cursor, metadata)
 
 
 @router.get("/{session_id}", responses=v1_errors(404))
@@ -85,6 +88,14 @@ async def get_session_context(
 ) -> SessionContext:
     """What the next model call would send: the summary of the oldest turns and the verbatim tail."""
     return await sessions.context(principal, session_id)
+
+
+@router.post("/{session_id}/stream_token", responses=v1_errors(404))
+async def create_stream_token(session_id: str, sessions: SessionsDep, principal: PrincipalDep) -> StreamToken:
+    """A short-lived token that opens this session's event stream only, as `?access_token=`: an
+    EventSource URL then carries no long-lived credential (PARLEY_STREAM_TOKEN_SECONDS, 5 minutes by
+    default; a stream it opened goes on after it expires)."""
+    return await sessions.stream_token(principal, session_id)
 
 
 @router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT, responses=v1_errors(404))

@@ -4,10 +4,14 @@ Each bearer key belongs to a principal (a tenant); a principal owns the sessions
 other. Keys come from PARLEY_API_KEYS (`principal:key,principal:key`) and PARLEY_API_KEYS_FILE (JSON),
 are held only as SHA-256 digests, and are compared in constant time against every configured key.
 
-With no keys at all the service is open: every caller is the anonymous principal "". That is allowed only
-on a loopback address, or when PARLEY_ALLOW_OPEN says so: the launcher (`python -m app`) refuses to start
-otherwise, and the middleware refuses requests that arrive on another address (defense in depth for a
-server started some other way).
+Bearer JWTs may be accepted beside the keys (PARLEY_JWT_*, docs/auth.md): `JwtConfig` is their checked
+configuration, held by the key ring; app.chat.tokens verifies them. A token's principal always holds a
+colon (`jwt:<sub>` or `jwt:<tenant>:<sub>`), which a key's principal never does: the two never collide.
+
+With no keys and no JWT configuration at all the service is open: every caller is the anonymous
+principal "". That is allowed only on a loopback address, or when PARLEY_ALLOW_OPEN says so: the launcher
+(`python -m app`) refuses to start otherwise, and the middleware refuses requests that arrive on another
+address (defense in depth for a server started some other way).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ _KEY_RULE = (
 
 OPEN_MODE_HELP = (
     "set PARLEY_API_KEYS=principal:key (or PARLEY_API_KEYS_FILE=/path/to/keys.json) to require keys, "
+    "PARLEY_JWT_SECRET or PARLEY_JWT_JWKS_URL to require tokens, "
     "or PARLEY_ALLOW_OPEN=1 to serve without keys on purpose"
 )
 
@@ -48,15 +53,38 @@ class ConfigError(ValueError):
     """The access configuration cannot be used; the message says what to change (and never shows a key)."""
 
 
+# The algorithms each kind of key verifies; `none` is in neither, so it is never accepted.
+HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
+ASYMMETRIC_ALGORITHMS = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
+DEFAULT_JWKS_ALGORITHMS = ("RS256", "ES256", "EdDSA")
+MIN_JWT_SECRET_BYTES = 32
+
+
+@dataclass(frozen=True)
+class JwtConfig:
+    """How bearer JWTs are checked: the algorithms come from here, never from a token."""
+
+    algorithms: tuple[str, ...]
+    secret: bytes | None = None
+    jwks_url: str | None = None
+    audience: tuple[str, ...] = ()
+    issuer: str | None = None
+    tenant_claim: str | None = None
+    leeway: float = 30.0
+
+
 @dataclass(frozen=True)
 class KeyRing:
-    """The configured keys, as (principal, SHA-256 of the key) pairs."""
+    """The configured keys, as (principal, SHA-256 of the key) pairs, and the JWT configuration if any."""
 
     entries: tuple[tuple[str, bytes], ...] = ()
+    jwt: JwtConfig | None = None
 
     @property
     def is_open(self) -> bool:
-        return not self.entries
+        return not self.entries and self.jwt is None
 
     @property
     def principals(self) -> frozenset[str]:
@@ -94,7 +122,48 @@ def load_key_ring(settings: Settings) -> KeyRing:
         if seen.setdefault(digest, principal) != principal:
             raise ConfigError(f"{where}: {principal!r} and {seen[digest]!r} have the same key.")
         entries.append((principal, digest))
-    return KeyRing(tuple(entries))
+    return KeyRing(tuple(entries), load_jwt_config(settings))
+
+
+def load_jwt_config(settings: Settings) -> JwtConfig | None:
+    """The JWT configuration, checked; None when neither a secret nor a JWKS URL is set."""
+    secret = settings.jwt_secret.encode() if settings.jwt_secret else None
+    url = settings.jwt_jwks_url or None
+    if secret is None and url is None:
+        if settings.jwt_algorithms:
+            raise ConfigError("PARLEY_JWT_ALGORITHMS needs PARLEY_JWT_SECRET or PARLEY_JWT_JWKS_URL.")
+        return None
+    if secret is not None and len(secret) < MIN_JWT_SECRET_BYTES:
+        raise ConfigError(
+            f"PARLEY_JWT_SECRET must be at least {MIN_JWT_SECRET_BYTES} bytes; "
+            "`openssl rand -hex 32` makes one."
+        )
+    if url is not None and not url.startswith(("https://", "http://")):
+        raise ConfigError("PARLEY_JWT_JWKS_URL must be an http:// or https:// URL.")
+    algorithms = tuple(settings.jwt_algorithms)
+    if not algorithms:
+        algorithms = (("HS256",) if secret else ()) + (DEFAULT_JWKS_ALGORITHMS if url else ())
+    for algorithm in algorithms:
+        if algorithm in HMAC_ALGORITHMS:
+            if secret is None:
+                raise ConfigError(f"PARLEY_JWT_ALGORITHMS: {algorithm} needs PARLEY_JWT_SECRET.")
+        elif algorithm in ASYMMETRIC_ALGORITHMS:
+            if url is None:
+                raise ConfigError(f"PARLEY_JWT_ALGORITHMS: {algorithm} needs PARLEY_JWT_JWKS_URL.")
+        else:
+            accepted = ", ".join(sorted(HMAC_ALGORITHMS | ASYMMETRIC_ALGORITHMS))
+            raise ConfigError(f"PARLEY_JWT_ALGORITHMS: {algorithm!r} is not one of {accepted}.")
+    if settings.jwt_tenant_claim is not None and not settings.jwt_tenant_claim.strip():
+        raise ConfigError("PARLEY_JWT_TENANT_CLAIM must name a claim.")
+    return JwtConfig(
+        algorithms=tuple(dict.fromkeys(algorithms)),
+        secret=secret,
+        jwks_url=url,
+        audience=tuple(settings.jwt_audience),
+        issuer=settings.jwt_issuer or None,
+        tenant_claim=settings.jwt_tenant_claim or None,
+        leeway=settings.jwt_leeway_seconds,
+    )
 
 
 def _parse_env(value: str) -> list[tuple[str, str, str]]:

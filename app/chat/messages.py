@@ -123,7 +123,7 @@ class Messages:
             session.principal, session.model, body.attachments or []
         )
         try:
-            return await self._turns.post(
+            answer = await self._turns.post(
                 session,
                 body.content,
                 body.sender,
@@ -145,6 +145,8 @@ class Messages:
         except ShuttingDown as exc:
             await self._files.discard(session.principal, created)
             raise Unavailable("The server is shutting down; retry on another instance.") from exc
+        await self._sessions.title_from_message(session, body.content)
+        return answer
 
     # --- stop and the waiting line -------------------------------------------------------------------
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import re
+from collections.abc import Sequence
 
 from app.chat.context import next_call
 from app.chat.errors import InvalidCursor, SessionDeleted, UnknownModel, UnknownTool
 from app.chat.idempotency import IdempotencyStore, fingerprint
+from app.chat.stream_tokens import StreamTokens
 from app.chat.tool_rules import check_approval, check_client_tools
-from app.errors import InvalidRequest, NotFound
+from app.errors import InvalidRequest, NotFound, StorageUnavailable
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
 from app.protocol.ids import SESSION_ID_PATTERN, new_session_id
@@ -22,6 +25,8 @@ from app.protocol.schemas import (
     SessionOut,
     SessionPage,
     SessionUpdate,
+    StreamToken,
+    metadata_text,
 )
 from app.protocol.tool_requests import ClientTool, approval_names
 from app.settings import Settings
@@ -33,6 +38,7 @@ from app.turns.context.compactor import resolve_policy
 from app.turns.control import TurnControl
 from app.turns.live import LiveStatus
 
+log = logging.getLogger("parley")
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 _TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+[+-][0-9]{2}:[0-9]{2}")
 
@@ -46,7 +52,9 @@ class Sessions:
         models: ModelGateway,
         tools: ToolRegistry,
         idempotency: IdempotencyStore,
+        stream_tokens: StreamTokens,
     ) -> None:
+        self._stream_tokens = stream_tokens
         self._settings = settings
         self._database = database
         self._turns = turns
@@ -65,7 +73,11 @@ class Sessions:
         if idempotency_key is None:
             return await self._create(principal, body, new_session_id()), False
         # Fields left out are left out of the fingerprint, so keys stored before they existed still match.
-        absent = {name for name in ("client_tools", "approval", "context") if getattr(body, name) is None}
+        absent = {
+            name
+            for name in ("client_tools", "approval", "context", "metadata")
+            if getattr(body, name) is None
+        }
         request = fingerprint("POST", "/v1/sessions", body.model_dump(mode="json", exclude=absent))
 
         async def find(session_id: str) -> SessionOut | None:
@@ -117,9 +129,11 @@ class Sessions:
             updated_at=at,
             context_window=window,
             context=_policy(self._settings, None, body.context),
+            session_metadata=body.metadata or {},
         )
         async with self._database.session() as db:
             await repository.insert_session(db, row, new_session_id)
+            await repository.set_session_metadata(db, row.id, _entries(row.session_metadata))
             await db.commit()
         return await self._view(row)
 
@@ -151,10 +165,17 @@ class Sessions:
     async def get(self, principal: str, session_id: str) -> SessionOut:
         return await self._view(await self.owned(principal, session_id))
 
-    async def page(self, principal: str, limit: int, cursor: str | None) -> SessionPage:
+    async def page(
+        self, principal: str, limit: int, cursor: str | None, metadata: Sequence[tuple[str, str]] = ()
+    ) -> SessionPage:
+        """A page of the principal's sessions; `metadata`: the top-level entries each must hold, as
+        `metadata_text` writes their values."""
         before = _decode_cursor(cursor) if cursor else None
+        wanted = sorted(set(metadata))
         async with self._database.read() as db:
-            rows = await repository.list_sessions(db, principal, limit=limit + 1, before=before)
+            rows = await repository.list_sessions(
+                db, principal, limit=limit + 1, before=before, metadata=wanted
+            )
         more = len(rows) > limit
         rows = rows[:limit]
         next_cursor = _encode_cursor(rows[-1].created_at, rows[-1].id) if more and rows else None
@@ -165,6 +186,10 @@ class Sessions:
     async def update(self, principal: str, session_id: str, body: SessionUpdate) -> SessionOut:
         current = await self.owned(principal, session_id)
         values = body.model_dump(exclude_unset=True)
+        entries = None
+        if "metadata" in values:
+            values["session_metadata"] = values.pop("metadata") or {}
+            entries = _entries(values["session_metadata"])
         if "model" in values:
             if values["model"] is None:
                 raise InvalidRequest("body.model", "model cannot be null", "not_null")
@@ -177,6 +202,8 @@ class Sessions:
             values["updated_at"] = now_iso()
             async with self._database.session() as db:
                 await repository.update_session(db, session_id, values)
+                if entries is not None:
+                    await repository.set_session_metadata(db, session_id, entries)
                 await db.commit()
         return await self.get(principal, session_id)
 
@@ -184,6 +211,31 @@ class Sessions:
         """What the session's next model call would send (chat.context)."""
         row = await self.owned(principal, session_id)
         return await next_call(self._settings, self._database, self._models, row)
+
+    async def stream_token(self, principal: str, session_id: str) -> StreamToken:
+        """A token that opens this session's event stream, for its owner (404 for anyone else)."""
+        await self.owned(principal, session_id)
+        issued = await self._stream_tokens.issue(principal, session_id)
+        return StreamToken(token=issued.token, expires_at=issued.expires_at)
+
+    async def open_stream(self, token: str, session_id: str) -> str:
+        """The principal a stream token of `session_id` was issued to, while it is valid (else 401)."""
+        return await self._stream_tokens.open(token, session_id)
+
+    async def title_from_message(self, session: ChatSessionRow, content: str) -> None:
+        """A session without a title takes its first message's first line (at most TITLE_CHARS)."""
+        if session.title is not None:
+            return
+        title = first_line_title(content)
+        if not title:
+            return
+        try:
+            async with self._database.session() as db:
+                await repository.title_untitled(db, session.id, title, now_iso())
+                await db.commit()
+        except StorageUnavailable as exc:
+            # The message is in: its answer stands, and the next message titles the session.
+            log.warning("session %s: no title from its first message: %s", session.id, exc.code)
 
     async def delete(self, principal: str, session_id: str) -> None:
         await self.owned(principal, session_id)
@@ -224,7 +276,21 @@ def _out(row: ChatSessionRow, live: LiveStatus, settings: Settings) -> SessionOu
         context_used=row.context_used,
         context_window=row.context_window,
         context=ContextPolicyOut.model_validate(_policy(settings, row.context, None)),
+        metadata=dict(row.session_metadata or {}),
     )
+
+
+TITLE_CHARS = 80
+
+
+def first_line_title(content: str) -> str:
+    """The first line with text, cut to TITLE_CHARS characters (an ellipsis ends a cut one)."""
+    line = next((part.strip() for part in content.splitlines() if part.strip()), "")
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "\u2026"
+
+
+def _entries(metadata: dict[str, str | bool | int | float]) -> list[tuple[str, str]]:
+    return [(key, metadata_text(value)) for key, value in metadata.items()]
 
 
 def _encode_cursor(created_at: str, session_id: str) -> str:

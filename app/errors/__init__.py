@@ -118,6 +118,16 @@ class Unauthorized(DomainError):
     code = "unauthorized"
 
 
+class InvalidToken(DomainError):
+    """A bearer token that was checked and refused; `details.reason` names the check that failed (never a
+    piece of the token)."""
+
+    code = "invalid_token"
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message, details={"reason": reason})
+
+
 class TooManyRequests(DomainError):
     """Over a per-principal allowance: `retry_after` whole seconds until there is room again."""
 

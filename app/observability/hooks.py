@@ -255,6 +255,13 @@ def stream_opened(*, resumed: bool) -> None:
             metrics.resumes.inc()
 
 
+def auth_failed(reason: str) -> None:
+    """A request refused for its credentials; `reason` is one of a fixed set (app.chat.tokens)."""
+    metrics = _active.metrics
+    if metrics is not None:
+        metrics.auth_failures.labels(reason).inc()
+
+
 def stream_closed() -> None:
     if _active.metrics is not None:
         _active.metrics.open_streams.dec()

@@ -136,6 +136,13 @@ class Metrics:
             buckets=COMMIT_BUCKETS,
             registry=r,
         )
+        self.auth_failures = Counter(
+            "parley_auth_failures",
+            "Requests refused for their credentials, by reason (missing, key, or the token check that "
+            "failed: expired, signature, audience, ...); never a piece of the credential.",
+            ["reason"],
+            registry=r,
+        )
         self.queue_depth = Histogram(
             "parley_queue_depth",
             "Messages waiting in a session's line when one more joins it.",

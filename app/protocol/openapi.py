@@ -152,10 +152,35 @@ def install_openapi(app: FastAPI) -> None:
             _malformed_requests(spec)
             _add_links(spec)
             _parameters_not_null(spec)
+            _bearer_tokens(spec)
             app.openapi_schema = spec
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+BEARER_JWT = "BearerJWT"
+
+
+def _bearer_tokens(spec: dict[str, Any]) -> None:
+    """A JWT as the alternative to a key wherever a key is asked for: the same `Authorization: Bearer`
+    header (one dependency reads it), shown as its own scheme so that generators and the docs page offer
+    both (docs/auth.md)."""
+    schemes: dict[str, Any] = spec.setdefault("components", {}).setdefault("securitySchemes", {})
+    if "ApiKey" not in schemes:
+        return
+    schemes[BEARER_JWT] = {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "JWT",
+        "description": "`Authorization: Bearer <jwt>`: a token of the identity provider "
+        "(PARLEY_JWT_JWKS_URL) or of the product's backend (PARLEY_JWT_SECRET), when either is set. "
+        'A refused token: 401 `invalid_token` with `WWW-Authenticate: Bearer error="invalid_token"`.',
+    }
+    for operation in _operations(spec):
+        security = operation.get("security")
+        if security and {"ApiKey": []} in security and {BEARER_JWT: []} not in security:
+            security.append({BEARER_JWT: []})
 
 
 def _add_events(spec: dict[str, Any]) -> None:

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
-from pydantic.json_schema import SkipJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
+from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 
 from app.protocol.events import AgentState, TurnStatus
 from app.protocol.files import MAX_ATTACHMENTS_SCHEMA, Attachment, AttachmentRef
@@ -45,6 +56,62 @@ class _Strict(BaseModel):
 
 # The session list's `next_cursor`: URL-safe base64, opaque to clients.
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]+={0,2}$"
+
+# A session's metadata: the product's own ids and labels. The schema's bounds imply the size limit: 16
+# entries of a 64-character key and a value of at most 192 characters are 4,096 characters at most.
+METADATA_MAX_KEYS = 16
+METADATA_KEY_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+METADATA_MAX_CHARS = 4096
+METADATA_MAX_STRING = 192
+# Integers a JSON number holds exactly in any client (JavaScript's safe integers).
+METADATA_MAX_INT = 2**53 - 1
+
+MetadataValue = (
+    Annotated[StrictStr, Field(max_length=METADATA_MAX_STRING)]
+    | StrictBool
+    | Annotated[StrictInt, Field(ge=-METADATA_MAX_INT, le=METADATA_MAX_INT)]
+    | Annotated[float, Field(strict=True, allow_inf_nan=False)]
+)
+
+
+def metadata_text(value: str | bool | int | float) -> str:
+    """The text a list filter compares a value with: a string as is, a number or boolean as JSON writes it."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _check_metadata(value: dict[str, Any]) -> dict[str, Any]:
+    size = sum(len(key) + len(metadata_text(v)) for key, v in value.items())
+    if size > METADATA_MAX_CHARS:
+        raise ValueError(
+            f"metadata holds {size} characters of keys and values; the limit is {METADATA_MAX_CHARS}"
+        )
+    return value
+
+
+_METADATA_SCHEMA = {
+    "type": "object",
+    "maxProperties": METADATA_MAX_KEYS,
+    "propertyNames": {"pattern": METADATA_KEY_PATTERN},
+    "additionalProperties": {
+        "anyOf": [
+            {"type": "string", "maxLength": METADATA_MAX_STRING},
+            {"type": "boolean"},
+            {"type": "integer", "minimum": -METADATA_MAX_INT, "maximum": METADATA_MAX_INT},
+            {"type": "number"},
+        ]
+    },
+    "description": "The product's own ids and labels: at most 16 keys (letters, digits, `_ . : -`, up to 64 "
+    "characters), each a string (up to 192 characters), a boolean or a finite number; keys and values "
+    "hold at most 4,096 characters in all. `GET /v1/sessions?metadata.<key>=<value>` lists the sessions "
+    "that hold it.",
+}
+
+Metadata = Annotated[
+    dict[Annotated[str, Field(pattern=METADATA_KEY_PATTERN)], MetadataValue],
+    Field(max_length=METADATA_MAX_KEYS),
+    AfterValidator(_check_metadata),
+    WithJsonSchema(_METADATA_SCHEMA),
+]
 
 _MODEL = (
     "A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`."
@@ -95,6 +162,7 @@ class SessionCreate(_Strict):
     context: ContextPolicy | None = Field(
         None, description="The context policy; the server's defaults (PARLEY_CONTEXT_*) if omitted or null."
     )
+    metadata: Metadata | None = None
 
     _unique = field_validator("client_tools")(unique_client_tools)
 
@@ -110,11 +178,15 @@ class SessionUpdate(_Strict):
     context: ContextPolicy | SkipJsonSchema[None] = Field(
         None, description="Changes the context policy's given fields, from the next turn on. Not null."
     )
+    metadata: Metadata | None = Field(None, description="Replaces the metadata whole; null empties it.")
 
 
 class SessionOut(BaseModel):
     id: str
-    title: str | None
+    title: str | None = Field(
+        description="As given; a session created without one takes the first line of its first message "
+        "(at most 80 characters)."
+    )
     model: str
     system_prompt: str | None
     tools: list[str]
@@ -129,6 +201,7 @@ class SessionOut(BaseModel):
     context_used: int
     context_window: int | None
     context: ContextPolicyOut
+    metadata: dict[str, str | bool | int | float]
 
 
 class ContextSummaryOut(BaseModel):
@@ -159,6 +232,13 @@ class SessionContext(BaseModel):
         description="The prompt in OpenAI chat format: the system message (with the summary) and the "
         "verbatim tail, elided tool results as their placeholders."
     )
+
+
+class StreamToken(BaseModel):
+    token: str = Field(
+        description="Opens this session's event stream only, as `?access_token=<token>`, until expires_at."
+    )
+    expires_at: str
 
 
 class SessionPage(BaseModel):

@@ -14,7 +14,15 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from app.storage import files
 from app.storage.sql import Raw, RawPostgres, dialect_insert, load_json, raw
-from app.storage.tables import ChatMessageRow, ChatSessionRow, EventRow, IdempotencyKeyRow, QueuedMessageRow
+from app.storage.tables import (
+    ChatMessageRow,
+    ChatSessionRow,
+    EventRow,
+    IdempotencyKeyRow,
+    QueuedMessageRow,
+    ServiceSecretRow,
+    SessionMetadataRow,
+)
 from app.storage.turn_tree import on_path
 
 # --- chat sessions ---------------------------------------------------------------------------------
@@ -33,14 +41,25 @@ async def owned_session(db: AsyncSession, principal: str, session_id: str) -> Ch
 
 
 async def list_sessions(
-    db: AsyncSession, principal: str, *, limit: int, before: tuple[str, str] | None
+    db: AsyncSession,
+    principal: str,
+    *,
+    limit: int,
+    before: tuple[str, str] | None,
+    metadata: Sequence[tuple[str, str]] = (),
 ) -> Sequence[ChatSessionRow]:
-    """`principal`'s sessions, newest first; `before` is the (created_at, id) of the previous page's last."""
+    """`principal`'s sessions, newest first; `before` is the (created_at, id) of the previous page's last;
+    `metadata`: (key, value text) pairs each session must hold (session_metadata)."""
     query = (
         select(ChatSessionRow)
         .where(col(ChatSessionRow.principal) == principal)
         .order_by(col(ChatSessionRow.created_at).desc(), col(ChatSessionRow.id).desc())
     )
+    for key, value in metadata:
+        holding = select(SessionMetadataRow.session_id).where(
+            col(SessionMetadataRow.key) == key, col(SessionMetadataRow.value) == value
+        )
+        query = query.where(col(ChatSessionRow.id).in_(holding))
     if before is not None:
         created_at, session_id = before
         query = query.where(
@@ -66,6 +85,32 @@ async def update_session(db: AsyncSession, session_id: str, values: dict[str, An
     await db.exec(update(ChatSessionRow).where(col(ChatSessionRow.id) == session_id).values(**values))
 
 
+async def set_session_metadata(db: AsyncSession, session_id: str, entries: Sequence[tuple[str, str]]) -> None:
+    """The filter rows of a session's metadata, replaced by `entries` (key, value text)."""
+    await db.exec(delete(SessionMetadataRow).where(col(SessionMetadataRow.session_id) == session_id))
+    if entries:
+        rows = [{"session_id": session_id, "key": key, "value": value} for key, value in entries]
+        await db.exec(dialect_insert(db)(SessionMetadataRow).values(rows))
+
+
+async def title_untitled(db: AsyncSession, session_id: str, title: str, at: str) -> None:
+    """Gives the session `title` if it has none (a first message's; a title set meanwhile is kept)."""
+    await db.exec(
+        update(ChatSessionRow)
+        .where(col(ChatSessionRow.id) == session_id, col(ChatSessionRow.title).is_(None))
+        .values(title=title, updated_at=at)
+    )
+
+
+async def service_secret(db: AsyncSession, name: str, candidate: str) -> str:
+    """The stored secret `name`; `candidate` is stored first if there is none (the first replica wins)."""
+    statement = dialect_insert(db)(ServiceSecretRow).values(name=name, value=candidate)
+    await db.exec(statement.on_conflict_do_nothing())
+    row = await db.get(ServiceSecretRow, name)
+    assert row is not None
+    return row.value
+
+
 async def add_usage(
     db: AsyncSession, session_id: str, *, prompt: int, completion: int, window: int | None, at: str
 ) -> tuple[int, int]:
@@ -85,6 +130,7 @@ async def delete_session(db: AsyncSession, session_id: str) -> bool:
     unless a message of another session uses them."""
     attached = await files.session_files(db, session_id)
     await db.exec(delete(EventRow).where(col(EventRow.session_id) == session_id))
+    await db.exec(delete(SessionMetadataRow).where(col(SessionMetadataRow.session_id) == session_id))
     result = await db.exec(delete(ChatSessionRow).where(col(ChatSessionRow.id) == session_id))
     await files.delete_unlinked(db, attached)
     return bool(result.rowcount)

@@ -47,6 +47,37 @@ class ChatSessionRow(SQLModel, table=True):
     # provider's count of a prompt over the estimate of it (docs/context.md; NULL: none reported yet).
     context: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
     context_scale: float | None = None
+    # The product's own labels of the session (`metadata` in the API: the name is SQLAlchemy's own), a
+    # JSON object of strings, numbers and booleans; session_metadata holds the same for the list's filter.
+    session_metadata: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default=text("'{}'"))
+    )
+
+
+class SessionMetadataRow(SQLModel, table=True):
+    """One top-level entry of a session's metadata, its value as the text a list filter compares
+    (`GET /v1/sessions?metadata.<key>=<value>`): a string as is, a number or boolean as JSON writes it.
+    Rows, not a JSON path, so that the filter is the same indexed comparison on SQLite and PostgreSQL."""
+
+    __tablename__ = "session_metadata"
+    __table_args__ = (Index("ix_session_metadata_key_value", "key", "value"),)
+
+    session_id: str = Field(
+        sa_column=Column(
+            String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), primary_key=True, nullable=False
+        )
+    )
+    key: str = Field(primary_key=True, max_length=64)
+    value: str
+
+
+class ServiceSecretRow(SQLModel, table=True):
+    """A secret the service made for itself and every replica shares (the stream tokens' key)."""
+
+    __tablename__ = "service_secrets"
+
+    name: str = Field(primary_key=True, max_length=50)
+    value: str = Field(max_length=200)
 
 
 class ChatMessageRow(SQLModel, table=True):

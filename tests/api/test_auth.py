@@ -209,7 +209,7 @@ async def test_every_v1_operation_declares_the_key_and_documents_401(keyed: Live
             else:
                 assert "security" not in operation, (method, path)
     events = spec["paths"]["/v1/sessions/{session_id}/events"]["get"]
-    assert events["security"] == [{"ApiKey": []}, {"AccessToken": []}]
+    assert events["security"] == [{"ApiKey": []}, {"AccessToken": []}, {"BearerJWT": []}]
 
 
 async def test_without_keys_everyone_is_the_same_anonymous_caller(server: LiveServer) -> None:

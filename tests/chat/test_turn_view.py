@@ -15,6 +15,7 @@ from app.chat.files import Files
 from app.chat.idempotency import Idempotency
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
+from app.chat.stream_tokens import StreamTokens
 from app.chat.turn_view import Turns
 from app.errors import Conflict, NotFound, WaitTimeout
 from app.protocol.schemas import MessageCreate
@@ -57,8 +58,15 @@ class View:
 async def view(settings: Settings) -> AsyncIterator[View]:
     async with runtime(settings) as parts:
         idempotency = Idempotency(parts.database, ttl_seconds=60)
+        stream_tokens = StreamTokens(parts.settings, parts.database)
         sessions = Sessions(
-            parts.settings, parts.database, parts.runner, parts.models, parts.tools, idempotency
+            parts.settings,
+            parts.database,
+            parts.runner,
+            parts.models,
+            parts.tools,
+            idempotency,
+            stream_tokens,
         )
         files = Files(parts.settings, parts.database, parts.models)
         messages = Messages(

@@ -20,40 +20,101 @@ import type {
   Session,
   SessionCreate,
   SessionPage,
+  StreamToken,
   ToolList,
   TurnPage,
 } from "./types";
+
+/**
+ * Gives the bearer token (a JWT of your identity provider, or of your backend): called before the first
+ * request, again with `refresh: true` when the server refused the token (401) or it expires within
+ * TOKEN_REFRESH_MARGIN_MS, so a short-lived token is renewed without the caller noticing.
+ */
+export type TokenProvider = (refresh: boolean) => string | null | Promise<string | null>;
+
+/** A token this close to its `exp` is asked for again before it is sent. */
+export const TOKEN_REFRESH_MARGIN_MS = 30_000;
 
 export interface ClientOptions {
   /** The service's origin, e.g. http://127.0.0.1:8000 ("" in a page the service serves). */
   baseUrl: string;
   /** A bearer key; none when the server runs without keys. */
   apiKey?: string | null;
+  /** A bearer token's source, instead of a fixed key (docs/auth.md). */
+  token?: TokenProvider;
   fetch?: typeof fetch;
+}
+
+/** Milliseconds since the epoch at which a JWT's `exp` passes; null for anything else (a key). */
+export function tokenExpiry(token: string): number | null {
+  const parts = token.split(".");
+  const payload = parts[1];
+  if (parts.length !== 3 || payload === undefined) return null;
+  try {
+    const json = atob(payload.replace(/-/g, "+").replace(/_/g, "/"));
+    const exp = (JSON.parse(json) as { exp?: unknown }).exp;
+    return typeof exp === "number" ? exp * 1000 : null;
+  } catch {
+    return null;
+  }
 }
 
 export class ParleyClient {
   readonly baseUrl: string;
   readonly apiKey: string | null;
   readonly fetchImpl: typeof fetch;
+  private readonly tokenProvider: TokenProvider | null;
+  private token: string | null = null;
 
   constructor(options: ClientOptions) {
     this.baseUrl = options.baseUrl.replace(/\/$/, "");
     this.apiKey = options.apiKey ?? null;
+    this.tokenProvider = options.token ?? null;
     this.fetchImpl = options.fetch ?? globalThis.fetch.bind(globalThis);
   }
 
+  /** Whether a refused credential is worth asking for again (a token source, not a fixed key). */
+  get renewsCredential(): boolean {
+    return this.tokenProvider !== null;
+  }
+
+  /**
+   * The bearer credential to send: the key, or the token source's token (asked again when `refresh`, or
+   * when the one it gave expires within TOKEN_REFRESH_MARGIN_MS).
+   */
+  async credential(refresh = false): Promise<string | null> {
+    if (this.tokenProvider === null) return this.apiKey;
+    const expiry = this.token === null ? null : tokenExpiry(this.token);
+    const expiring = expiry !== null && expiry - Date.now() < TOKEN_REFRESH_MARGIN_MS;
+    if (refresh || this.token === null || expiring) this.token = await this.tokenProvider(refresh || expiring);
+    return this.token;
+  }
+
   async request<T>(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<T> {
+    let response = await this.send(method, path, body, headers, await this.credential());
+    if (response.status === 401 && this.tokenProvider !== null) {
+      // Expired or revoked: one more try with a token asked for anew.
+      response = await this.send(method, path, body, headers, await this.credential(true));
+    }
+    if (!response.ok) throw await httpError(response);
+    return (await response.json()) as T;
+  }
+
+  private send(
+    method: string,
+    path: string,
+    body: unknown,
+    headers: Record<string, string>,
+    credential: string | null,
+  ): Promise<Response> {
     const all: Record<string, string> = { accept: "application/json", ...headers };
-    if (this.apiKey) all.authorization = `Bearer ${this.apiKey}`;
+    if (credential) all.authorization = `Bearer ${credential}`;
     if (body !== undefined) all["content-type"] = "application/json";
-    const response = await this.fetchImpl(`${this.baseUrl}${path}`, {
+    return this.fetchImpl(`${this.baseUrl}${path}`, {
       method,
       headers: all,
       body: body === undefined ? null : JSON.stringify(body),
     });
-    if (!response.ok) throw await httpError(response);
-    return (await response.json()) as T;
   }
 
   private session(sessionId: string): string {
@@ -77,6 +138,11 @@ export class ParleyClient {
 
   createSession(body: SessionCreate = {}, idempotencyKey?: string): Promise<Session> {
     return this.request("POST", "/v1/sessions", body, idempotencyKey ? { "idempotency-key": idempotencyKey } : {});
+  }
+
+  /** A short-lived token for a browser's EventSource: `events?access_token=<token>` (docs/auth.md). */
+  streamToken(sessionId: string): Promise<StreamToken> {
+    return this.request("POST", `${this.session(sessionId)}/stream_token`);
   }
 
   getSession(sessionId: string): Promise<Session> {

@@ -80,6 +80,7 @@ export class ChatSession {
     this.stream = new SessionStream({
       baseUrl: this.client.baseUrl,
       apiKey: this.client.apiKey,
+      ...(this.client.renewsCredential ? { credential: (refresh: boolean) => this.client.credential(refresh) } : {}),
       fetch: this.client.fetchImpl,
       sessionId: this.sessionId,
       after: this.state.lastSeq,

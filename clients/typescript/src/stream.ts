@@ -21,6 +21,11 @@ export interface StreamOptions {
   baseUrl: string;
   sessionId: string;
   apiKey?: string | null;
+  /**
+   * The bearer credential of each connection, instead of `apiKey` (ParleyClient.credential): asked with
+   * `refresh: true` after a 401, and the connection tried once more at once before the 401 is final.
+   */
+  credential?: (refresh: boolean) => Promise<string | null>;
   /** Resume after this position (e.g. a history read's `last_event_id`); none starts live. */
   after?: number | null;
   onEvent: (event: ParleyEvent) => void;
@@ -48,6 +53,8 @@ export class SessionStream {
   private closed = false;
   private wake: (() => void) | null = null;
   private running: Promise<void> | null = null;
+  // A 401 after which the credential was asked for anew: the next 401 in a row is final.
+  private refreshed = false;
   state: ConnectionState = { status: "connecting", attempt: 0, error: null, retryInMs: null };
 
   constructor(options: StreamOptions) {
@@ -111,6 +118,10 @@ export class SessionStream {
       } catch (caught) {
         if (this.closed) break;
         error = caught instanceof Error ? caught : new Error(String(caught));
+        if (error instanceof ParleyHttpError && error.status === 401 && this.options.credential && !this.refreshed) {
+          this.refreshed = true;
+          continue; // at once, with a credential asked for anew (readOnce)
+        }
         if (error instanceof ParleyHttpError && FATAL.has(error.status)) {
           this.state = { ...this.state, error };
           this.close();
@@ -161,11 +172,15 @@ export class SessionStream {
   private async readOnce(onOpen: () => void): Promise<boolean> {
     const controller = (this.controller = new AbortController());
     const headers: Record<string, string> = { accept: "text/event-stream" };
-    if (this.options.apiKey) headers.authorization = `Bearer ${this.options.apiKey}`;
+    const credential = this.options.credential
+      ? await this.options.credential(this.refreshed)
+      : (this.options.apiKey ?? null);
+    if (credential) headers.authorization = `Bearer ${credential}`;
     if (this.lastSeq !== null) headers["last-event-id"] = String(this.lastSeq);
     const response = await this.fetchImpl(this.url(), { headers, signal: controller.signal, cache: "no-store" });
     if (!response.ok) throw await httpError(response);
     if (!response.body) throw new Error("the event stream has no body");
+    this.refreshed = false;
     onOpen();
     const pending: ParleyEvent[] = [];
     const parser = createParser({
