@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from app.api import debug, errors, events, health, messages, metrics, sessions, tool_requests, turns, ui
+from app.api import debug, errors, events, health, kits, messages, metrics, sessions, tool_requests, turns, ui
 from app.api.deps import known_query_only
 from app.api.middleware import RequestContextMiddleware
 from app.api.tools import router as tools_router
@@ -70,6 +70,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(turns.router)
     app.include_router(tools_router)
     app.include_router(tool_requests.router)
+    app.include_router(kits.router)
     app.include_router(ui.docs_router)
     if settings.ui:
         app.include_router(ui.router)

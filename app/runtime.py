@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 from app.api.deps import Services
 from app.chat.auth import KeyRing
 from app.chat.idempotency import Idempotency
+from app.chat.kit_chats import KitChats
 from app.chat.limits import MessageLimit, MessageRate, StreamLimit, StreamSlots
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
@@ -292,16 +293,18 @@ def _services(
     sessions = Sessions(settings, database, turns, models, catalog.registry, idempotency)
     messages = Messages(settings, database, sessions, turns, broker, idempotency)
     message_rate, streams = _limits(settings)
+    answers = ToolAnswers(database, sessions, turns)
     return Services(
         settings=settings,
         sessions=sessions,
         messages=messages,
         turns=Turns(settings, database, sessions, messages, turns),
-        answers=ToolAnswers(database, sessions, turns),
+        answers=answers,
         broker=broker,
         models=models,
         keys=keys,
         message_rate=message_rate,
         streams=streams,
         tools=catalog,
+        kits=KitChats(database, sessions, messages, answers, broker, streams),
     )

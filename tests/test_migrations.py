@@ -41,6 +41,7 @@ APP_TABLES = {
     "idempotency_keys",
     "pending_tool_requests",
     "turn_leases",
+    "chat_bindings",
 }
 
 

@@ -10,6 +10,7 @@ from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBear
 
 from app.chat.auth import OPEN_PRINCIPAL, KeyRing
 from app.chat.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
+from app.chat.kit_chats import KitChats
 from app.chat.limits import MessageLimit, StreamLimit
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
@@ -35,6 +36,7 @@ class Services:
     message_rate: MessageLimit
     streams: StreamLimit
     tools: ToolCatalog
+    kits: KitChats
 
 
 # Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request.

@@ -6,7 +6,8 @@
   on `type`, both generated from the models the server serializes, so the spec follows the wire;
 * `EventFrame`, one SSE frame as the stream sends it: `id` (the seq), `event` (the type) and `data`, a
   string of `application/json` whose `contentSchema` is `Event`. It is the `text/event-stream` schema of
-  the stream operation (any operation whose response declares that media type): for a stream, the
+  the stream operation (any operation whose response declares that media type without a schema of its
+  own, as the kits' adapters do): for a stream, the
   schema describes each event as a client's SSE parser yields it (what OpenAPI 3.2 calls `itemSchema`,
   and how tools for 3.1 read `schema`), not the JSON inside it;
 * `Event` as the `application/x-ndjson` schema of the same operation, read the same way: each line is
@@ -172,11 +173,12 @@ _STREAM_ITEMS = {STREAM_MEDIA_TYPE: EVENT_FRAME, NDJSON_MEDIA_TYPE: EVENT}
 
 def _document_streams(spec: dict[str, Any]) -> None:
     for operation in _operations(spec):
+        # A stream that declares its own schema (the kits' adapters, app.api.kits) is not Parley's.
         streams = [
             (response["content"][media_type], item)
             for response in operation.get("responses", {}).values()
             for media_type, item in _STREAM_ITEMS.items()
-            if media_type in response.get("content", {})
+            if media_type in response.get("content", {}) and "schema" not in response["content"][media_type]
         ]
         if not streams:
             continue
