@@ -13,8 +13,11 @@ from app.api.deps import MessagePosterDep, PrincipalDep, Services, ServicesDep
 from app.api.events import SEND_TIMEOUT, SHUTDOWN_FLUSH_GRACE
 from app.api.responses import v1_errors
 from app.api.sse import EventStreamResponse
-from app.chat.adapters import ai_sdk
+from app.chat.adapters import ag_ui, ai_sdk
 from app.chat.kit_chats import TurnFeed
+from app.protocol.ag_ui import FRAME_SCHEMA as AG_UI_FRAME
+from app.protocol.ag_ui import STREAM_DOC as AG_UI_DOC
+from app.protocol.ag_ui import RunInput
 from app.protocol.ai_sdk import (
     CURRENT_SDK_VERSION,
     FRAME_SCHEMA,
@@ -49,7 +52,7 @@ _UI_STREAM: dict[int | str, dict[str, Any]] = {
                 "schema": {"type": "string"},
             },
             "X-Parley-Session-Id": {
-                "description": "The session the chat is bound to, for Parley's own routes (cancel, approvals).",
+                "description": "The chat's session, for Parley's own routes (cancel, approvals).",
                 "schema": {"type": "string"},
             },
         },
@@ -145,3 +148,37 @@ async def ai_sdk_messages(
 ) -> list[dict[str, Any]]:
     """The chat's stored history (Parley's, the truth) as `UIMessage`s, for `useChat({messages})`."""
     return await ai_sdk.chat_messages(services.kits, principal, chat_id)
+
+
+@router.post(
+    "/ag-ui",
+    response_class=Response,
+    responses={
+        200: {"description": AG_UI_DOC, "content": {STREAM_MEDIA_TYPE: {"schema": AG_UI_FRAME}}},
+        **v1_errors(400, 404, 409, 410, 413, 415, 422, 429),
+    },
+)
+async def ag_ui_run(
+    body: RunInput, services: ServicesDep, principal: MessagePosterDep
+) -> EventStreamResponse:
+    """An AG-UI agent (CopilotKit's `HttpAgent`): the run's new input taken into the thread's session,
+    answered with AG-UI events; a run without new input attaches to the thread (a snapshot, then the
+    running turn). Closing the request never stops the turn."""
+    feed, run, first = await ag_ui.start(services.kits, principal, body)
+    settings = services.settings
+    return EventStreamResponse(
+        ag_ui.sse_events(feed, run, first),
+        media_type=STREAM_MEDIA_TYPE,
+        headers={
+            "Cache-Control": "no-store",
+            "X-Accel-Buffering": "no",
+            "X-Parley-Session-Id": run.session_id,
+        },
+        send_timeout=SEND_TIMEOUT,
+        shutdown_grace=settings.shutdown_timeout + SHUTDOWN_FLUSH_GRACE,
+        on_close=feed.close if feed is not None else _nothing,
+    )
+
+
+def _nothing() -> None:
+    """A run with nothing to follow holds no stream."""

@@ -21,7 +21,7 @@ from app.errors import Conflict, NotFound
 from app.protocol.clock import now_iso
 from app.protocol.ids import SESSION_ID_PATTERN
 from app.protocol.schemas import ChatMessage, MessageCreate, SessionCreate
-from app.protocol.tool_requests import ClientTool, ToolResultItem, ToolResultsIn
+from app.protocol.tool_requests import ApprovalsIn, ClientTool, DecisionItem, ToolResultItem, ToolResultsIn
 from app.storage import chat_bindings
 from app.storage.engine import Database
 from app.streaming.broker import EventFanOut, Subscription
@@ -141,6 +141,11 @@ class KitChats:
                 details={"session_id": session_id},
             )
         resolved = await self._answers.tool_results(principal, session_id, ToolResultsIn(results=answers))
+        return resolved.turn_id
+
+    async def post_decisions(self, principal: str, session_id: str, decisions: list[DecisionItem]) -> str:
+        """Posts a person's decisions on waiting approvals; the turn that waits for them."""
+        resolved = await self._answers.approvals(principal, session_id, ApprovalsIn(decisions=decisions))
         return resolved.turn_id
 
     async def waiting_calls(self, principal: str, session_id: str) -> set[str]:
