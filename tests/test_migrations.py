@@ -201,6 +201,36 @@ def test_0004_keeps_every_row_and_gives_old_sessions_the_open_mode_principal(
         ]
 
 
+def test_0167_adds_chat_bindings_and_keeps_every_row(config: Config, engine: Engine) -> None:
+    command.upgrade(config, "0162")
+    at = "2026-11-29T00:00:00.000+00:00"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO chat_sessions (id, principal, model, tools, status, created_at, updated_at,"
+                " total_tokens, context_used)"
+                " VALUES ('s_kept', 'alice', 'parley/demo', '[]', 'active', :at, :at, 0, 0)"
+            ),
+            {"at": at},
+        )
+    command.upgrade(config, "0167")
+    with engine.begin() as connection:
+        assert connection.execute(text("SELECT id, principal FROM chat_sessions")).all() == [
+            ("s_kept", "alice")
+        ]
+        connection.execute(
+            text(
+                "INSERT INTO chat_bindings (principal, kit, chat_key, session_id, created_at)"
+                " VALUES ('alice', 'ai-sdk', :key, 's_kept', :at)"
+            ),
+            {"key": "0" * 64, "at": at},
+        )
+    command.downgrade(config, "0162")
+    with engine.connect() as connection:
+        assert "chat_bindings" not in tables(engine)
+        assert connection.execute(text("SELECT id FROM chat_sessions")).all() == [("s_kept",)]
+
+
 @pytest.mark.processes
 def test_replicas_migrating_at_once_take_turns(backend: str, sync_url: str, engine: Engine) -> None:
     """N replicas started together each run `alembic upgrade head` (as `python -m app` does): on PostgreSQL

@@ -4,9 +4,20 @@ function name, an object schema), and the frame schema of the SSE answer for the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from ag_ui.core import RunAgentInput, Tool
+from ag_ui.core import (
+    ActivityMessage,
+    AssistantMessage,
+    DeveloperMessage,
+    ReasoningMessage,
+    RunAgentInput,
+    SystemMessage,
+    Tool,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
 from pydantic import Field, field_validator
 
 from app.protocol.tool_requests import MAX_CLIENT_TOOLS, ClientTool, unique_client_tools
@@ -30,12 +41,41 @@ class FrontendTool(Tool):
     )
 
 
+# The package's models, under names of their own in the spec: Parley's events already name a `ToolCall` and
+# a `UserMessage` schema (app.protocol.events).
+class AgUiToolCall(ToolCall):
+    """A tool call of an assistant message (AG-UI's ToolCall)."""
+
+
+class AgUiUserMessage(UserMessage):
+    """A message from the person (AG-UI's UserMessage)."""
+
+
+class AgUiAssistantMessage(AssistantMessage):
+    """A message from the agent (AG-UI's AssistantMessage)."""
+
+    tool_calls: list[AgUiToolCall] | None = Field(default=None)  # type: ignore[assignment]
+
+
+AgUiMessage = Annotated[
+    DeveloperMessage
+    | SystemMessage
+    | AgUiAssistantMessage
+    | AgUiUserMessage
+    | ToolMessage
+    | ActivityMessage
+    | ReasoningMessage,
+    Field(discriminator="role"),
+]
+
+
 class RunInput(RunAgentInput):
     """AG-UI's RunAgentInput. `threadId` names the session (bound per caller on first use, as the AI
     SDK's chat id), the trailing user message is new input, trailing `tool` messages answer waiting
     frontend tool calls, and `resume` answers approval interrupts. `state`, `context` and
     `forwardedProps` are accepted and not used."""
 
+    messages: list[AgUiMessage]  # type: ignore[assignment]
     # Narrower than the base's list[Tool]: the names and schemas a model can be offered.
     tools: list[FrontendTool] | None = Field(  # type: ignore[assignment]
         None, max_length=MAX_CLIENT_TOOLS, description="Frontend tools offered for this run."

@@ -216,7 +216,7 @@ def test_the_query_parameters_checked_are_those_the_spec_declares() -> None:
     its API key in the query included."""
     from fastapi.routing import APIRoute
 
-    from app.api import debug, events, health, messages, metrics, sessions, tool_requests, turns, ui
+    from app.api import debug, events, health, kits, messages, metrics, sessions, tool_requests, turns, ui
     from app.api.deps import _query_names
     from app.api.tools import router as tools_router
     from app.main import create_app
@@ -224,7 +224,9 @@ def test_the_query_parameters_checked_are_those_the_spec_declares() -> None:
     app = create_app(Settings(database_url="sqlite+aiosqlite:///:memory:", metrics=True, debug_stats=True))
     spec = app.openapi()
     schemes = spec["components"].get("securitySchemes", {})
-    routers = [m.router for m in (health, sessions, messages, events, turns, tool_requests, debug, metrics)]
+    routers = [
+        m.router for m in (health, sessions, messages, events, turns, tool_requests, kits, debug, metrics)
+    ]
     routes = [r for router in (*routers, tools_router, ui.docs_router, ui.router) for r in router.routes]
     checked = 0
     for route in routes:

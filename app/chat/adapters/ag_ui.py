@@ -5,7 +5,7 @@ each model call a step, and Parley's extras `CUSTOM` events named `parley.*`. Ev
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -333,12 +333,12 @@ async def start(
     return feed, run, run.begin(None)
 
 
-def _last_user_id(messages: list[Message]) -> str | None:
+def _last_user_id(messages: Sequence[Message]) -> str | None:
     last = messages[-1] if messages else None
     return last.id[:100] if isinstance(last, UserMessage) and last.id else None
 
 
-def _new_input(messages: list[Message]) -> tuple[str | None, list[ToolResultItem]]:
+def _new_input(messages: Sequence[Message]) -> tuple[str | None, list[ToolResultItem]]:
     """The text of a trailing user message, or the results of the trailing tool messages."""
     if not messages:
         return None, []

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from app.chat.adapters.ai_sdk import DONE
+from app.chat.kit_chats import NoNewInput
 from app.protocol.ai_sdk import STREAM_HEADER, knows_chunk
 from app.settings import Settings
 from tests.support.server import LiveServer, live_server
@@ -215,7 +216,7 @@ async def test_an_assistant_message_that_answers_nothing_is_a_409(server: LiveSe
         body = {"id": "n-1", "messages": [assistant], "trigger": "submit-message"}
         refused = await client.post("/v1/ai-sdk/chat", json=body)
         assert refused.status_code == 409
-        assert refused.json()["error"]["code"] == "no_new_input"
+        assert refused.json()["error"]["code"] == NoNewInput.code == "no_new_input"
         for version in ("4", "8", "7.0", "x"):
             assert (
                 await client.post(f"/v1/ai-sdk/chat?v={version}", json=chat("n-1", "hi"))
