@@ -517,8 +517,9 @@ export interface components {
                 [key: string]: unknown;
             } | null;
             /**
-             * @description discriminator enum property added by openapi-typescript
-             * @enum {string}
+             * Role
+             * @default activity
+             * @constant
              */
             role: "activity";
             /** Subagentrunid */
@@ -544,8 +545,9 @@ export interface components {
             /** Name */
             name?: string | null;
             /**
-             * @description discriminator enum property added by openapi-typescript
-             * @enum {string}
+             * Role
+             * @default assistant
+             * @constant
              */
             role: "assistant";
             /** Subagentrunid */
@@ -596,8 +598,9 @@ export interface components {
             /** Name */
             name?: string | null;
             /**
-             * @description discriminator enum property added by openapi-typescript
-             * @enum {string}
+             * Role
+             * @default user
+             * @constant
              */
             role: "user";
             /** Subagentrunid */
@@ -1045,8 +1048,9 @@ export interface components {
             /** Name */
             name?: string | null;
             /**
-             * @description discriminator enum property added by openapi-typescript
-             * @enum {string}
+             * Role
+             * @default developer
+             * @constant
              */
             role: "developer";
             /** Subagentrunid */
@@ -1612,8 +1616,9 @@ export interface components {
                 [key: string]: unknown;
             } | null;
             /**
-             * @description discriminator enum property added by openapi-typescript
-             * @enum {string}
+             * Role
+             * @default reasoning
+             * @constant
              */
             role: "reasoning";
             /** Subagentrunid */
@@ -1954,8 +1959,9 @@ export interface components {
             /** Name */
             name?: string | null;
             /**
-             * @description discriminator enum property added by openapi-typescript
-             * @enum {string}
+             * Role
+             * @default system
+             * @constant
              */
             role: "system";
             /** Subagentrunid */
@@ -2254,8 +2260,9 @@ export interface components {
                 [key: string]: unknown;
             } | null;
             /**
-             * @description discriminator enum property added by openapi-typescript
-             * @enum {string}
+             * Role
+             * @default tool
+             * @constant
              */
             role: "tool";
             /** Subagentrunid */

@@ -4,7 +4,7 @@ function name, an object schema), and the frame schema of the SSE answer for the
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from ag_ui.core import (
     ActivityMessage,
@@ -57,16 +57,18 @@ class AgUiAssistantMessage(AssistantMessage):
     tool_calls: list[AgUiToolCall] | None = Field(default=None)  # type: ignore[assignment]
 
 
-AgUiMessage = Annotated[
+# Not discriminated on `role`, as the package's own union is: its message models give `role` a default, so
+# their schemas do not require it, and a discriminated union refuses a message without it. Each model's
+# `role` is a literal, so a message that has one still matches its own model only.
+AgUiMessage = (
     DeveloperMessage
     | SystemMessage
     | AgUiAssistantMessage
     | AgUiUserMessage
     | ToolMessage
     | ActivityMessage
-    | ReasoningMessage,
-    Field(discriminator="role"),
-]
+    | ReasoningMessage
+)
 
 
 class RunInput(RunAgentInput):

@@ -91,7 +91,7 @@ async def test_the_snapshot_is_the_history(server: LiveServer) -> None:
         ({"tools": [{"name": "t", "description": "x", "parameters": {"type": "string"}}]}, "object"),
         ({"tools": [{"name": "t", "description": "x"}, {"name": "t", "description": "y"}]}, "unique"),
         ({"threadId": 5}, "string"),
-        ({"messages": [{"id": "u", "role": "robot", "content": "x"}]}, "robot"),
+        ({"messages": [{"id": "u", "role": "robot", "content": "x"}]}, "role"),
     ],
 )
 async def test_what_a_run_may_not_bring_is_a_clear_422_that_stores_nothing(
