@@ -306,5 +306,5 @@ def _services(
         message_rate=message_rate,
         streams=streams,
         tools=catalog,
-        kits=KitChats(database, sessions, messages, answers, broker, streams),
+        kits=KitChats(settings, database, sessions, messages, answers, broker, streams),
     )

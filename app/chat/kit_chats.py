@@ -17,11 +17,12 @@ from app.chat.limits import StreamLimit, StreamSlot
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
 from app.chat.tool_answers import ToolAnswers
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, NotFound, PayloadTooLarge
 from app.protocol.clock import now_iso
 from app.protocol.ids import SESSION_ID_PATTERN
 from app.protocol.schemas import ChatMessage, MessageCreate, SessionCreate
 from app.protocol.tool_requests import ApprovalsIn, ClientTool, DecisionItem, ToolResultItem, ToolResultsIn
+from app.settings import Settings
 from app.storage import chat_bindings
 from app.storage.engine import Database
 from app.streaming.broker import EventFanOut, Subscription
@@ -60,6 +61,7 @@ class TurnFeed:
 class KitChats:
     def __init__(
         self,
+        settings: Settings,
         database: Database,
         sessions: Sessions,
         messages: Messages,
@@ -67,12 +69,23 @@ class KitChats:
         broker: EventFanOut,
         streams: StreamLimit,
     ) -> None:
+        self._settings = settings
         self._database = database
         self._sessions = sessions
         self._messages = messages
         self._answers = answers
         self._broker = broker
         self._streams = streams
+
+    def check_text(self, text: str) -> None:
+        """The refusal `POST .../messages` would give a message too long, before a new chat is bound to a
+        session: a refused request stores nothing."""
+        limit = self._settings.max_message_chars
+        if len(text) > limit:
+            raise PayloadTooLarge(
+                f"The message has {len(text)} characters; the limit is {limit}.",
+                details={"field": "content", "limit": limit},
+            )
 
     async def session_for(self, principal: str, kit: Kit, chat_id: str, *, create: bool) -> str | None:
         """The session a kit's chat id names: the caller's own session of that id, else the one bound to

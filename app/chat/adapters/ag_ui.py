@@ -296,10 +296,12 @@ async def start(
     thread's session and opens the stream of the turn that takes it, subscribed before the input is
     posted. A run with no new input attaches: Parley's history as a snapshot, then the running turn, if
     any, replayed from its start."""
+    text, results = _new_input(body.messages)
+    if text is not None:
+        kits.check_text(text)
     session_id = await kits.session_for(principal, "ag-ui", body.thread_id, create=True)
     assert session_id is not None  # created when missing
     run = AgUiRun(body.thread_id, body.run_id, session_id)
-    text, results = _new_input(body.messages)
     decisions = _decisions(body)
     waiting = await kits.waiting_calls(principal, session_id) if results else set()
     results = [r for r in results if r.tool_call_id in waiting]

@@ -297,9 +297,11 @@ async def answer(
 ) -> tuple[TurnFeed, UiMessageStream]:
     """Takes the request's new input into the chat's session (bound on first use) and opens the stream of
     the turn that takes it: subscribed before the input is posted, so none of the turn's frames is missed."""
+    last = body.messages[-1]
+    if isinstance(last, UserUIMessage):
+        kits.check_text(last.text())
     session_id = await kits.session_for(principal, "ai-sdk", body.id, create=True)
     assert session_id is not None  # created when missing
-    last = body.messages[-1]
     feed = await kits.open_feed(principal, session_id, None)
     try:
         if isinstance(last, UserUIMessage):

@@ -221,3 +221,18 @@ async def test_an_assistant_message_that_answers_nothing_is_a_409(server: LiveSe
             assert (
                 await client.post(f"/v1/ai-sdk/chat?v={version}", json=chat("n-1", "hi"))
             ).status_code == 422
+
+
+async def test_a_message_too_long_is_a_413_that_binds_no_session(database_url: str) -> None:
+    settings = Settings(database_url=database_url, demo_token_delay=0.0, max_message_chars=10)
+    with live_server(settings) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            refused = await client.post("/v1/ai-sdk/chat", json=chat("long", "x" * 11))
+            assert refused.status_code == 413
+            agui = {
+                "threadId": "long",
+                "runId": "r",
+                "messages": [{"id": "u", "role": "user", "content": "x" * 11}],
+            }
+            assert (await client.post("/v1/ag-ui", json=agui)).status_code == 413
+            assert (await client.get("/v1/sessions")).json()["sessions"] == []
