@@ -149,6 +149,7 @@ def install_openapi(app: FastAPI) -> None:
             spec = build()
             _add_events(spec)
             _document_streams(spec)
+            _request_tags_required(spec)
             _validation_errors(spec)
             _malformed_requests(spec)
             _add_links(spec)
@@ -188,6 +189,39 @@ def _document_streams(spec: dict[str, Any]) -> None:
         description = operation.get("description", "")
         if FRAMING_HEADING not in description:
             operation["description"] = f"{description}\n\n{FRAMING}".strip()
+
+
+def _request_tags_required(spec: dict[str, Any]) -> None:
+    """In request bodies, a discriminated union's tag is required in each of its members: the server refuses
+    a member without its tag even where the model gives the tag a default (AG-UI's package models do), and
+    a spec that let it out would call refused data valid."""
+    schemas: dict[str, Any] = spec.get("components", {}).get("schemas", {})
+    seen: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+            return
+        if not isinstance(node, dict):
+            return
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith(SCHEMAS) and ref not in seen:
+            seen.add(ref)
+            walk(schemas.get(ref[len(SCHEMAS) :]))
+        discriminator = node.get("discriminator")
+        if isinstance(discriminator, dict):
+            tag = discriminator["propertyName"]
+            for target in discriminator.get("mapping", {}).values():
+                member = schemas.get(target[len(SCHEMAS) :], {})
+                if tag in member.get("properties", {}) and tag not in member.setdefault("required", []):
+                    member["required"].append(tag)
+        for key, value in node.items():
+            if key != "$ref":
+                walk(value)
+
+    for operation in _operations(spec):
+        walk(operation.get("requestBody"))
 
 
 def _validation_errors(spec: dict[str, Any]) -> None:
