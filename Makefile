@@ -78,7 +78,7 @@ test: $(STAMP) ## Lint + types + the TypeScript client + chromium + all of pytes
 	$(BIN)/ruff format --check app tests migrations bench clients
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(MAKE) --no-print-directory client-test browser-deps
+	$(MAKE) --no-print-directory client-test browser-deps kits-deps
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS) $(NO_TESTS_OK)
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) $(NO_TESTS_OK)
 
@@ -188,6 +188,21 @@ ui: $(CLIENT_STAMP) ## Rebuild the page at /ui and the /docs assets into app/ui/
 
 client-fixtures: $(STAMP) ## Record the client's test fixtures from the real service (clients/typescript/fixtures/)
 	$(BIN)/python $(CLIENT)/scripts/capture_fixtures.py
+
+# clients/kits/ holds the frontend kits' own packages (the AI SDK's `ai`, AG-UI's client), pinned in its lock,
+# that tests/kits drives against a live server.
+KITS       := clients/kits
+KITS_LOCK  := $(KITS)/package-lock.json
+KITS_STAMP := $(KITS)/node_modules/.installed-$(shell sha256sum $(KITS_LOCK) 2>/dev/null | cut -c1-16)
+
+.PHONY: kits-deps
+
+kits-deps: $(KITS_STAMP) ## Install clients/kits' pinned kit packages (npm ci) for tests/kits, if missing or stale
+
+$(KITS_STAMP): $(KITS_LOCK)
+	@command -v npm >/dev/null || { echo "npm not found: clients/kits needs Node.js 20 with npm" >&2; exit 1; }
+	cd $(KITS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 browser-deps: ## Install Debian's chromium for tests/browser when missing (root + apt-get; else a one-line skip)
 	@bash scripts/ensure-chromium.sh

@@ -17,6 +17,7 @@ from app.api import (
     events,
     files,
     health,
+    kits,
     messages,
     metrics,
     sessions,
@@ -45,8 +46,12 @@ install_access_log_redaction()
 redact_provider_logs()
 
 # What a browser on an allowed origin may send and read (CORS is off unless PARLEY_CORS_ORIGINS is set).
-CORS_REQUEST_HEADERS = ["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "X-Request-ID"]
-CORS_RESPONSE_HEADERS = ["X-Request-ID", "Idempotent-Replayed", "Retry-After"]
+CORS_REQUEST_HEADERS = [
+    *("Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "X-Request-ID"),
+    "X-AI-SDK-Version",  # the AI SDK adapter's version choice (app.api.kits)
+]
+# X-Parley-Session-Id: the session a kit's chat or thread is bound to (app.api.kits).
+CORS_RESPONSE_HEADERS = ["X-Request-ID", "Idempotent-Replayed", "Retry-After", "X-Parley-Session-Id"]
 
 
 def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None = None) -> FastAPI:
@@ -85,6 +90,7 @@ def create_app(settings: Settings | None = None, *, tools: ToolRegistry | None =
     app.include_router(tools_router)
     app.include_router(tool_requests.router)
     app.include_router(files.router)
+    app.include_router(kits.router)
     app.include_router(ui.docs_router)
     if settings.ui:
         app.include_router(ui.router)

@@ -33,6 +33,7 @@ from app.chat.auth import KeyRing
 from app.chat.branches import Branches
 from app.chat.files import Files
 from app.chat.idempotency import Idempotency
+from app.chat.kit_chats import KitChats
 from app.chat.limits import MessageLimit, MessageRate, StreamLimit, StreamSlots
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
@@ -317,12 +318,13 @@ def _services(
     files = Files(settings, database, models)
     messages = Messages(settings, database, sessions, turns, broker, idempotency, files)
     message_rate, streams = _limits(settings)
+    answers = ToolAnswers(database, sessions, turns)
     return Services(
         settings=settings,
         sessions=sessions,
         messages=messages,
         turns=Turns(settings, database, sessions, messages, turns),
-        answers=ToolAnswers(database, sessions, turns),
+        answers=answers,
         broker=broker,
         models=models,
         keys=keys,
@@ -332,4 +334,5 @@ def _services(
         tools=catalog,
         branches=Branches(settings, database, sessions, turns, models, idempotency),
         files=files,
+        kits=KitChats(settings, database, sessions, messages, answers, broker, streams),
     )

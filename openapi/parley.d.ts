@@ -44,6 +44,91 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/ag-ui": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Ag Ui Run
+         * @description An AG-UI agent (CopilotKit's `HttpAgent`): the run's new input taken into the thread's session,
+         *     answered with AG-UI events; a run without new input attaches to the thread (a snapshot, then the
+         *     running turn). Closing the request never stops the turn.
+         */
+        post: operations["ag_ui_run_v1_ag_ui_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/ai-sdk/chat": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Ai Sdk Chat
+         * @description The AI SDK's chat endpoint: the last message's new input, answered with the turn that takes it as a
+         *     UI message stream. The chat id binds to a session of the caller; closing the request never stops the
+         *     turn (`POST /v1/sessions/{X-Parley-Session-Id}/cancel` does).
+         */
+        post: operations["ai_sdk_chat_v1_ai_sdk_chat_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/ai-sdk/chat/{chat_id}/messages": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Ai Sdk Messages
+         * @description The chat's stored history (Parley's, the truth) as `UIMessage`s, for `useChat({messages})`.
+         */
+        get: operations["ai_sdk_messages_v1_ai_sdk_chat__chat_id__messages_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/ai-sdk/chat/{chat_id}/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Ai Sdk Resume
+         * @description The AI SDK's resume: the chat's running turn replayed from its `start` chunk, then live, from the
+         *     event log (after a restart too, and on any replica); 204 when no turn runs.
+         */
+        get: operations["ai_sdk_resume_v1_ai_sdk_chat__chat_id__stream_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/models": {
         parameters: {
             query?: never;
@@ -73,8 +158,7 @@ export interface paths {
         };
         /**
          * List Sessions
-         * @description List the caller's sessions, newest first; `metadata.<key>=<value>` keeps those whose metadata holds
-         *     it (each such parameter narrows the list).
+         * @description List the caller's sessions, newest first.
          */
         get: operations["list_sessions_v1_sessions_get"];
         put?: never;
@@ -190,10 +274,8 @@ export interface paths {
          *     `PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the
          *     server shuts down, sees its stream end: reconnecting with Last-Event-ID loses nothing.
          *
-         *     The API key or token goes in the `Authorization` header or, for EventSource (which cannot set headers),
-         *     in the `access_token` query parameter: best a stream token of `POST .../stream_token`, which opens this
-         *     session's stream only and for minutes; over TLS only, since URLs are kept in browser histories and proxy
-         *     logs.
+         *     The API key goes in the `Authorization` header or, for EventSource (which cannot set headers), in the
+         *     `access_token` query parameter; over TLS only, since URLs are kept in browser histories and proxy logs.
          *     A principal may hold `PARLEY_MAX_STREAMS_PER_PRINCIPAL` streams at once; one more gets 429.
          *
          *     `Accept: application/x-ndjson` (or `format=ndjson`, which wins over the header) gives the same events as
@@ -329,28 +411,6 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
-    "/v1/sessions/{session_id}/stream_token": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        get?: never;
-        put?: never;
-        /**
-         * Create Stream Token
-         * @description A short-lived token that opens this session's event stream only, as `?access_token=`: an
-         *     EventSource URL then carries no long-lived credential (PARLEY_STREAM_TOKEN_SECONDS, 5 minutes by
-         *     default; a stream it opened goes on after it expires).
-         */
-        post: operations["create_stream_token_v1_sessions__session_id__stream_token_post"];
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
     "/v1/sessions/{session_id}/tool_results": {
         parameters: {
             query?: never;
@@ -436,6 +496,118 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /**
+         * ActivityMessage
+         * @description Structured progress that is not conversation content, materialised as a
+         *     message so it keeps its place in the sequence. Stands alone rather than
+         *     composing BaseMessage, because its content is an object rather than a
+         *     string.
+         */
+        ActivityMessage: {
+            /** Activitytype */
+            activityType: string;
+            /** Content */
+            content: {
+                [key: string]: unknown;
+            };
+            /** Id */
+            id: string;
+            /** Metadata */
+            metadata?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Role
+             * @default activity
+             * @constant
+             */
+            role: "activity";
+            /** Subagentrunid */
+            subagentRunId?: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * AgUiAssistantMessage
+         * @description A message from the agent (AG-UI's AssistantMessage).
+         */
+        AgUiAssistantMessage: {
+            /** Content */
+            content?: string | null;
+            /** Encryptedvalue */
+            encryptedValue?: string | null;
+            /** Id */
+            id: string;
+            /** Metadata */
+            metadata?: {
+                [key: string]: unknown;
+            } | null;
+            /** Name */
+            name?: string | null;
+            /**
+             * Role
+             * @default assistant
+             * @constant
+             */
+            role: "assistant";
+            /** Subagentrunid */
+            subagentRunId?: string | null;
+            /** Toolcalls */
+            toolCalls?: components["schemas"]["AgUiToolCall"][] | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * AgUiToolCall
+         * @description A tool call of an assistant message (AG-UI's ToolCall).
+         */
+        AgUiToolCall: {
+            /** Encryptedvalue */
+            encryptedValue?: string | null;
+            function: components["schemas"]["FunctionCall"];
+            /** Id */
+            id: string;
+            /** Metadata */
+            metadata?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Type
+             * @default function
+             * @constant
+             */
+            type: "function";
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * AgUiUserMessage
+         * @description A message from the person (AG-UI's UserMessage).
+         */
+        AgUiUserMessage: {
+            /** Content */
+            content: string | (components["schemas"]["ag_ui___generated__models__TextPart"] | components["schemas"]["ImagePart"] | components["schemas"]["AudioPart"] | components["schemas"]["VideoPart"] | components["schemas"]["DocumentPart"])[];
+            /** Encryptedvalue */
+            encryptedValue?: string | null;
+            /** Id */
+            id: string;
+            /** Metadata */
+            metadata?: {
+                [key: string]: unknown;
+            } | null;
+            /** Name */
+            name?: string | null;
+            /**
+             * Role
+             * @default user
+             * @constant
+             */
+            role: "user";
+            /** Subagentrunid */
+            subagentRunId?: string | null;
+        } & {
+            [key: string]: unknown;
+        };
         /** AgentCancelled */
         AgentCancelled: {
             /** Interrupted Message Ids */
@@ -619,6 +791,25 @@ export interface components {
              */
             type: "text";
         };
+        /**
+         * AudioPart
+         * @description An audio part.
+         */
+        AudioPart: {
+            /** Id */
+            id?: string | null;
+            /** Metadata */
+            metadata?: unknown | null;
+            /** Source */
+            source: components["schemas"]["DataSource"] | components["schemas"]["UrlSource"] | components["schemas"]["FileSource"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "audio";
+        } & {
+            [key: string]: unknown;
+        };
         /** CancelRequest */
         CancelRequest: {
             /**
@@ -643,6 +834,40 @@ export interface components {
             turn_id?: string | null;
             /** Withdrawn */
             withdrawn?: components["schemas"]["QueuedMessage"][];
+        };
+        /**
+         * ChatRequest
+         * @description What `DefaultChatTransport` posts. Only the last message is new input: a user message (its text is
+         *     posted to the session), or the assistant message the kit completed with browser-side tool outputs
+         *     (each `output-available` or `output-error` part whose call waits is posted as that call's result).
+         */
+        ChatRequest: {
+            /**
+             * Client Tools
+             * @description Parley's client tools offered for this turn (the transport's `body` option adds them): the browser runs them through the kit's `onToolCall` and `addToolOutput`.
+             */
+            client_tools?: components["schemas"]["ClientTool"][] | null;
+            /**
+             * Id
+             * @description The chat: a session of the caller (its `s_` id), or any other id, bound to a session of its own for the caller on first use (the same id finds the same session again).
+             */
+            id: string;
+            /**
+             * Messageid
+             * @description Refused when set (422): editing a message needs branching, not available yet.
+             */
+            messageId?: null;
+            /**
+             * Messages
+             * @description The client's messages; only the last one is read. A last message that is not a user message and answers no waiting tool call: 409 `no_new_input`.
+             */
+            messages: (components["schemas"]["UserUIMessage"] | components["schemas"]["OtherUIMessage"])[];
+            /**
+             * Trigger
+             * @description `submit-message`. `regenerate-message` is refused (422) until the server has branching.
+             * @constant
+             */
+            trigger: "submit-message";
         };
         /**
          * ClientTool
@@ -743,6 +968,36 @@ export interface components {
             wait_ms: number;
         };
         /**
+         * Context
+         * @description A named piece of ambient information given to the agent for the run,
+         *     distinct from the conversation.
+         */
+        Context: {
+            /** Description */
+            description: string;
+            /** Value */
+            value: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * DataSource
+         * @description Bytes carried inline.
+         */
+        DataSource: {
+            /** Mimetype */
+            mimeType: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "data";
+            /** Value */
+            value: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
          * DecisionItem
          * @description `arguments` with an `edit` decision, and only with it.
          */
@@ -775,6 +1030,53 @@ export interface components {
             /** @enum {unknown} */
             decision?: "approve" | "reject";
         });
+        /**
+         * DeveloperMessage
+         * @description Instructions from the application developer.
+         */
+        DeveloperMessage: {
+            /** Content */
+            content: string;
+            /** Encryptedvalue */
+            encryptedValue?: string | null;
+            /** Id */
+            id: string;
+            /** Metadata */
+            metadata?: {
+                [key: string]: unknown;
+            } | null;
+            /** Name */
+            name?: string | null;
+            /**
+             * Role
+             * @default developer
+             * @constant
+             */
+            role: "developer";
+            /** Subagentrunid */
+            subagentRunId?: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * DocumentPart
+         * @description A document part.
+         */
+        DocumentPart: {
+            /** Id */
+            id?: string | null;
+            /** Metadata */
+            metadata?: unknown | null;
+            /** Source */
+            source: components["schemas"]["DataSource"] | components["schemas"]["UrlSource"] | components["schemas"]["FileSource"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "document";
+        } & {
+            [key: string]: unknown;
+        };
         /** ErrorBody */
         ErrorBody: {
             /**
@@ -883,12 +1185,95 @@ export interface components {
             /** @description The event's `seq`: send it back as Last-Event-ID to resume after it. */
             id: string;
         };
+        /**
+         * FileSource
+         * @description Bytes already at the provider, named by a handle the provider issued: an
+         *     OpenAI or Anthropic file id, a Gemini file URI, a storage URL only that
+         *     provider can read. No bytes travel and nothing is fetched. Only the
+         *     provider that minted the handle can resolve it; a peer that cannot drops
+         *     the part as it drops any part it cannot use.
+         */
+        FileSource: {
+            /** Mimetype */
+            mimeType?: string | null;
+            /** Provider */
+            provider?: string | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "file";
+            /** Value */
+            value: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * FrontendTool
+         * @description A tool the frontend runs: offered to the model for this run as a Parley client tool.
+         */
+        FrontendTool: {
+            /** Description */
+            description: string;
+            /** Metadata */
+            metadata?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Name
+             * @description 1-64 letters, digits, '_' or '-' (what providers take as a function name); not the name of a server tool of the session (400 `tool_name_clash`).
+             */
+            name: string;
+            /**
+             * Parameters
+             * @description The arguments' JSON schema: an object schema, valid against JSON Schema 2020-12 (422 otherwise). Absent: no arguments.
+             */
+            parameters?: {
+                /** @constant */
+                type?: "object";
+            } | {
+                [key: string]: unknown;
+            } | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * FunctionCall
+         * @description The name and arguments of a tool call.
+         */
+        FunctionCall: {
+            /** Arguments */
+            arguments: string;
+            /** Name */
+            name: string;
+        } & {
+            [key: string]: unknown;
+        };
         /** Health */
         Health: {
             /** Models Ready */
             models_ready: boolean;
             /** Status */
             status: string;
+        };
+        /**
+         * ImagePart
+         * @description An image part.
+         */
+        ImagePart: {
+            /** Id */
+            id?: string | null;
+            /** Metadata */
+            metadata?: unknown | null;
+            /** Source */
+            source: components["schemas"]["DataSource"] | components["schemas"]["UrlSource"] | components["schemas"]["FileSource"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "image";
+        } & {
+            [key: string]: unknown;
         };
         JsonValue: unknown;
         /**
@@ -1016,7 +1401,7 @@ export interface components {
         /** MessagePage */
         MessagePage: {
             /** Chat Messages */
-            chat_messages: (components["schemas"]["TurnStartMessage"] | components["schemas"]["UserTextMessage"] | components["schemas"]["AssistantTextMessage"] | components["schemas"]["ReasoningMessage"] | components["schemas"]["ToolGroupMessage"] | components["schemas"]["TurnDoneMessage"] | components["schemas"]["ErrorMessage"])[];
+            chat_messages: (components["schemas"]["TurnStartMessage"] | components["schemas"]["UserTextMessage"] | components["schemas"]["AssistantTextMessage"] | components["schemas"]["ReasoningMessage-Output"] | components["schemas"]["ToolGroupMessage"] | components["schemas"]["TurnDoneMessage"] | components["schemas"]["ErrorMessage"])[];
             /**
              * Last Event Id
              * @description The stream position this history includes: subscribe with after=last_event_id.
@@ -1048,6 +1433,21 @@ export interface components {
             default_model: string;
             /** Models */
             models: components["schemas"]["ModelInfo"][];
+        };
+        /** OtherUIMessage */
+        OtherUIMessage: {
+            /** Id */
+            id: string;
+            metadata?: components["schemas"]["JsonValue"];
+            /** Parts */
+            parts: components["schemas"]["UIPart"][];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            role: "assistant" | "system";
+        } & {
+            [key: string]: unknown;
         };
         /** PendingList */
         PendingList: {
@@ -1201,10 +1601,37 @@ export interface components {
         };
         /**
          * ReasoningMessage
+         * @description A span of the agent's reasoning, materialised as a message. Stands alone
+         *     rather than composing BaseMessage, because it carries no name.
+         */
+        "ReasoningMessage-Input": {
+            /** Content */
+            content: string;
+            /** Encryptedvalue */
+            encryptedValue?: string | null;
+            /** Id */
+            id: string;
+            /** Metadata */
+            metadata?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Role
+             * @default reasoning
+             * @constant
+             */
+            role: "reasoning";
+            /** Subagentrunid */
+            subagentRunId?: string | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * ReasoningMessage
          * @description The reasoning a model streamed before its answer (docs/protocol.md, reasoning); what the provider
          *     needs back (a signature, encrypted thinking) is kept by the server and never shown.
          */
-        ReasoningMessage: {
+        "ReasoningMessage-Output": {
             /** Content */
             content: string;
             /**
@@ -1341,6 +1768,27 @@ export interface components {
             usage: components["schemas"]["Usage"] | null;
         };
         /**
+         * ResumeEntry
+         * @description An answer to one interrupt, sent on the run that continues from it.
+         */
+        ResumeEntry: {
+            /** Interruptid */
+            interruptId: string;
+            /** Metadata */
+            metadata?: {
+                [key: string]: unknown;
+            } | null;
+            /** Payload */
+            payload?: unknown | null;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "resolved" | "cancelled";
+        } & {
+            [key: string]: unknown;
+        };
+        /**
          * Resync
          * @description The asked-for position cannot be replayed: reload the history, then continue from this frame.
          */
@@ -1369,6 +1817,40 @@ export interface components {
              */
             type: "resync";
         };
+        /**
+         * RunInput
+         * @description AG-UI's RunAgentInput. `threadId` names the session (bound per caller on first use, as the AI
+         *     SDK's chat id), the trailing user message is new input, trailing `tool` messages answer waiting
+         *     frontend tool calls, and `resume` answers approval interrupts. `state`, `context` and
+         *     `forwardedProps` are accepted and not used.
+         */
+        RunInput: {
+            /** Context */
+            context?: components["schemas"]["Context"][] | null;
+            /** Forwardedprops */
+            forwardedProps?: unknown | null;
+            /** Messages */
+            messages: (components["schemas"]["DeveloperMessage"] | components["schemas"]["SystemMessage"] | components["schemas"]["AgUiAssistantMessage"] | components["schemas"]["AgUiUserMessage"] | components["schemas"]["ToolMessage"] | components["schemas"]["ActivityMessage"] | components["schemas"]["ReasoningMessage-Input"])[];
+            /** Parentrunid */
+            parentRunId?: string | null;
+            /** Protocolversion */
+            protocolVersion?: string | null;
+            /** Resume */
+            resume?: components["schemas"]["ResumeEntry"][] | null;
+            /** Runid */
+            runId: string;
+            /** State */
+            state?: unknown | null;
+            /** Threadid */
+            threadId: string;
+            /**
+             * Tools
+             * @description Frontend tools offered for this run.
+             */
+            tools?: components["schemas"]["FrontendTool"][] | null;
+        } & {
+            [key: string]: unknown;
+        };
         /** SessionCreate */
         SessionCreate: {
             /**
@@ -1383,10 +1865,6 @@ export interface components {
              * @description Tools the client runs: a call suspends the turn until POST .../tool_results answers it.
              */
             client_tools?: components["schemas"]["ClientTool"][] | null;
-            /** Metadata */
-            metadata?: {
-                [key: string]: string | boolean | number;
-            } | null;
             /**
              * Model
              * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. The default model if omitted or null.
@@ -1421,10 +1899,6 @@ export interface components {
             created_at: string;
             /** Id */
             id: string;
-            /** Metadata */
-            metadata: {
-                [key: string]: string | boolean | number;
-            };
             /** Model */
             model: string;
             /** Running Turn Id */
@@ -1433,10 +1907,7 @@ export interface components {
             status: string;
             /** System Prompt */
             system_prompt: string | null;
-            /**
-             * Title
-             * @description As given; a session created without one takes the first line of its first message (at most 80 characters).
-             */
+            /** Title */
             title: string | null;
             /** Tools */
             tools: string[];
@@ -1461,13 +1932,6 @@ export interface components {
          */
         SessionUpdate: {
             /**
-             * Metadata
-             * @description Replaces the metadata whole; null empties it.
-             */
-            metadata?: {
-                [key: string]: string | boolean | number;
-            } | null;
-            /**
              * Model
              * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. Not null.
              */
@@ -1477,15 +1941,33 @@ export interface components {
             /** Title */
             title?: string | null;
         };
-        /** StreamToken */
-        StreamToken: {
-            /** Expires At */
-            expires_at: string;
+        /**
+         * SystemMessage
+         * @description Instructions from the system.
+         */
+        SystemMessage: {
+            /** Content */
+            content: string;
+            /** Encryptedvalue */
+            encryptedValue?: string | null;
+            /** Id */
+            id: string;
+            /** Metadata */
+            metadata?: {
+                [key: string]: unknown;
+            } | null;
+            /** Name */
+            name?: string | null;
             /**
-             * Token
-             * @description Opens this session's event stream only, as `?access_token=<token>`, until expires_at.
+             * Role
+             * @default system
+             * @constant
              */
-            token: string;
+            role: "system";
+            /** Subagentrunid */
+            subagentRunId?: string | null;
+        } & {
+            [key: string]: unknown;
         };
         /** TextDelta */
         TextDelta: {
@@ -1760,6 +2242,37 @@ export interface components {
             tools: components["schemas"]["ToolInfo"][];
         };
         /**
+         * ToolMessage
+         * @description What a tool returned, as a message in the conversation. Stands alone
+         *     rather than composing BaseMessage, because it carries no name.
+         */
+        ToolMessage: {
+            /** Content */
+            content: string | (components["schemas"]["ag_ui___generated__models__TextPart"] | components["schemas"]["ImagePart"] | components["schemas"]["AudioPart"] | components["schemas"]["VideoPart"] | components["schemas"]["DocumentPart"])[];
+            /** Encryptedvalue */
+            encryptedValue?: string | null;
+            /** Error */
+            error?: string | null;
+            /** Id */
+            id: string;
+            /** Metadata */
+            metadata?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Role
+             * @default tool
+             * @constant
+             */
+            role: "tool";
+            /** Subagentrunid */
+            subagentRunId?: string | null;
+            /** Toolcallid */
+            toolCallId: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
          * ToolNode
          * @description One tool call with its result and the server-measured execution time.
          */
@@ -2017,6 +2530,34 @@ export interface components {
              */
             type: "turn_start";
         };
+        /**
+         * UIPart
+         * @description A part of an assistant or system message: text, reasoning, a tool call (`tool-<name>` or
+         *     `dynamic-tool`, with `toolCallId`, `state`, `input`, `output` or `errorText`), data, a step start...
+         */
+        UIPart: {
+            /** Type */
+            type: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * UrlSource
+         * @description Bytes referenced by URL, fetched by whoever needs them.
+         */
+        UrlSource: {
+            /** Mimetype */
+            mimeType?: string | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "url";
+            /** Value */
+            value: string;
+        } & {
+            [key: string]: unknown;
+        };
         /** Usage */
         Usage: {
             /**
@@ -2123,6 +2664,80 @@ export interface components {
              */
             type: "text";
         };
+        /** UserUIMessage */
+        UserUIMessage: {
+            /**
+             * Id
+             * @description Kept as the message's client_message_id.
+             */
+            id: string;
+            metadata?: components["schemas"]["JsonValue"];
+            /**
+             * Parts
+             * @description Text parts, at least one with a character that is not whitespace. File parts are refused (a 422): attachments are not taken yet.
+             */
+            parts: components["schemas"]["app__protocol__ai_sdk__TextPart"][];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            role: "user";
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * VideoPart
+         * @description A video part.
+         */
+        VideoPart: {
+            /** Id */
+            id?: string | null;
+            /** Metadata */
+            metadata?: unknown | null;
+            /** Source */
+            source: components["schemas"]["DataSource"] | components["schemas"]["UrlSource"] | components["schemas"]["FileSource"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "video";
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * TextPart
+         * @description A text part.
+         */
+        ag_ui___generated__models__TextPart: {
+            /** Id */
+            id?: string | null;
+            /** Metadata */
+            metadata?: unknown | null;
+            /** Text */
+            text: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "text";
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * TextPart
+         * @description A user message's text. Other fields a kit adds (`state`, `providerMetadata`) are ignored.
+         */
+        app__protocol__ai_sdk__TextPart: {
+            /** Text */
+            text: string;
+            /**
+             * Type
+             * @constant
+             */
+            type: "text";
+        } & {
+            [key: string]: unknown;
+        };
     };
     responses: never;
     parameters: never;
@@ -2217,6 +2832,509 @@ export interface operations {
             };
         };
     };
+    ag_ui_run_v1_ag_ui_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RunInput"];
+            };
+        };
+        responses: {
+            /**
+             * @description The run as AG-UI events over SSE (`data: <event JSON>` per event): `RUN_STARTED`, then
+             *     `MESSAGES_SNAPSHOT` (Parley's history) when the run brings no new input, `STEP_STARTED`/`STEP_FINISHED`
+             *     per model call, `TEXT_MESSAGE_*`, `REASONING_*`, `TOOL_CALL_START`/`ARGS`/`END`, `TOOL_CALL_RESULT`,
+             *     `CUSTOM` (`parley.*`: agent status, usage, queue, the session), and `RUN_FINISHED` (an `interrupt` outcome
+             *     when an approval waits, answered by the next run's `resume`) or `RUN_ERROR`. Not Parley's event stream.
+             */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": {
+                        data: string;
+                    };
+                };
+            };
+            /** @description Bad request; or: The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Gone: the call's wait expired, or the session an Idempotency-Key created was deleted */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unsupported media type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Too many requests: wait for Retry-After seconds */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    ai_sdk_chat_v1_ai_sdk_chat_post: {
+        parameters: {
+            query?: {
+                /** @description The major version of the client's `ai` package (5, 6 or 7; default 7): chunks that version does not know are never sent. `v` wins over the header. */
+                v?: "5" | "6" | "7";
+            };
+            header?: {
+                /** @description The major version of the client's `ai` package (5, 6 or 7; default 7): chunks that version does not know are never sent. `v` wins over the header. */
+                "X-AI-SDK-Version"?: "5" | "6" | "7";
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ChatRequest"];
+            };
+        };
+        responses: {
+            /**
+             * @description The turn as the AI SDK's UI message stream, protocol v1 (`x-vercel-ai-ui-message-stream: v1`):
+             *     one `data: <chunk JSON>` line per chunk, and `data: [DONE]` last. Not Parley's event stream: the chunks
+             *     are the `ai` package's (`start`, `start-step`, `text-start`, `text-delta`, `text-end`, `reasoning-*`,
+             *     `tool-input-start`, `tool-input-delta`, `tool-input-available`, `tool-output-available`,
+             *     `tool-output-error`, transient `data-parley-*` parts, `finish-step`, `finish`, `abort`, `error`), for the
+             *     major version asked for. The stream ends with the turn, or when a browser-side tool call waits for the
+             *     kit (`finish` with `finishReason: "tool-calls"`).
+             */
+            200: {
+                headers: {
+                    /** @description The chat's session, for Parley's own routes (cancel, approvals). */
+                    "X-Parley-Session-Id"?: string;
+                    /** @description `v1`: the UI message stream protocol. */
+                    "x-vercel-ai-ui-message-stream"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": {
+                        data: string;
+                    };
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unsupported media type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Too many requests: wait for Retry-After seconds */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    ai_sdk_messages_v1_ai_sdk_chat__chat_id__messages_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The chat id the kit posted as `id`. */
+                chat_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The chat's history as the AI SDK's UIMessage[] (empty for an unknown chat) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": ({
+                        id: string;
+                        parts: Record<string, never>[];
+                        /** @enum {string} */
+                        role: "user" | "assistant";
+                    } & {
+                        [key: string]: unknown;
+                    })[];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    ai_sdk_resume_v1_ai_sdk_chat__chat_id__stream_get: {
+        parameters: {
+            query?: {
+                /** @description The major version of the client's `ai` package (5, 6 or 7; default 7): chunks that version does not know are never sent. `v` wins over the header. */
+                v?: "5" | "6" | "7";
+            };
+            header?: {
+                /** @description The major version of the client's `ai` package (5, 6 or 7; default 7): chunks that version does not know are never sent. `v` wins over the header. */
+                "X-AI-SDK-Version"?: "5" | "6" | "7";
+            };
+            path: {
+                /** @description The chat id the kit posted as `id`. */
+                chat_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /**
+             * @description The turn as the AI SDK's UI message stream, protocol v1 (`x-vercel-ai-ui-message-stream: v1`):
+             *     one `data: <chunk JSON>` line per chunk, and `data: [DONE]` last. Not Parley's event stream: the chunks
+             *     are the `ai` package's (`start`, `start-step`, `text-start`, `text-delta`, `text-end`, `reasoning-*`,
+             *     `tool-input-start`, `tool-input-delta`, `tool-input-available`, `tool-output-available`,
+             *     `tool-output-error`, transient `data-parley-*` parts, `finish-step`, `finish`, `abort`, `error`), for the
+             *     major version asked for. The stream ends with the turn, or when a browser-side tool call waits for the
+             *     kit (`finish` with `finishReason: "tool-calls"`).
+             */
+            200: {
+                headers: {
+                    /** @description The chat's session, for Parley's own routes (cancel, approvals). */
+                    "X-Parley-Session-Id"?: string;
+                    /** @description `v1`: the UI message stream protocol. */
+                    "x-vercel-ai-ui-message-stream"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": {
+                        data: string;
+                    };
+                };
+            };
+            /** @description No turn runs in the chat (or the chat is unknown) */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Too many requests: wait for Retry-After seconds */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     list_models_v1_models_get: {
         parameters: {
             query?: never;
@@ -2292,8 +3410,6 @@ export interface operations {
                 limit?: number;
                 /** @description `next_cursor` of the previous page, as it was (opaque); one the server did not make: 422 `invalid_cursor`. */
                 cursor?: string;
-                /** @description `metadata.<key>=<value>` (e.g. `metadata.project=apollo`): only the sessions whose metadata has the top-level `<key>` with this value: a string as is, a number or boolean as JSON writes it (`metadata.pinned=true`, `metadata.rank=3`). Repeat with other keys: each narrows the list. */
-                "metadata.{key}"?: string;
             };
             header?: never;
             path?: never;
@@ -3620,95 +4736,6 @@ export interface operations {
             };
             /** @description Conflict */
             409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Validation error */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
-            431: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
-            503: {
-                headers: {
-                    /** @description Seconds to wait before trying again, when the server knows. */
-                    "Retry-After"?: number;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-        };
-    };
-    create_stream_token_v1_sessions__session_id__stream_token_post: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path: {
-                session_id: string;
-            };
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description Successful Response */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["StreamToken"];
-                };
-            };
-            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "text/plain": string;
-                };
-            };
-            /** @description Missing or unknown API key (when the server has keys) */
-            401: {
-                headers: {
-                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
-                    "WWW-Authenticate"?: string;
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
-            403: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
-                };
-            };
-            /** @description Not found */
-            404: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -49,6 +49,7 @@ APP_TABLES = {
     "message_files",
     "session_metadata",
     "service_secrets",
+    "chat_bindings",
 }
 
 
@@ -206,6 +207,36 @@ def test_0004_keeps_every_row_and_gives_old_sessions_the_open_mode_principal(
         assert connection.execute(text("SELECT id, client_message_id FROM queued_messages")).all() == [
             ("m_wait", None)
         ]
+
+
+def test_0167_adds_chat_bindings_and_keeps_every_row(config: Config, engine: Engine) -> None:
+    command.upgrade(config, "0162")
+    at = "2026-11-29T00:00:00.000+00:00"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO chat_sessions (id, principal, model, tools, status, created_at, updated_at,"
+                " total_tokens, context_used)"
+                " VALUES ('s_kept', 'alice', 'parley/demo', '[]', 'active', :at, :at, 0, 0)"
+            ),
+            {"at": at},
+        )
+    command.upgrade(config, "0167")
+    with engine.begin() as connection:
+        assert connection.execute(text("SELECT id, principal FROM chat_sessions")).all() == [
+            ("s_kept", "alice")
+        ]
+        connection.execute(
+            text(
+                "INSERT INTO chat_bindings (principal, kit, chat_key, session_id, created_at)"
+                " VALUES ('alice', 'ai-sdk', :key, 's_kept', :at)"
+            ),
+            {"key": "0" * 64, "at": at},
+        )
+    command.downgrade(config, "0162")
+    with engine.connect() as connection:
+        assert "chat_bindings" not in tables(engine)
+        assert connection.execute(text("SELECT id FROM chat_sessions")).all() == [("s_kept",)]
 
 
 @pytest.mark.processes

@@ -12,6 +12,7 @@ from app.chat.auth import OPEN_PRINCIPAL, KeyRing
 from app.chat.branches import Branches
 from app.chat.files import Files
 from app.chat.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
+from app.chat.kit_chats import KitChats
 from app.chat.limits import MessageLimit, StreamLimit
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
@@ -44,6 +45,7 @@ class Services:
     tools: ToolCatalog
     branches: Branches
     files: Files
+    kits: KitChats
 
 
 # Async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request.

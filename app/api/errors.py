@@ -53,6 +53,8 @@ STATUS: dict[str, int] = {
     "no_pending_call": 409,
     "answer_conflict": 409,
     "file_in_use": 409,
+    # A frontend kit's request with nothing new in it (app.chat.kit_chats).
+    "no_new_input": 409,
     # Gone: it was there, and is no more.
     "expired": 410,
     "session_deleted": 410,

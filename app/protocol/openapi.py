@@ -6,7 +6,8 @@
   on `type`, both generated from the models the server serializes, so the spec follows the wire;
 * `EventFrame`, one SSE frame as the stream sends it: `id` (the seq), `event` (the type) and `data`, a
   string of `application/json` whose `contentSchema` is `Event`. It is the `text/event-stream` schema of
-  the stream operation (any operation whose response declares that media type): for a stream, the
+  the stream operation (any operation whose response declares that media type without a schema of its
+  own, as the kits' adapters do): for a stream, the
   schema describes each event as a client's SSE parser yields it (what OpenAPI 3.2 calls `itemSchema`,
   and how tools for 3.1 read `schema`), not the JSON inside it;
 * `Event` as the `application/x-ndjson` schema of the same operation, read the same way: each line is
@@ -148,6 +149,7 @@ def install_openapi(app: FastAPI) -> None:
             spec = build()
             _add_events(spec)
             _document_streams(spec)
+            _request_tags_required(spec)
             _validation_errors(spec)
             _malformed_requests(spec)
             _add_links(spec)
@@ -197,11 +199,12 @@ _STREAM_ITEMS = {STREAM_MEDIA_TYPE: EVENT_FRAME, NDJSON_MEDIA_TYPE: EVENT}
 
 def _document_streams(spec: dict[str, Any]) -> None:
     for operation in _operations(spec):
+        # A stream that declares its own schema (the kits' adapters, app.api.kits) is not Parley's.
         streams = [
             (response["content"][media_type], item)
             for response in operation.get("responses", {}).values()
             for media_type, item in _STREAM_ITEMS.items()
-            if media_type in response.get("content", {})
+            if media_type in response.get("content", {}) and "schema" not in response["content"][media_type]
         ]
         if not streams:
             continue
@@ -211,6 +214,39 @@ def _document_streams(spec: dict[str, Any]) -> None:
         description = operation.get("description", "")
         if FRAMING_HEADING not in description:
             operation["description"] = f"{description}\n\n{FRAMING}".strip()
+
+
+def _request_tags_required(spec: dict[str, Any]) -> None:
+    """In request bodies, a discriminated union's tag is required in each of its members: the server refuses
+    a member without its tag even where the model gives the tag a default (AG-UI's package models do), and
+    a spec that let it out would call refused data valid."""
+    schemas: dict[str, Any] = spec.get("components", {}).get("schemas", {})
+    seen: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+            return
+        if not isinstance(node, dict):
+            return
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith(SCHEMAS) and ref not in seen:
+            seen.add(ref)
+            walk(schemas.get(ref[len(SCHEMAS) :]))
+        discriminator = node.get("discriminator")
+        if isinstance(discriminator, dict):
+            tag = discriminator["propertyName"]
+            for target in discriminator.get("mapping", {}).values():
+                member = schemas.get(target[len(SCHEMAS) :], {})
+                if tag in member.get("properties", {}) and tag not in member.setdefault("required", []):
+                    member["required"].append(tag)
+        for key, value in node.items():
+            if key != "$ref":
+                walk(value)
+
+    for operation in _operations(spec):
+        walk(operation.get("requestBody"))
 
 
 def _validation_errors(spec: dict[str, Any]) -> None:

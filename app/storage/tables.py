@@ -386,3 +386,22 @@ class MessageFileRow(SQLModel, table=True):
     session_id: str = Field(
         sa_column=Column(String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False)
     )
+
+
+class ChatBindingRow(SQLModel, table=True):
+    """A frontend kit's own chat id (the AI SDK's chat `id`, AG-UI's `threadId`), per principal and kit,
+    bound to the session it names (app.chat.kit_chats). `chat_key` is the id's SHA-256 in hex, so any id a
+    kit makes fits the key; the first request with a new id inserts the binding, and a racing one keeps
+    the row that won (INSERT ... ON CONFLICT DO NOTHING)."""
+
+    __tablename__ = "chat_bindings"
+    __table_args__ = (Index("ix_chat_bindings_session", "session_id"),)
+
+    principal: str = Field(primary_key=True, max_length=100)
+    # "ai-sdk" or "ag-ui".
+    kit: str = Field(primary_key=True, max_length=10)
+    chat_key: str = Field(primary_key=True, max_length=64)
+    session_id: str = Field(
+        sa_column=Column(String, ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False)
+    )
+    created_at: str

@@ -222,6 +222,7 @@ def test_the_query_parameters_checked_are_those_the_spec_declares() -> None:
         events,
         files,
         health,
+        kits,
         messages,
         metrics,
         sessions,
@@ -238,7 +239,19 @@ def test_the_query_parameters_checked_are_those_the_spec_declares() -> None:
     schemes = spec["components"].get("securitySchemes", {})
     routers = [
         m.router
-        for m in (health, sessions, messages, events, turns, branches, tool_requests, debug, metrics, files)
+        for m in (
+            health,
+            sessions,
+            messages,
+            events,
+            turns,
+            branches,
+            tool_requests,
+            kits,
+            debug,
+            metrics,
+            files,
+        )
     ]
     routes = [r for router in (*routers, tools_router, ui.docs_router, ui.router) for r in router.routes]
     checked = 0

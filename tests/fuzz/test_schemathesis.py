@@ -17,8 +17,8 @@ What the spec cannot say in JSON Schema, the harness does as a client that read 
   new one each, so no case depends on what an earlier one changed), a `turn_id` or `message_id` a real one,
   a `model` the demo model, `tools` real tool names, a cursor (`cursor`, `after`, `before`) a real one.
   Invalid cases keep what was generated: the server must refuse them anyway.
-* Client tool names are unique and none is a server tool's name; an approval rule names the session's
-  server tools (`"*"` where it has none).
+* Client tool names (`client_tools`, and AG-UI's `tools` objects) are unique and none is a server tool's
+  name; an approval rule names the session's server tools (`"*"` where it has none).
 * `timeout` is valid only with `wait=true` (its description says so; the server answers 422
   `wait_required`): a valid case with a timeout gets `wait=true`.
 * An Idempotency-Key is per request: a valid case's key gets a suffix naming its path and body, so that a
@@ -237,7 +237,9 @@ class Target:
         """Client tool names unique and none a server tool's, and their parameters valid JSON Schemas (their
         descriptions say so: a generator drawing any object can write `{"if": [null]}`); an approval rule
         names the session's server tools (a reference, as `tools` is)."""
-        client = body.get("client_tools")
+        # A session's or a message's `client_tools`, and AG-UI's `tools` (a list of objects): the same rules.
+        objects = body.get("tools")
+        client = body.get("client_tools", objects if isinstance(objects, list) else None)
         if isinstance(client, list):
             taken = set(self.tools)
             for n, tool in enumerate(client):
@@ -292,7 +294,9 @@ class Target:
             if isinstance(case.body.get("model"), str):
                 case.body["model"] = DEMO_MODEL
             tools = case.body.get("tools")
-            if isinstance(tools, list):
+            # A list of names names server tools (a session's `tools`); AG-UI's `tools` are objects, the
+            # frontend's own.
+            if isinstance(tools, list) and all(isinstance(tool, str) for tool in tools):
                 case.body["tools"] = [self.tools[n % len(self.tools)] for n in range(len(tools))]
             self._tool_rules(case.body)
         headers = case.headers if case.headers is not None else {}

@@ -1,0 +1,118 @@
+// The AI SDK's own client code against a live Parley: DefaultChatTransport posts and parses (validating
+// every chunk with the package's uiMessageChunkSchema), readUIMessageStream builds the UIMessage.
+// Usage: node scenarios/ai-sdk.mjs <package: ai | ai-v6 | ai-v5> <base url> <scenario>
+// Prints one JSON object: what the scenario observed (tests/kits/test_ai_sdk.py asserts on it).
+const [pkg, base, scenario] = process.argv.slice(2);
+const { DefaultChatTransport, readUIMessageStream } = await import(pkg);
+const major = Number((await import(`${pkg}/package.json`, { with: { type: "json" } })).default.version.split(".")[0]);
+
+const chatId = `chat-${scenario}-${Math.random().toString(36).slice(2)}`;
+const transport = new DefaultChatTransport({ api: `${base}/v1/ai-sdk/chat?v=${major}`, body: bodyExtras() });
+
+function bodyExtras() {
+  if (scenario !== "client-tool") return undefined;
+  return {
+    client_tools: [
+      { name: "get_location", description: "Where the user is.", parameters: { type: "object", properties: {} } },
+    ],
+  };
+}
+
+function userMessage(text) {
+  return { id: `u-${Math.random().toString(36).slice(2)}`, role: "user", parts: [{ type: "text", text }] };
+}
+
+async function send(messages, abortSignal) {
+  return transport.sendMessages({
+    chatId, messages, trigger: "submit-message", messageId: undefined, abortSignal,
+  });
+}
+
+// Every chunk the transport yields (already validated by the kit), and the message built from them.
+async function collect(stream, message) {
+  const chunks = [];
+  const [forChunks, forMessage] = stream.tee();
+  const reading = (async () => {
+    const reader = forChunks.getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) return;
+      chunks.push(value);
+    }
+  })();
+  let last;
+  for await (const snapshot of readUIMessageStream({ stream: forMessage, message })) last = snapshot;
+  await reading;
+  return { chunks, message: last };
+}
+
+const types = (chunks) => chunks.map((c) => c.type);
+const out = { major, chatId };
+
+if (scenario === "text") {
+  const user = userMessage("what time is it?");
+  const { chunks, message } = await collect(await send([user]));
+  out.types = types(chunks);
+  out.finish = chunks.find((c) => c.type === "finish");
+  out.message = message;
+  out.history = await (await fetch(`${base}/v1/ai-sdk/chat/${chatId}/messages`)).json();
+  out.idleResume = await transport.reconnectToStream({ chatId });
+} else if (scenario === "client-tool") {
+  const user = userMessage('[call:get_location {"precise": true}]');
+  const first = await collect(await send([user]));
+  out.firstTypes = types(first.chunks);
+  out.firstFinish = first.chunks.find((c) => c.type === "finish");
+  // The kit's browser-side tool flow: the app answers the call (addToolOutput) and sends again.
+  const assistant = structuredClone(first.message);
+  const part = assistant.parts.find((p) => p.type === "tool-get_location");
+  out.call = { ...part };
+  part.state = "output-available";
+  part.output = { city: "Lisbon" };
+  const second = await collect(await send([user, assistant]), assistant);
+  out.secondTypes = types(second.chunks);
+  out.message = second.message;
+} else if (scenario === "stop") {
+  const user = userMessage("[long] tell me everything");
+  const stream = await send([user]);
+  const reader = stream.getReader();
+  const chunks = [];
+  let cancelled = false;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    chunks.push(value);
+    if (!cancelled && value.type === "text-delta") {
+      const session = chunks.find((c) => c.type === "data-parley-session").data.sessionId;
+      const answer = await fetch(`${base}/v1/sessions/${session}/cancel`, { method: "POST" });
+      out.cancelStatus = answer.status;
+      cancelled = true;
+    }
+  }
+  out.types = types(chunks);
+  out.last = chunks.at(-1);
+} else if (scenario === "resume") {
+  // A reload mid-answer: the first request is dropped after a few chunks (the turn goes on), then the
+  // kit's resume replays the running turn from its start and follows it live.
+  const user = userMessage("[slow] hello there");
+  const controller = new AbortController();
+  const stream = await send([user], controller.signal);
+  const reader = stream.getReader();
+  const before = [];
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    before.push(value);
+    if (before.filter((c) => c.type === "text-delta").length >= 2) break;
+  }
+  controller.abort();
+  out.before = types(before);
+  const resumed = await transport.reconnectToStream({ chatId });
+  const { chunks, message } = await collect(resumed);
+  out.types = types(chunks);
+  out.message = message;
+  out.history = await (await fetch(`${base}/v1/ai-sdk/chat/${chatId}/messages`)).json();
+  out.after = await transport.reconnectToStream({ chatId });
+} else {
+  throw new Error(`unknown scenario ${scenario}`);
+}
+process.stdout.write(JSON.stringify(out));

@@ -1,0 +1,238 @@
+"""The AI SDK adapter over a real socket, read as the kit reads it (`data:` lines, `[DONE]` last): the turn
+as UI message chunks, Parley's own stream and history seeing the same turn, the chat id bound per
+principal, the version's chunk set, resume, and what a request may not do (it stores nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from app.chat.adapters.ai_sdk import DONE
+from app.chat.kit_chats import NoNewInput
+from app.protocol.ai_sdk import STREAM_HEADER, knows_chunk
+from app.settings import Settings
+from tests.support.server import LiveServer, live_server
+
+pytestmark = pytest.mark.anyio
+
+KEYS = "alice:alice-key-0123456789abcdef,bob:bob-key-0123456789abcdef0"
+ALICE = {"Authorization": "Bearer alice-key-0123456789abcdef"}
+BOB = {"Authorization": "Bearer bob-key-0123456789abcdef0"}
+
+
+@pytest.fixture
+def paced(database_url: str) -> Iterator[LiveServer]:
+    """A server whose demo model streams at its default pace: a turn lasts long enough to stop or leave."""
+    with live_server(Settings(database_url=database_url)) as server:
+        yield server
+
+
+def chat(chat_id: str, text: str, **extra: Any) -> dict[str, Any]:
+    user = {"id": f"u-{len(text)}", "role": "user", "parts": [{"type": "text", "text": text}]}
+    return {"id": chat_id, "messages": [user], "trigger": "submit-message", **extra}
+
+
+async def read_chunks(response: httpx.Response) -> list[dict[str, Any]]:
+    """The stream's chunks; asserts that `[DONE]` came last and that every line is a `data:` line (or a
+    blank line between frames)."""
+    lines = [line async for line in response.aiter_lines()]
+    data = [line.removeprefix("data: ") for line in lines if line]
+    assert all(line.startswith("data: ") for line in lines if line), lines
+    assert data[-1] == DONE.decode().strip().removeprefix("data: ")
+    return [json.loads(item) for item in data[:-1]]
+
+
+async def post_chat(client: httpx.AsyncClient, body: dict[str, Any], **kwargs: Any) -> list[dict[str, Any]]:
+    async with client.stream("POST", "/v1/ai-sdk/chat", json=body, **kwargs) as response:
+        assert response.status_code == 200, await response.aread()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers[STREAM_HEADER] == "v1"
+        return await read_chunks(response)
+
+
+@pytest.mark.both_backends
+async def test_a_turn_is_one_assistant_message_and_parleys_own_history(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        chunks = await post_chat(client, chat("c-1", "what time is it?"))
+        types = [c["type"] for c in chunks]
+        assert types[0] == "start" and types[-1] == "finish"
+        assert chunks[-1]["finishReason"] == "stop"
+        session_id = next(c for c in chunks if c["type"] == "data-parley-session")["data"]["sessionId"]
+        turn_id = chunks[0]["messageId"]
+        # One step per model call, text opened and closed around its deltas, the tool's input then output.
+        assert types.count("start-step") == types.count("finish-step") == 2
+        assert types.count("text-start") == types.count("text-end") == 2
+        order = [t for t in types if t.startswith("tool-")]
+        assert order == [
+            "tool-input-start",
+            "tool-input-delta",
+            "tool-input-available",
+            "tool-output-available",
+        ]
+        assert all(c.get("transient") for c in chunks if c["type"].startswith("data-"))
+        text = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+
+        # The same turn in Parley's own routes, and the kit's history built from them.
+        turn = (await client.get(f"/v1/sessions/{session_id}/turns/{turn_id}")).json()
+        assert turn["status"] == "completed"
+        assert "".join(n["content"] for n in turn["nodes"] if n["kind"] == "llm") == text
+        history = (await client.get("/v1/ai-sdk/chat/c-1/messages")).json()
+        assert [m["role"] for m in history] == ["user", "assistant"]
+        assert history[0]["id"] == "u-16"  # the kit's own message id, kept as client_message_id
+        assert history[1]["id"] == turn_id
+        parts = [p["type"] for p in history[1]["parts"]]
+        assert parts == ["step-start", "text", "tool-current_time", "step-start", "text"]
+
+        # The same chat id finds the same session again.
+        again = await post_chat(client, chat("c-1", "hello"))
+        assert next(c for c in again if c["type"] == "data-parley-session")["data"]["sessionId"] == session_id
+        assert (await client.get("/v1/ai-sdk/chat/c-1/stream")).status_code == 204
+
+
+async def test_an_existing_session_id_is_its_own_chat(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        session_id = (await client.post("/v1/sessions", json={})).json()["id"]
+        chunks = await post_chat(client, chat(session_id, "hello"))
+        assert (
+            next(c for c in chunks if c["type"] == "data-parley-session")["data"]["sessionId"] == session_id
+        )
+
+
+async def test_chat_ids_are_per_principal(database_url: str) -> None:
+    settings = Settings(database_url=database_url, demo_token_delay=0.0, api_keys=KEYS)
+    with live_server(settings) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            mine = await post_chat(client, chat("shared-id", "hello"), headers=ALICE)
+            alice_session = next(c for c in mine if c["type"] == "data-parley-session")["data"]["sessionId"]
+            # Bob's chat of the same id is his own session; Alice's session id is nothing to him.
+            theirs = await post_chat(client, chat("shared-id", "hi"), headers=BOB)
+            bob_session = next(c for c in theirs if c["type"] == "data-parley-session")["data"]["sessionId"]
+            assert bob_session != alice_session
+            assert (await client.get("/v1/ai-sdk/chat/shared-id/messages", headers=BOB)).json()[0]["parts"][
+                0
+            ]["text"] == "hi"
+            stolen = await post_chat(client, chat(alice_session, "peek"), headers=BOB)
+            session = next(c for c in stolen if c["type"] == "data-parley-session")["data"]["sessionId"]
+            assert session not in (alice_session, bob_session)
+            history = (await client.get(f"/v1/sessions/{alice_session}/messages", headers=ALICE)).json()
+            assert [
+                m["content"] for m in history["chat_messages"] if m["type"] == "text" and m["role"] == "user"
+            ] == ["hello"]
+            # For Bob that id is a chat id like any other: his own chat, with his message only.
+            peeked = (await client.get(f"/v1/ai-sdk/chat/{alice_session}/messages", headers=BOB)).json()
+            assert [m["parts"][0]["text"] for m in peeked if m["role"] == "user"] == ["peek"]
+            no_key = await client.post("/v1/ai-sdk/chat", json=chat("x", "hello"))
+            assert no_key.status_code == 401
+
+
+async def test_racing_first_requests_of_one_chat_share_its_session(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        answers = await asyncio.gather(*(post_chat(client, chat("race", f"hello {n}")) for n in range(4)))
+        sessions = {
+            next(c for c in a if c["type"] == "data-parley-session")["data"]["sessionId"] for a in answers
+        }
+        assert len(sessions) == 1
+        listed = (await client.get("/v1/sessions")).json()["sessions"]
+        assert [s["id"] for s in listed] == list(sessions)  # the losers' sessions are gone
+
+
+@pytest.mark.parametrize("version", [5, 6, 7])
+async def test_each_version_gets_only_the_chunks_it_knows(paced: LiveServer, version: int) -> None:
+    async with httpx.AsyncClient(base_url=paced.base_url, timeout=30) as client:
+        started = asyncio.Event()
+        session: dict[str, str] = {}
+
+        async def read() -> list[dict[str, Any]]:
+            body = chat(f"v{version}", "[long] go on")
+            async with client.stream("POST", f"/v1/ai-sdk/chat?v={version}", json=body) as response:
+                chunks: list[dict[str, Any]] = []
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        chunks.append(json.loads(line.removeprefix("data: ")))
+                        if chunks[-1]["type"] == "data-parley-session":
+                            session.update(chunks[-1]["data"])
+                        if chunks[-1]["type"] == "text-delta":
+                            started.set()
+                return chunks
+
+        reading = asyncio.create_task(read())
+        await asyncio.wait_for(started.wait(), 10)
+        cancelled = await client.post(f"/v1/sessions/{session['sessionId']}/cancel")
+        assert cancelled.status_code == 202
+        chunks = await reading
+        assert all(knows_chunk(version, c["type"]) for c in chunks)
+        # A stop is the kit's `abort`; its reason only for the majors whose schema has it.
+        assert chunks[-1] == ({"type": "abort", "reason": "cancelled"} if version >= 6 else {"type": "abort"})
+
+
+async def test_resume_replays_the_running_turn_from_its_start(paced: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=paced.base_url, timeout=30) as client:
+        async with client.stream("POST", "/v1/ai-sdk/chat", json=chat("r-1", "[slow] hello there")) as first:
+            async for line in first.aiter_lines():
+                if '"text-delta"' in line:
+                    break  # the page reloads: the request is gone, the turn goes on
+        async with client.stream("GET", "/v1/ai-sdk/chat/r-1/stream") as resumed:
+            assert resumed.status_code == 200
+            assert resumed.headers[STREAM_HEADER] == "v1"
+            chunks = await read_chunks(resumed)
+        assert chunks[0]["type"] == "start" and chunks[-1]["type"] == "finish"
+        text = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+        history = (await client.get("/v1/ai-sdk/chat/r-1/messages")).json()
+        assert history[-1]["parts"][-1]["text"] == text
+        assert (await client.get("/v1/ai-sdk/chat/r-1/stream")).status_code == 204
+        assert (await client.get("/v1/ai-sdk/chat/never-used/stream")).status_code == 204
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"trigger": "regenerate-message"}, "needs branching"),
+        ({"messageId": "u-5"}, "needs branching"),
+        ({"messages": [{"id": "u", "role": "user", "parts": [{"type": "text", "text": "  "}]}]}, "no text"),
+        ({"messages": [{"id": "u", "role": "user", "parts": [{"type": "file", "url": "x"}]}]}, "text"),
+        ({"messages": []}, "at least 1"),
+        ({"extra": 1}, "Extra inputs"),
+    ],
+)
+async def test_what_a_request_may_not_do_is_a_clear_422_that_stores_nothing(
+    server: LiveServer, change: dict[str, Any], says: str
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        refused = await client.post("/v1/ai-sdk/chat", json={**chat("bad", "hello"), **change})
+        assert refused.status_code == 422, refused.text
+        assert says in json.dumps(refused.json()["error"]["details"])
+        assert (await client.get("/v1/sessions")).json()["sessions"] == []
+
+
+async def test_an_assistant_message_that_answers_nothing_is_a_409(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        await post_chat(client, chat("n-1", "hello"))
+        assistant = {"id": "a", "role": "assistant", "parts": [{"type": "text", "text": "hi"}]}
+        body = {"id": "n-1", "messages": [assistant], "trigger": "submit-message"}
+        refused = await client.post("/v1/ai-sdk/chat", json=body)
+        assert refused.status_code == 409
+        assert refused.json()["error"]["code"] == NoNewInput.code == "no_new_input"
+        for version in ("4", "8", "7.0", "x"):
+            assert (
+                await client.post(f"/v1/ai-sdk/chat?v={version}", json=chat("n-1", "hi"))
+            ).status_code == 422
+
+
+async def test_a_message_too_long_is_a_413_that_binds_no_session(database_url: str) -> None:
+    settings = Settings(database_url=database_url, demo_token_delay=0.0, max_message_chars=10)
+    with live_server(settings) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            refused = await client.post("/v1/ai-sdk/chat", json=chat("long", "x" * 11))
+            assert refused.status_code == 413
+            agui = {
+                "threadId": "long",
+                "runId": "r",
+                "messages": [{"id": "u", "role": "user", "content": "x" * 11}],
+            }
+            assert (await client.post("/v1/ag-ui", json=agui)).status_code == 413
+            assert (await client.get("/v1/sessions")).json()["sessions"] == []

@@ -1,0 +1,131 @@
+"""The kits' own packages against a live server (clients/kits, `make kits-deps`): the AI SDK's
+`DefaultChatTransport` (which validates every chunk with the package's own schema) and
+`readUIMessageStream`, for the current major and the previous two, and AG-UI's `HttpAgent` (which runs
+every event through the package's verifier). Each scenario is a Node script that prints what it saw.
+
+Without clients/kits/node_modules the module is skipped with one line; under CI=true that is a failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.settings import Settings
+from tests.support.server import LiveServer, live_server
+
+KITS = Path(__file__).resolve().parents[2] / "clients" / "kits"
+AI_PACKAGES = ("ai", "ai-v6", "ai-v5")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kits_installed() -> None:
+    if not (KITS / "node_modules").is_dir() or shutil.which("node") is None:
+        line = "kit tests skipped: clients/kits/node_modules is missing (make kits-deps installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(line + "; CI=true makes that a failure")
+        pytest.skip(line)
+
+
+@pytest.fixture
+def paced(database_url: str) -> Iterator[LiveServer]:
+    """The demo model at its default pace, so that a turn lasts long enough to stop or to leave."""
+    with live_server(Settings(database_url=database_url)) as server:
+        yield server
+
+
+def scenario(script: str, package: str, server: LiveServer, name: str, *extra: str) -> dict[str, Any]:
+    done = subprocess.run(
+        ["node", f"scenarios/{script}", package, server.base_url, name, *extra],
+        cwd=KITS,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.parametrize("package", AI_PACKAGES)
+def test_ai_sdk_text_and_a_server_tool(server: LiveServer, package: str) -> None:
+    seen = scenario("ai-sdk.mjs", package, server, "text")
+    assert seen["major"] == {"ai": 7, "ai-v6": 6, "ai-v5": 5}[package]
+    assert seen["finish"]["finishReason"] == "stop"
+    parts = seen["message"]["parts"]
+    tool = next(p for p in parts if p["type"] == "tool-current_time")
+    assert tool["state"] == "output-available" and '"timezone": "UTC"' in tool["output"]
+    assert [p["text"] for p in parts if p["type"] == "text"][-1].startswith("The current time is")
+    # What the kit built from the stream is what the chat's history gives a reloaded page.
+    assert seen["history"][-1] == seen["message"]
+    assert seen["idleResume"] is None
+
+
+@pytest.mark.parametrize("package", AI_PACKAGES)
+def test_ai_sdk_browser_side_tool_answered_by_the_kit(server: LiveServer, package: str) -> None:
+    seen = scenario("ai-sdk.mjs", package, server, "client-tool")
+    assert seen["firstFinish"]["finishReason"] == "tool-calls"
+    assert seen["call"]["state"] == "input-available" and seen["call"]["input"] == {"precise": True}
+    assert seen["secondTypes"][0] == "start" and seen["secondTypes"][-1] == "finish"
+    texts = [p["text"] for p in seen["message"]["parts"] if p["type"] == "text"]
+    assert texts[-1] == 'The get_location tool returned: {"city": "Lisbon"}.'
+
+
+@pytest.mark.parametrize("package", AI_PACKAGES)
+def test_ai_sdk_stop_is_an_abort(paced: LiveServer, package: str) -> None:
+    seen = scenario("ai-sdk.mjs", package, paced, "stop")
+    assert seen["cancelStatus"] == 202
+    assert seen["types"][-1] == "abort" and "finish" not in seen["types"]
+
+
+@pytest.mark.parametrize("package", AI_PACKAGES)
+def test_ai_sdk_reload_mid_answer_resumes(paced: LiveServer, package: str) -> None:
+    seen = scenario("ai-sdk.mjs", package, paced, "resume")
+    assert "finish" not in seen["before"]
+    assert seen["types"][0] == "start" and seen["types"][-1] == "finish"
+    assert seen["message"] == seen["history"][-1]
+    assert seen["after"] is None
+
+
+def test_ag_ui_run_with_text_and_a_tool_then_an_attach(server: LiveServer) -> None:
+    seen = scenario("ag-ui.mjs", "agui", server, "text")
+    assert seen["types"][0] == "RUN_STARTED" and seen["types"][-1] == "RUN_FINISHED"
+    assert {"STEP_STARTED", "TOOL_CALL_START", "TOOL_CALL_RESULT", "TEXT_MESSAGE_CONTENT"} <= set(
+        seen["types"]
+    )
+    roles = [m["role"] for m in seen["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert seen["messages"][1]["toolCalls"][0]["function"]["name"] == "current_time"
+    assert seen["attachTypes"] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert seen["attachMessages"] == seen["messages"]
+
+
+def test_ag_ui_frontend_tool(server: LiveServer) -> None:
+    seen = scenario("ag-ui.mjs", "agui", server, "frontend-tool")
+    assert seen["finished"]["outcome"] == {"type": "success", "pendingToolCallIds": [seen["call"]["id"]]}
+    assert seen["call"]["function"]["name"] == "get_location"
+    assert seen["messages"][-1]["content"] == 'The get_location tool returned: {"city": "Lisbon"}.'
+
+
+def test_ag_ui_approval_interrupt_resumed_by_the_next_run(server: LiveServer) -> None:
+    created = httpx.post(f"{server.base_url}/v1/sessions", json={"approval": ["current_time"]}, timeout=10)
+    session_id = created.json()["id"]
+    seen = scenario("ag-ui.mjs", "agui", server, "approval", session_id)
+    assert seen["threadId"] == session_id
+    interrupt = seen["finished"]["outcome"]["interrupts"][0]
+    assert interrupt["reason"] == "tool_approval" and interrupt["toolCallId"] == interrupt["id"]
+    assert seen["secondTypes"][-1] == "RUN_FINISHED"
+    assert seen["messages"][-1]["content"].startswith("The current time is")
+    history = httpx.get(f"{server.base_url}/v1/sessions/{session_id}/messages", timeout=10).json()
+    tool = next(m for m in history["chat_messages"] if m["type"] == "tool_group")
+    assert tool["decision"] == "approve"
