@@ -129,6 +129,74 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/files": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Files
+         * @description The caller's files, newest first, a page at a time.
+         */
+        get: operations["list_files_v1_files_get"];
+        put?: never;
+        /**
+         * Upload File
+         * @description Upload a file (multipart/form-data, field `file`); the same bytes uploaded again are the same file.
+         */
+        post: operations["upload_file_v1_files_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/files/{file_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get File
+         * @description A file's metadata.
+         */
+        get: operations["get_file_v1_files__file_id__get"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete File
+         * @description Delete a file; 409 `file_in_use` while a message uses it (it goes when its sessions are deleted).
+         */
+        delete: operations["delete_file_v1_files__file_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/files/{file_id}/content": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get File Content
+         * @description A file's bytes, read from storage a part at a time as they are sent.
+         */
+        get: operations["get_file_content_v1_files__file_id__content_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/models": {
         parameters: {
             query?: never;
@@ -158,7 +226,8 @@ export interface paths {
         };
         /**
          * List Sessions
-         * @description List the caller's sessions, newest first.
+         * @description List the caller's sessions, newest first; `metadata.<key>=<value>` keeps those whose metadata holds
+         *     it (each such parameter narrows the list).
          */
         get: operations["list_sessions_v1_sessions_get"];
         put?: never;
@@ -196,7 +265,7 @@ export interface paths {
         head?: never;
         /**
          * Update Session
-         * @description Change the title, system prompt or model; a new model applies from the next model call.
+         * @description Change the title, system prompt, model or context policy; they apply from the next model call.
          */
         patch: operations["update_session_v1_sessions__session_id__patch"];
         trace?: never;
@@ -243,6 +312,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/context": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Session Context
+         * @description What the next model call would send: the summary of the oldest turns and the verbatim tail.
+         */
+        get: operations["get_session_context_v1_sessions__session_id__context_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/events": {
         parameters: {
             query?: never;
@@ -274,8 +363,10 @@ export interface paths {
          *     `PARLEY_SSE_PING_INTERVAL` seconds. A client that falls too far behind, and every client when the
          *     server shuts down, sees its stream end: reconnecting with Last-Event-ID loses nothing.
          *
-         *     The API key goes in the `Authorization` header or, for EventSource (which cannot set headers), in the
-         *     `access_token` query parameter; over TLS only, since URLs are kept in browser histories and proxy logs.
+         *     The API key or token goes in the `Authorization` header or, for EventSource (which cannot set headers),
+         *     in the `access_token` query parameter: best a stream token of `POST .../stream_token`, which opens this
+         *     session's stream only and for minutes; over TLS only, since URLs are kept in browser histories and proxy
+         *     logs.
          *     A principal may hold `PARLEY_MAX_STREAMS_PER_PRINCIPAL` streams at once; one more gets 429.
          *
          *     `Accept: application/x-ndjson` (or `format=ndjson`, which wins over the header) gives the same events as
@@ -312,6 +403,26 @@ export interface paths {
         get: operations["stream_events_v1_sessions__session_id__events_get"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Fork
+         * @description A new session with this one's settings whose history is a copy of the active path up to the turn.
+         */
+        post: operations["fork_v1_sessions__session_id__fork_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -411,6 +522,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/stream_token": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create Stream Token
+         * @description A short-lived token that opens this session's event stream only, as `?access_token=`: an
+         *     EventSource URL then carries no long-lived credential (PARLEY_STREAM_TOKEN_SECONDS, 5 minutes by
+         *     default; a stream it opened goes on after it expires).
+         */
+        post: operations["create_stream_token_v1_sessions__session_id__stream_token_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/tool_results": {
         parameters: {
             query?: never;
@@ -472,6 +605,69 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/turns/{turn_id}/activate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Activate
+         * @description Make the active path the one through the turn, down to the most recent turn under it; 409 while a
+         *     turn runs (unless `delivery: interrupt`).
+         */
+        post: operations["activate_v1_sessions__session_id__turns__turn_id__activate_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/turns/{turn_id}/edit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Edit
+         * @description Send an edited user message in a new turn beside the turn, which heads the active path; 409 while a
+         *     turn runs (unless `delivery: interrupt`).
+         */
+        post: operations["edit_v1_sessions__session_id__turns__turn_id__edit_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/turns/{turn_id}/regenerate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Regenerate
+         * @description Answer the turn's user input again, in a new turn beside it that heads the active path; 409 while a
+         *     turn runs (unless `delivery: interrupt`).
+         */
+        post: operations["regenerate_v1_sessions__session_id__turns__turn_id__regenerate_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tools": {
         parameters: {
             query?: never;
@@ -496,6 +692,31 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** ActivateRequest */
+        ActivateRequest: {
+            /**
+             * Delivery
+             * @description What to do when a turn is running. reject (default): 409 `turn_in_progress` naming it; interrupt: stop it first (as POST .../cancel would), then do this.
+             * @default reject
+             * @enum {string}
+             */
+            delivery: "reject" | "interrupt";
+        };
+        /** ActivePath */
+        ActivePath: {
+            /**
+             * Head Turn Id
+             * @description The active path's last turn.
+             */
+            head_turn_id: string;
+            /**
+             * Path Turn Ids
+             * @description The active path's turn ids, first turn first.
+             */
+            path_turn_ids: string[];
+            /** Session Id */
+            session_id: string;
+        };
         /**
          * ActivityMessage
          * @description Structured progress that is not conversation content, materialised as a
@@ -792,6 +1013,33 @@ export interface components {
             type: "text";
         };
         /**
+         * Attachment
+         * @description A message's attached file as events, the history and the turn view show it: never its bytes.
+         */
+        Attachment: {
+            /** File Id */
+            file_id: string;
+            /**
+             * Height
+             * @description Pixels, for images; null for other files.
+             */
+            height: number | null;
+            /** Media Type */
+            media_type: string;
+            /** Name */
+            name: string;
+            /**
+             * Size
+             * @description Bytes.
+             */
+            size: number;
+            /**
+             * Width
+             * @description Pixels, for images; null for other files.
+             */
+            width: number | null;
+        };
+        /**
          * AudioPart
          * @description An audio part.
          */
@@ -809,6 +1057,62 @@ export interface components {
             type: "audio";
         } & {
             [key: string]: unknown;
+        };
+        /**
+         * BranchChanged
+         * @description The session's active path changed (regenerate, edit, activate): reload the history and turns.
+         */
+        BranchChanged: {
+            /**
+             * Head Turn Id
+             * @description The active path's last turn.
+             */
+            head_turn_id: string;
+            /**
+             * Path Turn Ids
+             * @description The active path's turn ids, first turn first.
+             */
+            path_turn_ids: string[];
+            /**
+             * Seq
+             * @description Position in the session's stream; equals the SSE id.
+             */
+            seq: number;
+            /** Session Id */
+            session_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "branch_changed";
+        };
+        /**
+         * BranchTurn
+         * @description A turn opened beside another (regenerate, edit): it runs now and heads the active path.
+         */
+        BranchTurn: {
+            /**
+             * Parent Turn Id
+             * @description The turn it follows (null for a first turn).
+             */
+            parent_turn_id: string | null;
+            /** Session Id */
+            session_id: string;
+            /**
+             * Sibling Of
+             * @description The turn it was made beside.
+             */
+            sibling_of: string;
+            /**
+             * Turn Id
+             * @description The new turn: follow it on the event stream or GET .../turns/{turn_id}.
+             */
+            turn_id: string;
+            /**
+             * User Message Ids
+             * @description The user messages the new turn answers, in order.
+             */
+            user_message_ids: string[];
         };
         /** CancelRequest */
         CancelRequest: {
@@ -981,6 +1285,110 @@ export interface components {
             [key: string]: unknown;
         };
         /**
+         * ContextCompacted
+         * @description The next model call sends a compacted view of the history (docs/context.md); the history itself is
+         *     unchanged.
+         */
+        ContextCompacted: {
+            /**
+             * Elided Tool Call Ids
+             * @description Tool calls whose results are sent as a placeholder (the call itself is kept).
+             */
+            elided_tool_call_ids: string[];
+            /**
+             * Seq
+             * @description Position in the session's stream; equals the SSE id.
+             */
+            seq: number;
+            /** Session Id */
+            session_id: string;
+            /**
+             * Summarized Turn Ids
+             * @description The turns the summary replaces, oldest first.
+             */
+            summarized_turn_ids: string[];
+            /**
+             * Summary Id
+             * @description The summary sent (GET .../context shows it); null: none.
+             */
+            summary_id: string | null;
+            /**
+             * Summary Written
+             * @description The summary was written for this call.
+             */
+            summary_written: boolean;
+            /**
+             * Tokens After
+             * @description The estimated prompt the call sends.
+             */
+            tokens_after: number;
+            /**
+             * Tokens Before
+             * @description The estimated prompt of the whole history, in tokens.
+             */
+            tokens_before: number;
+            /** Turn Id */
+            turn_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "context_compacted";
+        };
+        /**
+         * ContextPolicy
+         * @description How a session's turns fit its model's window (docs/context.md); fields left out keep their value
+         *     (the server's defaults at creation).
+         */
+        ContextPolicy: {
+            /**
+             * Keep Turns
+             * @description The last turns always sent verbatim.
+             */
+            keep_turns?: number | null;
+            /**
+             * Reserve Tokens
+             * @description Room, in tokens, kept free in the window for the answer.
+             */
+            reserve_tokens?: number | null;
+            /**
+             * Strategy
+             * @description `auto`: when the history outgrows the window, a turn sends old bulky tool results as placeholders and the oldest turns as a running summary (the history itself never changes); `off`: the whole history is sent, and a turn that does not fit fails with `context_window_exceeded`.
+             */
+            strategy?: ("auto" | "off") | null;
+        };
+        /** ContextPolicyOut */
+        ContextPolicyOut: {
+            /** Keep Turns */
+            keep_turns: number;
+            /** Reserve Tokens */
+            reserve_tokens: number;
+            /**
+             * Strategy
+             * @enum {string}
+             */
+            strategy: "auto" | "off";
+        };
+        /** ContextSummaryOut */
+        ContextSummaryOut: {
+            /** Content */
+            content: string;
+            /** Created At */
+            created_at: string;
+            /** Id */
+            id: string;
+            /**
+             * Model
+             * @description The model that wrote it.
+             */
+            model: string;
+            /**
+             * Summarized Turn Ids
+             * @description The turns it replaces, oldest first.
+             */
+            summarized_turn_ids: string[];
+        };
+        /**
          * DataSource
          * @description Bytes carried inline.
          */
@@ -996,6 +1404,14 @@ export interface components {
             value: string;
         } & {
             [key: string]: unknown;
+        };
+        /** DataUrlAttachment */
+        DataUrlAttachment: {
+            /**
+             * Url
+             * @description `data:<media type>;base64,<bytes>`: stored as a file first, checked as an upload is.
+             */
+            url: string;
         };
         /**
          * DecisionItem
@@ -1076,6 +1492,39 @@ export interface components {
             type: "document";
         } & {
             [key: string]: unknown;
+        };
+        /**
+         * EditRequest
+         * @description The edited user message: the fields of a message (POST .../messages).
+         */
+        EditRequest: {
+            /**
+             * Client Message Id
+             * @description The sender's own id for the message, echoed on its user_message event and history.
+             */
+            client_message_id?: string | null;
+            /**
+             * Client Tools
+             * @description Client tools offered for the new turn only.
+             */
+            client_tools?: components["schemas"]["ClientTool"][] | null;
+            /**
+             * Content
+             * @description The edited message, with at least one character that is not whitespace; longer than PARLEY_MAX_MESSAGE_CHARS: 413.
+             */
+            content: string;
+            /**
+             * Delivery
+             * @description What to do when a turn is running. reject (default): 409 `turn_in_progress` naming it; interrupt: stop it first (as POST .../cancel would), then do this.
+             * @default reject
+             * @enum {string}
+             */
+            delivery: "reject" | "interrupt";
+            /**
+             * Sender
+             * @default User
+             */
+            sender: string;
         };
         /** ErrorBody */
         ErrorBody: {
@@ -1169,7 +1618,7 @@ export interface components {
         ErrorResponse: {
             error: components["schemas"]["ErrorBody"];
         };
-        Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["ReasoningDelta"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["ErrorEvent"] | components["schemas"]["ClientToolRequested"] | components["schemas"]["ApprovalRequested"] | components["schemas"]["ClientToolResolved"] | components["schemas"]["ApprovalResolved"] | components["schemas"]["Resync"];
+        Event: components["schemas"]["TurnStart"] | components["schemas"]["UserMessage"] | components["schemas"]["ReasoningDelta"] | components["schemas"]["TextDelta"] | components["schemas"]["ResponseDone"] | components["schemas"]["ToolExecStart"] | components["schemas"]["ToolExecEnd"] | components["schemas"]["TurnDone"] | components["schemas"]["AgentStatus"] | components["schemas"]["TokenUsage"] | components["schemas"]["ContextCompacted"] | components["schemas"]["AgentCancelled"] | components["schemas"]["QueueUpdated"] | components["schemas"]["BranchChanged"] | components["schemas"]["ErrorEvent"] | components["schemas"]["ClientToolRequested"] | components["schemas"]["ApprovalRequested"] | components["schemas"]["ClientToolResolved"] | components["schemas"]["ApprovalResolved"] | components["schemas"]["Resync"];
         /**
          * EventFrame
          * @description One frame of the event stream, as an SSE parser (EventSource) yields it. Frames without data (`retry:`, `: ping`) carry no event and are not described.
@@ -1181,9 +1630,70 @@ export interface components {
              * @description The event's `type`.
              * @enum {string}
              */
-            event: "agent_cancelled" | "agent_status" | "approval_requested" | "approval_resolved" | "client_tool_requested" | "client_tool_resolved" | "error" | "queue_updated" | "reasoning_delta" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
+            event: "agent_cancelled" | "agent_status" | "approval_requested" | "approval_resolved" | "branch_changed" | "client_tool_requested" | "client_tool_resolved" | "context_compacted" | "error" | "queue_updated" | "reasoning_delta" | "response_done" | "resync" | "text_delta" | "token_usage" | "tool_exec_end" | "tool_exec_start" | "turn_done" | "turn_start" | "user_message";
             /** @description The event's `seq`: send it back as Last-Event-ID to resume after it. */
             id: string;
+        };
+        /** FileAttachment */
+        FileAttachment: {
+            /**
+             * File Id
+             * @description A file the caller uploaded (POST /v1/files).
+             */
+            file_id: string;
+        };
+        /** FileOut */
+        FileOut: {
+            /** Created At */
+            created_at: string;
+            /**
+             * Height
+             * @description Pixels, for images.
+             */
+            height?: number | null;
+            /**
+             * Id
+             * @description `f_` and 16 hex digits.
+             */
+            id: string;
+            /**
+             * Media Type
+             * @description Found from the bytes (magic numbers), not only as declared.
+             */
+            media_type: string;
+            /**
+             * Name
+             * @description The uploaded file's name, without any directory.
+             */
+            name: string;
+            /**
+             * Sha256
+             * @description Hex SHA-256 of the bytes: the same bytes uploaded again give this file.
+             */
+            sha256: string;
+            /**
+             * Size
+             * @description Bytes.
+             */
+            size: number;
+            /**
+             * Width
+             * @description Pixels, for images.
+             */
+            width?: number | null;
+        };
+        /** FilePage */
+        FilePage: {
+            /**
+             * Files
+             * @description Newest first.
+             */
+            files: components["schemas"]["FileOut"][];
+            /**
+             * Next Cursor
+             * @description Pass as `after` for the next page; null at the end.
+             */
+            next_cursor: string | null;
         };
         /**
          * FileSource
@@ -1207,6 +1717,14 @@ export interface components {
             value: string;
         } & {
             [key: string]: unknown;
+        };
+        /** ForkRequest */
+        ForkRequest: {
+            /**
+             * Turn Id
+             * @description The new session's history is the active path up to and including this turn, which must have ended (409 while it runs); a turn the session does not hold: 404.
+             */
+            turn_id: string;
         };
         /**
          * FrontendTool
@@ -1341,6 +1859,11 @@ export interface components {
         /** MessageAccepted */
         MessageAccepted: {
             /**
+             * Attachments
+             * @description The message's files, as stored.
+             */
+            attachments?: components["schemas"]["Attachment"][];
+            /**
              * Client Message Id
              * @description As given when the message was posted.
              */
@@ -1370,6 +1893,11 @@ export interface components {
         };
         /** MessageCreate */
         MessageCreate: {
+            /**
+             * Attachments
+             * @description Files for the model (docs/files.md): `{file_id}` of an upload, or `{url}` with a data URL (stored as a file first). More than PARLEY_FILES_MAX_ATTACHMENTS: 413; a file the session's model cannot take (an image without vision, a PDF without documents): 422 `unsupported_attachment`, before anything is stored.
+             */
+            attachments?: (components["schemas"]["FileAttachment"] | components["schemas"]["DataUrlAttachment"])[] | null;
             /**
              * Client Message Id
              * @description The sender's own id for the message, stored and echoed on its user_message events, in the answer and in the history: the tab that sent it matches its optimistic copy by it.
@@ -1699,6 +2227,21 @@ export interface components {
              */
             timestamp: string;
         };
+        /** RegenerateRequest */
+        RegenerateRequest: {
+            /**
+             * Delivery
+             * @description What to do when a turn is running. reject (default): 409 `turn_in_progress` naming it; interrupt: stop it first (as POST .../cancel would), then do this.
+             * @default reject
+             * @enum {string}
+             */
+            delivery: "reject" | "interrupt";
+            /**
+             * Model
+             * @description Answer with this model for the new turn only (one GET /v1/models lists; another: 422 `unknown_model`); the session's model by default.
+             */
+            model?: string | null;
+        };
         /** Resolution */
         Resolution: {
             /**
@@ -1851,6 +2394,52 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
+        /**
+         * SessionContext
+         * @description What the session's next model call would send with the history as it is (docs/context.md).
+         */
+        SessionContext: {
+            /**
+             * Budget Tokens
+             * @description The window less the reserve; null: the window is unknown.
+             */
+            budget_tokens: number | null;
+            /**
+             * Compaction Due
+             * @description The history no longer fits as shown: the next call first folds more turns into the summary.
+             */
+            compaction_due: boolean;
+            /** Context Window */
+            context_window: number | null;
+            /** Elided Tool Call Ids */
+            elided_tool_call_ids: string[];
+            /**
+             * History Tokens
+             * @description The estimated prompt of the whole history.
+             */
+            history_tokens: number;
+            /**
+             * Messages
+             * @description The prompt in OpenAI chat format: the system message (with the summary) and the verbatim tail, elided tool results as their placeholders.
+             */
+            messages: {
+                [key: string]: unknown;
+            }[];
+            /** Model */
+            model: string;
+            policy: components["schemas"]["ContextPolicyOut"];
+            /**
+             * Sent Tokens
+             * @description The estimated prompt of what would be sent.
+             */
+            sent_tokens: number;
+            summary: components["schemas"]["ContextSummaryOut"] | null;
+            /**
+             * Verbatim Turn Ids
+             * @description The turns sent as they are, oldest first.
+             */
+            verbatim_turn_ids: string[];
+        };
         /** SessionCreate */
         SessionCreate: {
             /**
@@ -1865,6 +2454,12 @@ export interface components {
              * @description Tools the client runs: a call suspends the turn until POST .../tool_results answers it.
              */
             client_tools?: components["schemas"]["ClientTool"][] | null;
+            /** @description The context policy; the server's defaults (PARLEY_CONTEXT_*) if omitted or null. */
+            context?: components["schemas"]["ContextPolicy"] | null;
+            /** Metadata */
+            metadata?: {
+                [key: string]: string | boolean | number;
+            } | null;
             /**
              * Model
              * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. The default model if omitted or null.
@@ -1891,6 +2486,7 @@ export interface components {
             approval: string[];
             /** Client Tools */
             client_tools: components["schemas"]["ClientTool"][];
+            context: components["schemas"]["ContextPolicyOut"];
             /** Context Used */
             context_used: number;
             /** Context Window */
@@ -1899,6 +2495,10 @@ export interface components {
             created_at: string;
             /** Id */
             id: string;
+            /** Metadata */
+            metadata: {
+                [key: string]: string | boolean | number;
+            };
             /** Model */
             model: string;
             /** Running Turn Id */
@@ -1907,7 +2507,10 @@ export interface components {
             status: string;
             /** System Prompt */
             system_prompt: string | null;
-            /** Title */
+            /**
+             * Title
+             * @description As given; a session created without one takes the first line of its first message (at most 80 characters).
+             */
             title: string | null;
             /** Tools */
             tools: string[];
@@ -1932,6 +2535,18 @@ export interface components {
          */
         SessionUpdate: {
             /**
+             * Context
+             * @description Changes the context policy's given fields, from the next turn on. Not null.
+             */
+            context?: components["schemas"]["ContextPolicy"];
+            /**
+             * Metadata
+             * @description Replaces the metadata whole; null empties it.
+             */
+            metadata?: {
+                [key: string]: string | boolean | number;
+            } | null;
+            /**
              * Model
              * @description A model of GET /v1/models, or one LiteLLM can route (`provider/model`); any other: 422 `unknown_model`. Not null.
              */
@@ -1940,6 +2555,16 @@ export interface components {
             system_prompt?: string | null;
             /** Title */
             title?: string | null;
+        };
+        /** StreamToken */
+        StreamToken: {
+            /** Expires At */
+            expires_at: string;
+            /**
+             * Token
+             * @description Opens this session's event stream only, as `?access_token=<token>`, until expires_at.
+             */
+            token: string;
         };
         /**
          * SystemMessage
@@ -2358,6 +2983,8 @@ export interface components {
         };
         /** Turn */
         Turn: {
+            /** @description What its model calls sent instead of the whole history; null: the whole history. */
+            compaction?: components["schemas"]["TurnCompaction"] | null;
             /**
              * Duration Seconds
              * @description Null while the turn runs.
@@ -2380,6 +3007,21 @@ export interface components {
              * @description Model reasoning, texts and tool calls in the order they happened.
              */
             nodes: (components["schemas"]["LlmNode"] | components["schemas"]["ReasoningNode"] | components["schemas"]["ToolNode"])[];
+            /**
+             * Parent Turn Id
+             * @description The turn this one follows (docs/protocol.md, Branches); null for a first turn.
+             */
+            parent_turn_id: string | null;
+            /**
+             * Sibling Index
+             * @description This turn's place in `siblings`, from 0.
+             */
+            sibling_index: number;
+            /**
+             * Siblings
+             * @description The turn ids of the turns with the same parent, this one included, oldest first: the answers and edits a '< i/n >' control steps through.
+             */
+            siblings: string[];
             /** Started At */
             started_at: string;
             /**
@@ -2391,6 +3033,42 @@ export interface components {
             turn_id: string;
             /** User Messages */
             user_messages: components["schemas"]["TurnInput"][];
+        };
+        /**
+         * TurnCompaction
+         * @description What the turn's model calls sent instead of the whole history (docs/context.md).
+         */
+        TurnCompaction: {
+            /**
+             * Calls
+             * @description The turn's model calls that sent a compacted view.
+             */
+            calls: number;
+            /**
+             * Elided Tool Call Ids
+             * @description Every call whose result one of them sent as a placeholder.
+             */
+            elided_tool_call_ids: string[];
+            /**
+             * Summarized Turn Ids
+             * @description The turns that summary replaces, oldest first.
+             */
+            summarized_turn_ids: string[];
+            /**
+             * Summary Id
+             * @description The summary the last of them sent; null: none.
+             */
+            summary_id: string | null;
+            /**
+             * Tokens After
+             * @description The last one's estimate of what it sent.
+             */
+            tokens_after: number;
+            /**
+             * Tokens Before
+             * @description The last one's estimate of the whole history, in tokens.
+             */
+            tokens_before: number;
         };
         /** TurnDone */
         TurnDone: {
@@ -2464,6 +3142,11 @@ export interface components {
          * @description A user message the turn answered (several when messages waited together).
          */
         TurnInput: {
+            /**
+             * Attachments
+             * @description The message's files (no bytes).
+             */
+            attachments?: components["schemas"]["Attachment"][];
             /**
              * Client Message Id
              * @description As given when the message was posted.
@@ -2594,6 +3277,11 @@ export interface components {
         /** UserMessage */
         UserMessage: {
             /**
+             * Attachments
+             * @description The message's files (docs/files.md), never their bytes.
+             */
+            attachments?: components["schemas"]["Attachment"][];
+            /**
              * Client Message Id
              * @description The sender's own id of the message: its tab matches its optimistic copy by it.
              * @default null
@@ -2638,6 +3326,11 @@ export interface components {
         };
         /** UserTextMessage */
         UserTextMessage: {
+            /**
+             * Attachments
+             * @description The message's files (no bytes).
+             */
+            attachments?: components["schemas"]["Attachment"][];
             /**
              * Client Message Id
              * @description As given when the message was posted.
@@ -3335,6 +4028,481 @@ export interface operations {
             };
         };
     };
+    list_files_v1_files_get: {
+        parameters: {
+            query?: {
+                limit?: number;
+                /** @description A `next_cursor`: the files after it; another: 422. */
+                after?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FilePage"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    upload_file_v1_files_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    /**
+                     * Format: binary
+                     * @description The file, with its name. Its type is read from its bytes: PNG, JPEG, GIF, WebP, PDF, or UTF-8 text named .txt, .md, .csv or .json (or declared so); others get 415, larger than PARLEY_FILES_MAX_BYTES 413.
+                     */
+                    file: string;
+                    /** @description A label some clients send (e.g. `attachment`): accepted, not stored. */
+                    purpose?: string;
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FileOut"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unsupported media type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    get_file_v1_files__file_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                file_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FileOut"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    delete_file_v1_files__file_id__delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                file_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    get_file_content_v1_files__file_id__content_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                file_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The bytes, streamed, with the file's media type; never rendered as another type (`X-Content-Type-Options: nosniff`), and a download unless an image. */
+            200: {
+                headers: {
+                    /** @description `inline` (images) or `attachment`, with `filename*` (RFC 5987). */
+                    "Content-Disposition"?: string;
+                    "X-Content-Type-Options"?: "nosniff";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": string;
+                    "application/pdf": string;
+                    "image/gif": string;
+                    "image/jpeg": string;
+                    "image/png": string;
+                    "image/webp": string;
+                    "text/csv": string;
+                    "text/markdown": string;
+                    "text/plain": string;
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     list_models_v1_models_get: {
         parameters: {
             query?: never;
@@ -3410,6 +4578,8 @@ export interface operations {
                 limit?: number;
                 /** @description `next_cursor` of the previous page, as it was (opaque); one the server did not make: 422 `invalid_cursor`. */
                 cursor?: string;
+                /** @description `metadata.<key>=<value>` (e.g. `metadata.project=apollo`): only the sessions whose metadata has the top-level `<key>` with this value: a string as is, a number or boolean as JSON writes it (`metadata.pinned=true`, `metadata.rank=3`). Repeat with other keys: each narrows the list. */
+                "metadata.{key}"?: string;
             };
             header?: never;
             path?: never;
@@ -4134,6 +5304,95 @@ export interface operations {
             };
         };
     };
+    get_session_context_v1_sessions__session_id__context_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionContext"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     stream_events_v1_sessions__session_id__events_get: {
         parameters: {
             query?: {
@@ -4217,6 +5476,129 @@ export interface operations {
                 headers: {
                     /** @description Seconds to wait before trying again. */
                     "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    fork_v1_sessions__session_id__fork_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForkRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionOut"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unsupported media type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
                     [name: string]: unknown;
                 };
                 content: {
@@ -4774,6 +6156,95 @@ export interface operations {
             };
         };
     };
+    create_stream_token_v1_sessions__session_id__stream_token_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StreamToken"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     post_tool_results_v1_sessions__session_id__tool_results_post: {
         parameters: {
             query?: never;
@@ -5092,6 +6563,400 @@ export interface operations {
             /** @description With wait=true: the wait's limit passed first (code `wait_timeout`). The turn goes on; `details.turn_id` (null while the message waits for a turn) lets the client wait again. */
             504: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    activate_v1_sessions__session_id__turns__turn_id__activate_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                session_id: string;
+                turn_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["ActivateRequest"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ActivePath"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unsupported media type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    edit_v1_sessions__session_id__turns__turn_id__edit_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                session_id: string;
+                turn_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EditRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BranchTurn"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unsupported media type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Too many requests: wait for Retry-After seconds */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    regenerate_v1_sessions__session_id__turns__turn_id__regenerate_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description 1 to 255 printable ASCII characters, yours (a UUID is a good key), kept for PARLEY_IDEMPOTENCY_TTL_HOURS per principal. A retry with the same key and body gets the first answer (header `Idempotent-Replayed: true`); requests racing with one key all get the first one's answer, a refusal included. A refusal (4xx) stores nothing and frees the key. The same key with another body (or on another route): 422 `idempotency_key_reused`. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                session_id: string;
+                turn_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["RegenerateRequest"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BranchTurn"];
+                };
+            };
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description Missing or unknown API key (when the server has keys) */
+            401: {
+                headers: {
+                    /** @description `Bearer`: send the key as `Authorization: Bearer <key>`. */
+                    "WWW-Authenticate"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A server without API keys reached beyond loopback (`open_mode_refused`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Payload too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unsupported media type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Validation error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Too many requests: wait for Retry-After seconds */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`) */
+            431: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unavailable: not ready or shutting down, or storage refuses work for now (`storage_busy`, `storage_full`, `storage_error`, `storage_unavailable`); retry after Retry-After seconds when sent */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again, when the server knows. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
