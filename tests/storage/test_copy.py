@@ -176,6 +176,9 @@ async def test_a_sqlite_database_copied_into_postgresql_serves_the_same_historie
         "message_files",
         "session_metadata",
         "service_secrets",
+        "context_summaries",
+        "context_views",
+        "chat_bindings",
     }
     assert copied["chat_sessions"] == (3, 3, 3)
     assert copied["files"] == copied["message_files"] == (1, 1, 1)

@@ -132,7 +132,9 @@ async def test_old_sessions_become_single_path_trees(
     ]
     assert others == 0
 
-    # The server on the migrated database: the same history, a tree view, and a new turn after the last.
+    # The server on the migrated database (the later migrations too): the same history, a tree view, and a
+    # new turn after the last.
+    command.upgrade(config, "head")
     with live_server(settings.model_copy(update={"database_url": urls[1]})) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
             sid = "s_0000000000000001"
