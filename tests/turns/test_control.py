@@ -56,6 +56,7 @@ def test_accepted_by_a_turn_names_the_turn_and_is_not_queued() -> None:
         "turn_id": "t_000000000001",
         "queued": False,
         "delivery": "interrupt",
+        "attachments": [],
     }
 
 
