@@ -319,6 +319,7 @@ def _services(
     messages = Messages(settings, database, sessions, turns, broker, idempotency, files)
     message_rate, streams = _limits(settings)
     answers = ToolAnswers(database, sessions, turns)
+    branches = Branches(settings, database, sessions, turns, models, idempotency)
     return Services(
         settings=settings,
         sessions=sessions,
@@ -332,7 +333,7 @@ def _services(
         message_rate=message_rate,
         streams=streams,
         tools=catalog,
-        branches=Branches(settings, database, sessions, turns, models, idempotency),
+        branches=branches,
         files=files,
-        kits=KitChats(settings, database, sessions, messages, answers, broker, streams),
+        kits=KitChats(settings, database, sessions, messages, answers, broker, streams, branches),
     )

@@ -332,13 +332,14 @@ def _running(exc: TurnRunning) -> TurnInProgress:
 
 
 def _again(row: ChatMessageRow) -> QueuedMessage:
-    """A user message of the regenerated turn, asked again: its content, sender, time and client tools."""
+    """A user message of the regenerated turn, asked again: its content, sender, time, client message id
+    (a kit finds its message by it on every branch) and client tools."""
     tools = [ClientTool.model_validate(t) for t in row.client_tools] if row.client_tools else None
     return QueuedMessage(
         id=new_message_id(),
         content=row.content or "",
         sender=row.sender or "User",
-        client_message_id=None,
+        client_message_id=row.client_message_id,
         timestamp=row.timestamp,
         delivery="steer",
         client_tools=tools,

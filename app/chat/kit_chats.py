@@ -13,11 +13,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app.chat.branches import Branches
 from app.chat.limits import StreamLimit, StreamSlot
 from app.chat.messages import Messages
 from app.chat.sessions import Sessions
 from app.chat.tool_answers import ToolAnswers
 from app.errors import Conflict, NotFound, PayloadTooLarge
+from app.protocol.branches import EditRequest, RegenerateRequest
 from app.protocol.clock import now_iso
 from app.protocol.ids import SESSION_ID_PATTERN
 from app.protocol.schemas import ChatMessage, MessageCreate, SessionCreate
@@ -68,8 +70,10 @@ class KitChats:
         answers: ToolAnswers,
         broker: EventFanOut,
         streams: StreamLimit,
+        branches: Branches,
     ) -> None:
         self._settings = settings
+        self._branches = branches
         self._database = database
         self._sessions = sessions
         self._messages = messages
@@ -165,6 +169,42 @@ class KitChats:
         """The client tool calls of the session that wait for a result."""
         waiting = (await self._answers.pending(principal, session_id)).pending
         return {p.tool_call_id for p in waiting if p.kind == "client_tool"}
+
+    async def turn_of(self, principal: str, session_id: str, message_id: str | None) -> str:
+        """The turn a kit's message id names on the session's active path: an assistant message's id is its
+        turn's (the adapters give the turn id), a user message's is its client_message_id or its id; None:
+        the latest turn. Unknown: 404."""
+        turn: str | None = None
+        found: str | None = None
+        for message in await self.history(principal, session_id):
+            if message.type == "turn_start":
+                turn = message.turn_id
+                if message_id is None or message_id == turn:
+                    found = turn
+            elif message_id is not None and message.type == "text" and message.role == "user":
+                if message_id in (message.id, message.client_message_id):
+                    found = turn
+        if found is None:
+            raise NotFound(
+                f"No message {message_id!r} on the chat's active path."
+                if message_id is not None
+                else "The chat has no turn to regenerate.",
+                details={"session_id": session_id, "message_id": message_id},
+            )
+        return found
+
+    async def regenerate(self, principal: str, session_id: str, turn_id: str) -> str:
+        """Answers `turn_id`'s input again as its new sibling (chat.branches); the new turn's id."""
+        turn, _ = await self._branches.regenerate(principal, session_id, turn_id, RegenerateRequest())
+        return turn.turn_id
+
+    async def edit(
+        self, principal: str, session_id: str, turn_id: str, text: str, *, client_message_id: str | None
+    ) -> str:
+        """A sibling of `turn_id` whose user message is `text` (chat.branches); the new turn's id."""
+        body = EditRequest(content=text, client_message_id=client_message_id)
+        turn, _ = await self._branches.edit(principal, session_id, turn_id, body)
+        return turn.turn_id
 
     async def history(self, principal: str, session_id: str) -> list[ChatMessage]:
         rows: list[ChatMessage] = []

@@ -102,15 +102,6 @@ class OtherUIMessage(BaseModel):
 
 UIMessageIn = Annotated[UserUIMessage | OtherUIMessage, Field(discriminator="role")]
 
-_REGENERATE = (
-    "trigger 'regenerate-message' is refused: regenerating an answer needs branching, which this server "
-    "does not have yet. Send the message again with 'submit-message'."
-)
-_EDIT = (
-    "messageId is refused: editing a sent message needs branching, which this server does not have yet. "
-    "Send the edited text as a new message."
-)
-
 
 class ChatRequest(BaseModel):
     """What `DefaultChatTransport` posts. Only the last message is new input: a user message (its text is
@@ -131,11 +122,18 @@ class ChatRequest(BaseModel):
         description="The client's messages; only the last one is read. A last message that is not a user "
         "message and answers no waiting tool call: 409 `no_new_input`.",
     )
-    trigger: Literal["submit-message"] = Field(
-        description="`submit-message`. `regenerate-message` is refused (422) until the server has branching."
+    trigger: Literal["submit-message", "regenerate-message"] = Field(
+        description="`submit-message`: the last message is new input (with `messageId`, the edit of that sent "
+        "message: a new branch beside its turn, docs/api.md Branches). `regenerate-message`: the answer "
+        "`messageId` names (an assistant message's id, or a user message's: its turn), or else the latest "
+        "turn, answered again as a new branch; the request's messages add nothing."
     )
-    messageId: None = Field(
-        None, description="Refused when set (422): editing a message needs branching, not available yet."
+    messageId: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CHAT_ID,
+        description="The message a regenerate or an edit is about: an id `GET /v1/ai-sdk/chat/{id}/messages` "
+        "gave (unknown on the chat's active path: 404).",
     )
     client_tools: list[ClientTool] | None = Field(
         None,
@@ -143,16 +141,6 @@ class ChatRequest(BaseModel):
         description="Parley's client tools offered for this turn (the transport's `body` option adds them): "
         "the browser runs them through the kit's `onToolCall` and `addToolOutput`.",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _branching(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            if data.get("trigger") == "regenerate-message":
-                raise ValueError(_REGENERATE)
-            if data.get("messageId") is not None:
-                raise ValueError(_EDIT)
-        return data
 
     _unique = field_validator("client_tools")(unique_client_tools)
 

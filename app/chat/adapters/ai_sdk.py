@@ -15,6 +15,7 @@ from typing import Any
 from sse_starlette import ServerSentEvent
 
 from app.chat.kit_chats import KitChats, TurnFeed
+from app.errors import InvalidRequest, NotFound
 from app.protocol.ai_sdk import FINISH_REASONS, ChatRequest, UIPart, UserUIMessage, knows_chunk
 from app.protocol.schemas import (
     AssistantTextMessage,
@@ -300,10 +301,24 @@ async def answer(
     last = body.messages[-1]
     if isinstance(last, UserUIMessage):
         kits.check_text(last.text())
-    session_id = await kits.session_for(principal, "ai-sdk", body.id, create=True)
-    assert session_id is not None  # created when missing
+    branching = body.trigger == "regenerate-message" or body.messageId is not None
+    # A regenerate or an edit is about a chat that has turns: it never binds a new one.
+    session_id = await kits.session_for(principal, "ai-sdk", body.id, create=not branching)
+    if session_id is None:
+        raise NotFound(f"No chat {body.id!r}.", details={"chat_id": body.id})
     feed = await kits.open_feed(principal, session_id, None)
     try:
+        if body.trigger == "regenerate-message":
+            turn_id = await kits.turn_of(principal, session_id, body.messageId)
+            new_turn = await kits.regenerate(principal, session_id, turn_id)
+            return feed, UiMessageStream(version, session_id, turn_id=new_turn)
+        if body.messageId is not None:
+            if not isinstance(last, UserUIMessage):
+                message = "An edit (messageId with submit-message) needs the edited user message last."
+                raise InvalidRequest("messageId", message, "value_error")
+            turn_id = await kits.turn_of(principal, session_id, body.messageId)
+            new_turn = await kits.edit(principal, session_id, turn_id, last.text(), client_message_id=last.id)
+            return feed, UiMessageStream(version, session_id, turn_id=new_turn)
         if isinstance(last, UserUIMessage):
             message_id = await kits.post_text(
                 principal, session_id, last.text(), client_message_id=last.id, client_tools=body.client_tools

@@ -191,8 +191,7 @@ async def test_resume_replays_the_running_turn_from_its_start(paced: LiveServer)
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"trigger": "regenerate-message"}, "needs branching"),
-        ({"messageId": "u-5"}, "needs branching"),
+        ({"trigger": "regenerate-message", "messageId": ""}, "at least 1"),
         ({"messages": [{"id": "u", "role": "user", "parts": [{"type": "text", "text": "  "}]}]}, "no text"),
         ({"messages": [{"id": "u", "role": "user", "parts": [{"type": "file", "url": "x"}]}]}, "text"),
         ({"messages": []}, "at least 1"),
@@ -236,3 +235,47 @@ async def test_a_message_too_long_is_a_413_that_binds_no_session(database_url: s
             }
             assert (await client.post("/v1/ag-ui", json=agui)).status_code == 413
             assert (await client.get("/v1/sessions")).json()["sessions"] == []
+
+
+@pytest.mark.both_backends
+async def test_regenerate_and_edit_make_branches_and_the_history_follows_the_active_path(
+    server: LiveServer,
+) -> None:
+    """What `regenerate()` and `sendMessage(..., {messageId})` post: a new sibling turn each, streamed as the
+    answer, the history (Parley's and the kit's) on the new branch, the old answer kept as a sibling."""
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        first = await post_chat(client, chat("b-1", "hello"))
+        first_turn = first[0]["messageId"]
+        session_id = next(c for c in first if c["type"] == "data-parley-session")["data"]["sessionId"]
+        user = chat("b-1", "hello")["messages"][0]
+
+        again = await post_chat(
+            client,
+            {"id": "b-1", "messages": [user], "trigger": "regenerate-message", "messageId": first_turn},
+        )
+        second_turn = again[0]["messageId"]
+        assert second_turn != first_turn and again[-1]["type"] == "finish"
+        turn = (await client.get(f"/v1/sessions/{session_id}/turns/{second_turn}")).json()
+        assert turn["siblings"] == [first_turn, second_turn] and turn["sibling_index"] == 1
+        history = (await client.get("/v1/ai-sdk/chat/b-1/messages")).json()
+        assert [m["id"] for m in history] == ["u-5", second_turn]
+
+        edited = {"id": "u-5", "role": "user", "parts": [{"type": "text", "text": "what is 2+3?"}]}
+        edit = await post_chat(
+            client, {"id": "b-1", "messages": [edited], "trigger": "submit-message", "messageId": "u-5"}
+        )
+        third_turn = edit[0]["messageId"]
+        assert any(c["type"] == "tool-input-available" and c["toolName"] == "calculate" for c in edit)
+        turn = (await client.get(f"/v1/sessions/{session_id}/turns/{third_turn}")).json()
+        assert turn["siblings"] == [first_turn, second_turn, third_turn]
+        history = (await client.get("/v1/ai-sdk/chat/b-1/messages")).json()
+        assert [m["role"] for m in history] == ["user", "assistant"]
+        assert history[0]["parts"][-1]["text"] == "what is 2+3?" and history[1]["id"] == third_turn
+
+        # Unknown message ids and chats are 404s that store nothing.
+        unknown = {"id": "b-1", "messages": [user], "trigger": "regenerate-message", "messageId": "nope"}
+        assert (await client.post("/v1/ai-sdk/chat", json=unknown)).status_code == 404
+        fresh = {"id": "b-none", "messages": [user], "trigger": "regenerate-message"}
+        assert (await client.post("/v1/ai-sdk/chat", json=fresh)).status_code == 404
+        sessions = (await client.get("/v1/sessions")).json()["sessions"]
+        assert [s["id"] for s in sessions] == [session_id]
