@@ -21,6 +21,7 @@ from app.chat.tool_answers import ToolAnswers
 from app.errors import Conflict, NotFound, PayloadTooLarge
 from app.protocol.branches import EditRequest, RegenerateRequest
 from app.protocol.clock import now_iso
+from app.protocol.files import AttachmentRef
 from app.protocol.ids import SESSION_ID_PATTERN
 from app.protocol.schemas import ChatMessage, MessageCreate, SessionCreate
 from app.protocol.tool_requests import ApprovalsIn, ClientTool, DecisionItem, ToolResultItem, ToolResultsIn
@@ -140,10 +141,14 @@ class KitChats:
         *,
         client_message_id: str | None,
         client_tools: list[ClientTool] | None,
+        attachments: list[AttachmentRef] | None = None,
     ) -> str:
         """Posts the message (steered into a running turn, as Parley's default); its id."""
         body = MessageCreate(
-            content=text, client_message_id=client_message_id, client_tools=client_tools or None
+            content=text,
+            client_message_id=client_message_id,
+            client_tools=client_tools or None,
+            attachments=attachments or None,
         )
         accepted, _ = await self._messages.post(principal, session_id, body)
         return accepted.id

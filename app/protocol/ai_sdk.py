@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictInt, field_validator, model_validator
 
+from app.protocol.files import DATA_URL_PATTERN, DataUrlAttachment
 from app.protocol.tool_requests import ClientTool, unique_client_tools
 
 # The `ai` package's majors whose UI message stream Parley speaks; the current one is the default.
@@ -54,6 +55,21 @@ class TextPart(BaseModel):
     text: str = Field(max_length=10_000_000)
 
 
+class FilePart(BaseModel):
+    """A file the kit attached (`convertFileListToFileUIParts` makes data URLs): taken as an attachment of
+    the message, checked and stored as an upload is (docs/files.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["file"]
+    mediaType: str = Field(min_length=1, max_length=200)
+    url: str = Field(pattern=DATA_URL_PATTERN, description="`data:<media type>;base64,<bytes>`.")
+    filename: str | None = Field(None, max_length=255)
+
+
+UserPart = Annotated[TextPart | FilePart, Field(discriminator="type")]
+
+
 class UIPart(BaseModel):
     """A part of an assistant or system message: text, reasoning, a tool call (`tool-<name>` or
     `dynamic-tool`, with `toolCallId`, `state`, `input`, `output` or `errorText`), data, a step start..."""
@@ -73,22 +89,25 @@ class UserUIMessage(BaseModel):
 
     id: str = Field(min_length=1, max_length=100, description="Kept as the message's client_message_id.")
     role: Literal["user"]
-    parts: list[TextPart] = Field(
+    parts: list[UserPart] = Field(
         min_length=1,
-        description="Text parts, at least one with a character that is not whitespace. File parts are "
-        "refused (a 422): attachments are not taken yet.",
+        description="Text parts, at least one with a character that is not whitespace, and file parts "
+        "(data URLs), taken as the message's attachments.",
         json_schema_extra=_USER_HAS_TEXT,
     )
     metadata: JsonValue = None
 
     @model_validator(mode="after")
     def _has_text(self) -> UserUIMessage:
-        if not any(part.text.strip() for part in self.parts):
+        if not any(isinstance(part, TextPart) and part.text.strip() for part in self.parts):
             raise ValueError("the user message has no text")
         return self
 
     def text(self) -> str:
-        return "\n\n".join(part.text for part in self.parts if part.text.strip())
+        return "\n\n".join(p.text for p in self.parts if isinstance(p, TextPart) and p.text.strip())
+
+    def attachments(self) -> list[DataUrlAttachment]:
+        return [DataUrlAttachment(url=p.url) for p in self.parts if isinstance(p, FilePart)]
 
 
 class OtherUIMessage(BaseModel):

@@ -17,6 +17,7 @@ from sse_starlette import ServerSentEvent
 from app.chat.kit_chats import KitChats, TurnFeed
 from app.errors import InvalidRequest, NotFound
 from app.protocol.ai_sdk import FINISH_REASONS, ChatRequest, UIPart, UserUIMessage, knows_chunk
+from app.protocol.files import Attachment
 from app.protocol.schemas import (
     AssistantTextMessage,
     ChatMessage,
@@ -247,7 +248,10 @@ def ui_messages(rows: list[ChatMessage]) -> list[dict[str, Any]]:
                 {
                     "id": row.client_message_id or row.id,
                     "role": "user",
-                    "parts": [{"type": "text", "text": row.content, "state": "done"}],
+                    "parts": [
+                        *(_file_part(a) for a in row.attachments),
+                        {"type": "text", "text": row.content, "state": "done"},
+                    ],
                 }
             )
             answer, after_tools = None, True
@@ -316,12 +320,20 @@ async def answer(
             if not isinstance(last, UserUIMessage):
                 message = "An edit (messageId with submit-message) needs the edited user message last."
                 raise InvalidRequest("messageId", message, "value_error")
+            if last.attachments():
+                message = "An edit takes the edited text only: send files with a new message."
+                raise InvalidRequest("messages", message, "value_error")
             turn_id = await kits.turn_of(principal, session_id, body.messageId)
             new_turn = await kits.edit(principal, session_id, turn_id, last.text(), client_message_id=last.id)
             return feed, UiMessageStream(version, session_id, turn_id=new_turn)
         if isinstance(last, UserUIMessage):
             message_id = await kits.post_text(
-                principal, session_id, last.text(), client_message_id=last.id, client_tools=body.client_tools
+                principal,
+                session_id,
+                last.text(),
+                client_message_id=last.id,
+                client_tools=body.client_tools,
+                attachments=list(last.attachments()),
             )
             return feed, UiMessageStream(version, session_id, message_id=message_id)
         turn_id = await kits.post_results(principal, session_id, tool_outputs(last.parts))
@@ -370,3 +382,14 @@ def tool_outputs(parts: list[UIPart]) -> list[ToolResultItem]:
                 ToolResultItem(tool_call_id=call_id, error=str(extra.get("errorText") or "error")[:100_000])
             )
     return results
+
+
+def _file_part(attachment: Attachment) -> dict[str, Any]:
+    """A stored attachment as the kit's file part: its bytes at Parley's content route (which takes the
+    same credentials as every route), never inline."""
+    return {
+        "type": "file",
+        "mediaType": attachment.media_type,
+        "filename": attachment.name,
+        "url": f"/v1/files/{attachment.file_id}/content",
+    }

@@ -5,6 +5,7 @@ principal, the version's chunk set, resume, and what a request may not do (it st
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -193,7 +194,7 @@ async def test_resume_replays_the_running_turn_from_its_start(paced: LiveServer)
     [
         ({"trigger": "regenerate-message", "messageId": ""}, "at least 1"),
         ({"messages": [{"id": "u", "role": "user", "parts": [{"type": "text", "text": "  "}]}]}, "no text"),
-        ({"messages": [{"id": "u", "role": "user", "parts": [{"type": "file", "url": "x"}]}]}, "text"),
+        ({"messages": [{"id": "u", "role": "user", "parts": [{"type": "file", "url": "x"}]}]}, "mediaType"),
         ({"messages": []}, "at least 1"),
         ({"extra": 1}, "Extra inputs"),
     ],
@@ -279,3 +280,30 @@ async def test_regenerate_and_edit_make_branches_and_the_history_follows_the_act
         assert (await client.post("/v1/ai-sdk/chat", json=fresh)).status_code == 404
         sessions = (await client.get("/v1/sessions")).json()["sessions"]
         assert [s["id"] for s in sessions] == [session_id]
+
+
+PNG_2X1 = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAABCAIAAAB7QOjdAAAAD0lEQVR4nGP8z8DAwMAAAAYIAQHLR3Z1AAAAAElFTkSuQmCC"
+
+
+async def test_a_file_part_is_an_attachment_the_model_receives_and_the_history_shows(
+    server: LiveServer,
+) -> None:
+    """What `sendMessage({text, files})` posts: the data URL stored as a file of the caller, attached to the
+    message (the demo model describes it), and the kit's history gives it back as a file part at Parley's
+    content route."""
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        image = {
+            "type": "file",
+            "mediaType": "image/png",
+            "filename": "dot.png",
+            "url": f"data:image/png;base64,{PNG_2X1}",
+        }
+        user = {"id": "u-img", "role": "user", "parts": [image, {"type": "text", "text": "what is this?"}]}
+        chunks = await post_chat(client, {"id": "f-1", "messages": [user], "trigger": "submit-message"})
+        text = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+        assert "image/png" in text and "2x1" in text.replace(" ", "").replace("×", "x"), text
+        history = (await client.get("/v1/ai-sdk/chat/f-1/messages")).json()
+        part = history[0]["parts"][0]
+        assert part["type"] == "file" and part["mediaType"] == "image/png"
+        content = await client.get(part["url"])
+        assert content.status_code == 200 and content.content == base64.b64decode(PNG_2X1)
