@@ -24,7 +24,7 @@ from app.protocol.branches import (
 )
 from app.protocol.clock import now_iso
 from app.protocol.ids import new_message_id, new_session_id, new_turn_id
-from app.protocol.schemas import QueuedMessage, SessionOut
+from app.protocol.schemas import QueuedMessage, SessionOut, metadata_text
 from app.protocol.tool_requests import ClientTool
 from app.settings import Settings
 from app.storage import repository, turn_queries, turn_tree
@@ -289,10 +289,14 @@ class Branches:
             created_at=at,
             updated_at=at,
             context_window=source.context_window,
+            context=source.context,
+            session_metadata=dict(source.session_metadata or {}),
         )
         async with self._database.session() as db:
             rows = await repository.list_messages(db, source.id, through_turn=turn_id)
             await repository.insert_session(db, row, new_session_id)
+            entries = [(key, metadata_text(value)) for key, value in row.session_metadata.items()]
+            await repository.set_session_metadata(db, row.id, entries)
             copies = _copies(rows, row.id)
             head = next((c.turn_id for c in reversed(copies) if c.type == "turn_start"), None)
             await repository.insert_messages(db, copies, new_message_id)

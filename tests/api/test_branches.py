@@ -222,7 +222,10 @@ async def test_branch_changed_reaches_every_open_stream(
 async def test_a_fork_goes_on_alone_and_leaves_the_original_unchanged(
     alice: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:
-    created = await alice.post("/v1/sessions", json={"system_prompt": "Be brief.", "title": "origin"})
+    settings = {"context": {"strategy": "off"}, "metadata": {"project": "apollo", "n": 3}}
+    created = await alice.post(
+        "/v1/sessions", json={"system_prompt": "Be brief.", "title": "origin", **settings}
+    )
     sid = created.json()["id"]
     upstream.enqueue(Script.text("a1"), Script.text("a2"))
     t1 = await _ask(alice, sid, "q1")
@@ -239,6 +242,11 @@ async def test_a_fork_goes_on_alone_and_leaves_the_original_unchanged(
         "origin",
         created.json()["tools"],
     )
+    # The settings a product keeps on a session come along: its context policy, its metadata (and the list's
+    # filter finds the fork by it).
+    assert (fork["context"], fork["metadata"]) == (created.json()["context"], {"project": "apollo", "n": 3})
+    listed = (await alice.get("/v1/sessions", params={"metadata.project": "apollo"})).json()["sessions"]
+    assert {s["id"] for s in listed} == {sid, fork["id"]}
     copied = (await alice.get(f"/v1/sessions/{fork['id']}/messages")).json()["chat_messages"]
     first_turn = before[: next(i for i, m in enumerate(before) if m["type"] == "turn_done") + 1]
     assert [(m["type"], m.get("content"), m["timestamp"]) for m in copied] == [
