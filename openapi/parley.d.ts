@@ -1158,9 +1158,9 @@ export interface components {
             id: string;
             /**
              * Messageid
-             * @description Refused when set (422): editing a message needs branching, not available yet.
+             * @description The message a regenerate or an edit is about: an id `GET /v1/ai-sdk/chat/{id}/messages` gave (unknown on the chat's active path: 404).
              */
-            messageId?: null;
+            messageId?: string | null;
             /**
              * Messages
              * @description The client's messages; only the last one is read. A last message that is not a user message and answers no waiting tool call: 409 `no_new_input`.
@@ -1168,10 +1168,10 @@ export interface components {
             messages: (components["schemas"]["UserUIMessage"] | components["schemas"]["OtherUIMessage"])[];
             /**
              * Trigger
-             * @description `submit-message`. `regenerate-message` is refused (422) until the server has branching.
-             * @constant
+             * @description `submit-message`: the last message is new input (with `messageId`, the edit of that sent message: a new branch beside its turn, docs/api.md Branches). `regenerate-message`: the answer `messageId` names (an assistant message's id, or a user message's: its turn), or else the latest turn, answered again as a new branch; the request's messages add nothing.
+             * @enum {string}
              */
-            trigger: "submit-message";
+            trigger: "submit-message" | "regenerate-message";
         };
         /**
          * ClientTool
@@ -1694,6 +1694,29 @@ export interface components {
              * @description Pass as `after` for the next page; null at the end.
              */
             next_cursor: string | null;
+        };
+        /**
+         * FilePart
+         * @description A file the kit attached (`convertFileListToFileUIParts` makes data URLs): taken as an attachment of
+         *     the message, checked and stored as an upload is (docs/files.md).
+         */
+        FilePart: {
+            /** Filename */
+            filename?: string | null;
+            /** Mediatype */
+            mediaType: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "file";
+            /**
+             * Url
+             * @description `data:<media type>;base64,<bytes>`.
+             */
+            url: string;
+        } & {
+            [key: string]: unknown;
         };
         /**
          * FileSource
@@ -3367,9 +3390,9 @@ export interface components {
             metadata?: components["schemas"]["JsonValue"];
             /**
              * Parts
-             * @description Text parts, at least one with a character that is not whitespace. File parts are refused (a 422): attachments are not taken yet.
+             * @description Text parts, at least one with a character that is not whitespace, and file parts (data URLs), taken as the message's attachments.
              */
-            parts: components["schemas"]["app__protocol__ai_sdk__TextPart"][];
+            parts: (components["schemas"]["app__protocol__ai_sdk__TextPart"] | components["schemas"]["FilePart"])[];
             /**
              * @description discriminator enum property added by openapi-typescript
              * @enum {string}
@@ -3424,8 +3447,8 @@ export interface components {
             /** Text */
             text: string;
             /**
-             * Type
-             * @constant
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
              */
             type: "text";
         } & {

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.chat.model_choice import list_models
-from app.llm.demo import DEMO_CONTEXT_WINDOW
+from app.llm.demo import DEMO_CONTEXT_WINDOW, DEMO_SMALL_CONTEXT_WINDOW, DEMO_SMALL_MODEL
 from app.llm.gateway import ModelGateway
 from app.settings import DEMO_MODEL, Settings
 
@@ -29,6 +29,13 @@ MODELS: dict[str, Any] = {
     }
 }
 DEMO = {"model": DEMO_MODEL, "provider": "parley", "context_window": DEMO_CONTEXT_WINDOW, "source": "demo"}
+# The small-window demo (docs/context.md), listed after the demo.
+SMALL = {
+    "model": DEMO_SMALL_MODEL,
+    "provider": "parley",
+    "context_window": DEMO_SMALL_CONTEXT_WINDOW,
+    "source": "demo",
+}
 FROM_FILE = [
     {"model": "house-big", "provider": "house", "context_window": 32000, "source": "models_file"},
     {"model": "house-plain", "provider": "house", "context_window": 64000, "source": "models_file"},
@@ -61,7 +68,7 @@ async def listed(settings: Settings) -> list[dict[str, Any]]:
 
 
 async def test_the_demo_and_the_models_files_models_in_order(configured: Settings) -> None:
-    assert await listed(configured) == [DEMO, *FROM_FILE]  # the demo is the default: listed once
+    assert await listed(configured) == [DEMO, SMALL, *FROM_FILE]  # the demo is the default: listed once
 
 
 async def test_a_default_that_nothing_configures_is_listed_last(configured: Settings) -> None:
@@ -69,6 +76,7 @@ async def test_a_default_that_nothing_configures_is_listed_last(configured: Sett
     unknown = configured.model_copy(update={"default_model": "no-such-model-anywhere"})
     assert await listed(known) == [
         DEMO,
+        SMALL,
         *FROM_FILE,
         {"model": "gpt-4o-mini", "provider": None, "context_window": 128000, "source": "default"},
     ]
@@ -81,4 +89,8 @@ async def test_a_default_that_nothing_configures_is_listed_last(configured: Sett
 
 
 async def test_a_default_from_the_models_file_is_not_listed_twice(configured: Settings) -> None:
-    assert await listed(configured.model_copy(update={"default_model": "house-big"})) == [DEMO, *FROM_FILE]
+    assert await listed(configured.model_copy(update={"default_model": "house-big"})) == [
+        DEMO,
+        SMALL,
+        *FROM_FILE,
+    ]

@@ -35,7 +35,7 @@ def type_of(model: type[BaseModel]) -> str:
 def test_every_event_model_is_a_component_with_its_type() -> None:
     components, union = event_schemas()
     models = event_models()
-    assert len(models) == 19
+    assert len(models) == 20
     for model in models:
         schema = components[model.__name__]
         assert schema["properties"]["type"]["const"] == type_of(model)

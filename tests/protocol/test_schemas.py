@@ -73,6 +73,7 @@ def test_what_a_client_may_leave_out() -> None:
         "client_tools": None,
         "approval": None,
         "metadata": None,
+        "context": None,
     }
     assert CancelRequest.model_validate({}).clear_queue is False
     assert SessionUpdate.model_validate({"title": None}).model_dump(exclude_unset=True) == {"title": None}
