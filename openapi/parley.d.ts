@@ -3578,13 +3578,12 @@ export interface operations {
                     };
                 };
             };
-            /** @description Bad request; or: The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
+            /** @description The HTTP request itself is malformed (a broken header such as an invalid `Transfer-Encoding`): the HTTP server refuses it in plain text, before the service reads it, and closes the connection */
             400: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["ErrorResponse"];
                     "text/plain": string;
                 };
             };

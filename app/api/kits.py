@@ -155,7 +155,7 @@ async def ai_sdk_messages(
     response_class=Response,
     responses={
         200: {"description": AG_UI_DOC, "content": {STREAM_MEDIA_TYPE: {"schema": AG_UI_FRAME}}},
-        **v1_errors(400, 404, 409, 410, 413, 415, 422, 429),
+        **v1_errors(404, 409, 410, 413, 415, 422, 429),
     },
 )
 async def ag_ui_run(

@@ -130,7 +130,10 @@ def _error_status(value: Any) -> bool:
 def _http_settings(path: Path, root: Path = APP.parent) -> list[str]:
     """Where the module sets an HTTP error status or header, or reaches for the HTTP stack."""
     tree = ast.parse(path.read_text(), str(path))
-    docstrings = _docstrings(tree)
+    # Pydantic's extra="allow" is no Allow header.
+    docstrings = _docstrings(tree) | {
+        id(node.value) for node in ast.walk(tree) if isinstance(node, ast.keyword) and node.arg == "extra"
+    }
     found: list[str] = []
     for node in ast.walk(tree):
         where = f"{path.relative_to(root)}:{getattr(node, 'lineno', '?')}"
