@@ -186,9 +186,13 @@ class KitChats:
                 turn = message.turn_id
                 if message_id is None or message_id == turn:
                     found = turn
-            elif message_id is not None and message.type == "text" and message.role == "user":
-                if message_id in (message.id, message.client_message_id):
-                    found = turn
+            elif (
+                message_id is not None
+                and message.type == "text"
+                and message.role == "user"
+                and message_id in (message.id, message.client_message_id)
+            ):
+                found = turn
         if found is None:
             raise NotFound(
                 f"No message {message_id!r} on the chat's active path."

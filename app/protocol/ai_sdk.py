@@ -142,8 +142,8 @@ class ChatRequest(BaseModel):
         "message and answers no waiting tool call: 409 `no_new_input`.",
     )
     trigger: Literal["submit-message", "regenerate-message"] = Field(
-        description="`submit-message`: the last message is new input (with `messageId`, the edit of that sent "
-        "message: a new branch beside its turn, docs/api.md Branches). `regenerate-message`: the answer "
+        description="`submit-message`: the last message is new input (with `messageId`, the edit of that "
+        "sent message: a new branch beside its turn, docs/api.md Branches). `regenerate-message`: the answer "
         "`messageId` names (an assistant message's id, or a user message's: its turn), or else the latest "
         "turn, answered again as a new branch; the request's messages add nothing."
     )
