@@ -292,3 +292,34 @@ async def test_another_user_of_the_same_tenant_gets_404_on_every_session_route(h
             response = await bob.request(method, path, json=BODIES.get((method, template)))
             assert response.status_code == 404, (method, template, response.text)
         assert (await alice.get(f"/v1/sessions/{sid}/messages")).json() == before
+
+
+async def test_another_user_of_the_same_tenant_finds_none_of_a_users_files(hs_server: LiveServer) -> None:
+    """Files are per principal for tokens as for keys: bob of acme gets 404 on alice's file everywhere,
+    cannot attach it, and does not see it listed; the same bytes he uploads are a file of his own."""
+    alice_token, bob_token = hs256(claims("alice", org="acme")), hs256(claims("bob", org="acme"))
+    async with (
+        httpx.AsyncClient(base_url=hs_server.base_url, timeout=30, headers=bearer(alice_token)) as alice,
+        httpx.AsyncClient(base_url=hs_server.base_url, timeout=30, headers=bearer(bob_token)) as bob,
+    ):
+        note = ("note.txt", b"alice's notes\n", "text/plain")
+        uploaded = await alice.post("/v1/files", files={"file": note})
+        assert uploaded.status_code == 201, uploaded.text
+        file_id = uploaded.json()["id"]
+        for method, path in (
+            ("GET", f"/v1/files/{file_id}"),
+            ("GET", f"/v1/files/{file_id}/content"),
+            ("DELETE", f"/v1/files/{file_id}"),
+        ):
+            assert (await bob.request(method, path)).status_code == 404, (method, path)
+        assert (await bob.get("/v1/files")).json()["files"] == []
+        sid = (await bob.post("/v1/sessions", json={})).json()["id"]
+        attached = await bob.post(
+            f"/v1/sessions/{sid}/messages",
+            json={"content": "read this", "attachments": [{"file_id": file_id}]},
+        )
+        assert attached.status_code == 404, attached.text
+        assert (await bob.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"] == []
+        own = await bob.post("/v1/files", files={"file": note})
+        assert own.status_code == 201 and own.json()["id"] != file_id
+        assert (await alice.get(f"/v1/files/{file_id}")).status_code == 200
