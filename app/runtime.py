@@ -130,6 +130,7 @@ async def build_runtime(settings: Settings, keys: KeyRing, catalog: ToolCatalog)
         drain = Drain(mode.runner, mode.writer, mode.broker, timeout=settings.shutdown_timeout)
         # Stopped in the reverse order of these pushes (the module's docstring).
         stack.push_async_callback(services.streams.close)
+        stack.push_async_callback(services.sessions.close)  # titles still being written
         stack.push_async_callback(mode.stop_notifier)  # after the write-behind's last flush is published
         stack.push_async_callback(mode.writer.stop)
         stack.push_async_callback(catalog.stop)

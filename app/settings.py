@@ -282,6 +282,12 @@ class Settings(BaseSettings):
         description="The secret stream tokens are signed with (every replica must have the same one). "
         "Unset: a random secret kept in the database, which every replica shares.",
     )
+    title_model: str | None = Field(
+        None,
+        min_length=1,
+        description="A model that writes a session's title from its first message, replacing the first line "
+        "it was given at once (unless a title was set meanwhile); unset: the first line stays.",
+    )
     stream_token_seconds: float = Field(
         300.0, gt=0, le=86_400, description="Seconds a stream token opens its session's event stream."
     )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
 import re
 from collections.abc import Sequence
+from contextlib import aclosing
 
 from app.chat.context import next_call
 from app.chat.errors import InvalidCursor, SessionDeleted, UnknownModel, UnknownTool
@@ -15,6 +17,7 @@ from app.chat.stream_tokens import StreamTokens
 from app.chat.tool_rules import check_approval, check_client_tools
 from app.errors import InvalidRequest, NotFound, StorageUnavailable
 from app.llm.gateway import ModelGateway
+from app.llm.types import ModelRequest, TextPart
 from app.protocol.clock import now_iso
 from app.protocol.ids import SESSION_ID_PATTERN, new_session_id
 from app.protocol.schemas import (
@@ -61,6 +64,7 @@ class Sessions:
         self._models = models
         self._tools = tools
         self._idempotency = idempotency
+        self._titling: set[asyncio.Task[None]] = set()
 
     async def storage_ready(self) -> bool:
         """Whether the database answers now (for /readyz: PostgreSQL may be out of reach)."""
@@ -236,6 +240,45 @@ class Sessions:
         except StorageUnavailable as exc:
             # The message is in: its answer stands, and the next message titles the session.
             log.warning("session %s: no title from its first message: %s", session.id, exc.code)
+        if self._settings.title_model is not None:
+            task = asyncio.create_task(self._model_title(session.id, title, content))
+            self._titling.add(task)
+            task.add_done_callback(self._titling.discard)
+
+    async def _model_title(self, session_id: str, first_line: str, content: str) -> None:
+        """PARLEY_TITLE_MODEL's title for the session, in place of its first line unless that was changed
+        meanwhile. Best effort: a failure leaves the first line and is logged."""
+        name = self._settings.title_model
+        assert name is not None
+        try:
+            model = await self._models.resolve(name)
+            adapter = await self._models.observed_adapter(model)
+            messages = [
+                {"role": "system", "content": TITLE_INSTRUCTION},
+                {"role": "user", "content": content[:TITLE_SOURCE_CHARS]},
+            ]
+            request = ModelRequest(model, messages, [], self._settings.provider_timeout)
+            text: list[str] = []
+            async with aclosing(adapter.stream(request)) as stream:
+                async for part in stream:
+                    if isinstance(part, TextPart):
+                        text.append(part.text)
+            title = first_line_title("".join(text).strip().strip('"').strip())
+            if not title:
+                return
+            async with self._database.session() as db:
+                await repository.retitle(db, session_id, first_line, title, now_iso())
+                await db.commit()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a title is never worth a failure: the first line stays
+            log.warning("session %s: the title model failed: %s", session_id, type(exc).__name__)
+
+    async def close(self) -> None:
+        """Cancels the titles still being written (at shutdown)."""
+        for task in list(self._titling):
+            task.cancel()
+        await asyncio.gather(*self._titling, return_exceptions=True)
 
     async def delete(self, principal: str, session_id: str) -> None:
         await self.owned(principal, session_id)
@@ -281,6 +324,11 @@ def _out(row: ChatSessionRow, live: LiveStatus, settings: Settings) -> SessionOu
 
 
 TITLE_CHARS = 80
+TITLE_SOURCE_CHARS = 4000
+TITLE_INSTRUCTION = (
+    "Write a short title (at most six words) for a conversation that starts with the user's message below. "
+    "Answer with the title only: no quotes, no final period."
+)
 
 
 def first_line_title(content: str) -> str:

@@ -102,6 +102,17 @@ async def title_untitled(db: AsyncSession, session_id: str, title: str, at: str)
     )
 
 
+async def retitle(db: AsyncSession, session_id: str, was: str, title: str, at: str) -> bool:
+    """Replaces the title `was` by `title`; a title changed meanwhile is kept. Whether it was replaced."""
+    found = await db.exec(
+        update(ChatSessionRow)
+        .where(col(ChatSessionRow.id) == session_id, col(ChatSessionRow.title) == was)
+        .values(title=title, updated_at=at)
+        .returning(col(ChatSessionRow.id))
+    )
+    return found.first() is not None
+
+
 async def service_secret(db: AsyncSession, name: str, candidate: str) -> str:
     """The stored secret `name`; `candidate` is stored first if there is none (the first replica wins)."""
     statement = dialect_insert(db)(ServiceSecretRow).values(name=name, value=candidate)

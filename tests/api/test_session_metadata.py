@@ -4,13 +4,20 @@ from the first message of a session created without one."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from app.chat.sessions import TITLE_CHARS, first_line_title
-from tests.support.server import LiveServer
+from app.settings import Settings
+from tests.fakes.script import Script
+from tests.fakes.upstream import FakeUpstream
+from tests.support.server import LiveServer, live_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
@@ -127,3 +134,64 @@ def test_first_line_titles() -> None:
     assert first_line_title("   \n\t  spaced out  \n") == "spaced out"
     assert first_line_title("x" * TITLE_CHARS) == "x" * TITLE_CHARS
     assert first_line_title("x" * (TITLE_CHARS + 1)) == "x" * (TITLE_CHARS - 1) + "\u2026"
+
+
+@pytest.fixture
+def titler() -> Iterator[FakeUpstream]:
+    with FakeUpstream(api_key="sk-title") as running:
+        yield running
+
+
+async def test_a_title_model_replaces_the_first_line_unless_the_title_changed(
+    settings: Settings, titler: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PARLEY_TITLE_MODEL writes the title of an untitled session from its first message (the first line
+    stands meanwhile); a failing title model leaves the first line; a titled session asks nothing."""
+    monkeypatch.setenv("PARLEY_TEST_TITLE_KEY", "sk-title")
+    models = tmp_path / "models.json"
+    provider = {
+        "api_base": titler.base_url,
+        "api_key_env": "PARLEY_TEST_TITLE_KEY",
+        "models": ["openai/titler"],
+    }
+    models.write_text(json.dumps({"providers": {"fake": provider}}))
+    configured = settings.model_copy(update={"models_file": models, "title_model": "openai/titler"})
+    titler.enqueue(Script.text('"Weather in Paris"'), Script.error(500))
+    with live_server(configured) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+
+            async def ask(sid: str, content: str) -> None:
+                posted = await client.post(
+                    f"/v1/sessions/{sid}/messages?wait=true", json={"content": content}
+                )
+                assert posted.status_code == 200, posted.text
+
+            async def title_of(sid: str, want: str) -> None:
+                for _ in range(200):
+                    if (await client.get(f"/v1/sessions/{sid}")).json()["title"] == want:
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"{sid}: the title never became {want!r}")
+
+            named = (await client.post("/v1/sessions", json={})).json()["id"]
+            await ask(named, "what's the weather like in Paris today?\nI'm packing")
+            await title_of(named, "Weather in Paris")
+            prompt = titler.requests[0].body["messages"]
+            assert prompt[-1] == {
+                "role": "user",
+                "content": "what's the weather like in Paris today?\nI'm packing",
+            }
+
+            failed = (await client.post("/v1/sessions", json={})).json()["id"]
+            await ask(failed, "hello there")
+            for _ in range(200):
+                if len(titler.requests) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # the refused title's write, had there been one
+            assert (await client.get(f"/v1/sessions/{failed}")).json()["title"] == "hello there"
+
+            titled = (await client.post("/v1/sessions", json={"title": "mine"})).json()["id"]
+            await ask(titled, "hello again")
+            assert (await client.get(f"/v1/sessions/{titled}")).json()["title"] == "mine"
+            assert len(titler.requests) == 2
