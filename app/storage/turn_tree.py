@@ -4,6 +4,7 @@ recursive query. Functions take a database session (`db`) and never commit."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -115,3 +116,35 @@ async def siblings(
     for parent, turn_id in found:
         children.setdefault(parent, []).append(turn_id)
     return children
+
+
+# Events looked at for a turn's last usage (activate): the newest first, a branch's head is nearly always
+# among the latest turns.
+USAGE_SCAN = 5000
+
+
+async def context_used_at(db: AsyncSession, session_id: str, turn_id: str) -> int | None:
+    """The context size the last response of `turn_id` reported (its last token_usage event), or None when
+    it had none (or lies beyond the scan). A session's turns never interleave: a turn's events run from its
+    turn_start to the next turn_start."""
+    found = await (await raw(db)).fetchall(
+        "SELECT type, data FROM events WHERE session_id = ? AND type IN ('turn_start', 'token_usage')"
+        " ORDER BY seq DESC LIMIT ?",
+        [session_id, USAGE_SCAN],
+    )
+    latest: int | None = None
+    for kind, data in found:
+        event = json.loads(data)
+        if kind == "token_usage":
+            latest = event["context_used"] if latest is None else latest
+        elif event.get("turn_id") == turn_id:
+            return latest
+        else:
+            latest = None
+    return None
+
+
+async def set_context_used(db: AsyncSession, session_id: str, used: int) -> None:
+    await (await raw(db)).execute(
+        "UPDATE chat_sessions SET context_used = ? WHERE id = ?", (used, session_id)
+    )

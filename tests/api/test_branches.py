@@ -375,3 +375,22 @@ async def test_idempotency_keys_open_one_turn_and_replay_the_answer(
     metrics = (await alice.get("/metrics")).text
     assert 'parley_branch_operations_total{operation="regenerate"} 1.0' in metrics
     assert 'parley_branch_operations_total{operation="fork"} 1.0' in metrics
+
+
+async def test_the_sessions_context_size_follows_the_active_path(
+    alice: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """context_used (and so the context percentage) is the active path's: switching to a branch shows what
+    its last response reported, not the other branch's."""
+    sid = await _session(alice)
+    upstream.enqueue(Script.text("first", usage=(100, 5)), Script.text("second", usage=(300, 5)))
+    t1 = await _ask(alice, sid, "q1")
+    assert (await alice.get(f"/v1/sessions/{sid}")).json()["context_used"] == 100
+    regenerated = await alice.post(f"/v1/sessions/{sid}/turns/{t1}/regenerate")
+    assert regenerated.status_code == 202, regenerated.text
+    t2 = regenerated.json()["turn_id"]
+    await _ended(alice, sid, t2)
+    assert (await alice.get(f"/v1/sessions/{sid}")).json()["context_used"] == 300
+    for turn, used in ((t1, 100), (t2, 300)):
+        assert (await alice.post(f"/v1/sessions/{sid}/turns/{turn}/activate")).status_code == 200
+        assert (await alice.get(f"/v1/sessions/{sid}")).json()["context_used"] == used, turn

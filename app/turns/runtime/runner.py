@@ -248,6 +248,10 @@ class Runner:
                 path = await turn_tree.path(db, session_id, head)
                 if head != await turn_tree.head(db, session_id):
                     await turn_tree.set_head(db, session_id, head)
+                    # The context the session shows is the new path's: its head's last response's.
+                    used = await turn_tree.context_used_at(db, session_id, head)
+                    if used is not None:
+                        await turn_tree.set_context_used(db, session_id, used)
                     events.emit(BranchChanged, head_turn_id=head, path_turn_ids=path)
             return head, path
 
