@@ -176,9 +176,21 @@ class KitChats:
         return {p.tool_call_id for p in waiting if p.kind == "client_tool"}
 
     async def turn_of(self, principal: str, session_id: str, message_id: str | None) -> str:
+        """find_turn's turn; unknown: 404."""
+        found = await self.find_turn(principal, session_id, message_id)
+        if found is None:
+            raise NotFound(
+                f"No message {message_id!r} on the chat's active path."
+                if message_id is not None
+                else "The chat has no turn to regenerate.",
+                details={"session_id": session_id, "message_id": message_id},
+            )
+        return found
+
+    async def find_turn(self, principal: str, session_id: str, message_id: str | None) -> str | None:
         """The turn a kit's message id names on the session's active path: an assistant message's id is its
         turn's (the adapters give the turn id), a user message's is its client_message_id or its id; None:
-        the latest turn. Unknown: 404."""
+        the latest turn. None: not on the path."""
         turn: str | None = None
         found: str | None = None
         for message in await self.history(principal, session_id):
@@ -193,13 +205,6 @@ class KitChats:
                 and message_id in (message.id, message.client_message_id)
             ):
                 found = turn
-        if found is None:
-            raise NotFound(
-                f"No message {message_id!r} on the chat's active path."
-                if message_id is not None
-                else "The chat has no turn to regenerate.",
-                details={"session_id": session_id, "message_id": message_id},
-            )
         return found
 
     async def regenerate(self, principal: str, session_id: str, turn_id: str) -> str:

@@ -262,7 +262,8 @@ class Target:
             body["approval"] = {names[n % len(names)]: when for n, when in enumerate(rule.values())}
 
     def _files(self, case: Case[Any]) -> None:
-        """A valid upload sends a real PNG; valid attachments name the caller's file."""
+        """A valid upload sends a real PNG; valid attachments name the caller's file; the AI SDK's valid
+        file parts are PNGs."""
         body: Any = case.body
         if not isinstance(body, dict):
             return
@@ -271,6 +272,12 @@ class Target:
         attachments = body.get("attachments")
         if isinstance(attachments, list):
             body["attachments"] = [{"file_id": self.file_id} for _ in attachments]
+        # The AI SDK's file parts are data URLs: a valid one holds a file of an accepted type.
+        for message in body.get("messages") or []:
+            for part in message.get("parts") or [] if isinstance(message, dict) else []:
+                if isinstance(part, dict) and part.get("type") == "file" and "url" in part:
+                    part["url"] = "data:image/png;base64," + base64.b64encode(PNG).decode()
+                    part["mediaType"] = "image/png"
 
     def _references(self, case: Case[Any]) -> None:
         self._until_idle(case)

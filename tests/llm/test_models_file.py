@@ -328,6 +328,7 @@ async def test_is_known(layer: ModelGateway, model: str, known: bool) -> None:
 async def test_model_names_list_demo_then_the_file(layer: ModelGateway) -> None:
     assert layer.model_names() == [
         DEMO_MODEL,
+        "parley/demo-small",
         "house-big",
         "house-plain",
         "gpt-4o",

@@ -305,26 +305,26 @@ async def answer(
     last = body.messages[-1]
     if isinstance(last, UserUIMessage):
         kits.check_text(last.text())
-    branching = body.trigger == "regenerate-message" or body.messageId is not None
-    # A regenerate or an edit is about a chat that has turns: it never binds a new one.
-    session_id = await kits.session_for(principal, "ai-sdk", body.id, create=not branching)
+    # useChat sends `messageId` with every resubmission (the last message's id: after tool outputs, the
+    # assistant message's); only the last message being the user message it names, already sent, is an
+    # edit. A regenerate or an edit is about a chat that has turns: it never binds a new one.
+    edit = body.trigger == "submit-message" and isinstance(last, UserUIMessage) and body.messageId == last.id
+    regenerate = body.trigger == "regenerate-message"
+    session_id = await kits.session_for(principal, "ai-sdk", body.id, create=not regenerate)
     if session_id is None:
         raise NotFound(f"No chat {body.id!r}.", details={"chat_id": body.id})
+    edited = await kits.find_turn(principal, session_id, body.messageId) if edit else None
+    if edited is not None and isinstance(last, UserUIMessage) and last.attachments():
+        message = "An edit takes the edited text only: send files with a new message."
+        raise InvalidRequest("messages", message, "value_error")
     feed = await kits.open_feed(principal, session_id, None)
     try:
-        if body.trigger == "regenerate-message":
+        if regenerate:
             turn_id = await kits.turn_of(principal, session_id, body.messageId)
             new_turn = await kits.regenerate(principal, session_id, turn_id)
             return feed, UiMessageStream(version, session_id, turn_id=new_turn)
-        if body.messageId is not None:
-            if not isinstance(last, UserUIMessage):
-                message = "An edit (messageId with submit-message) needs the edited user message last."
-                raise InvalidRequest("messageId", message, "value_error")
-            if last.attachments():
-                message = "An edit takes the edited text only: send files with a new message."
-                raise InvalidRequest("messages", message, "value_error")
-            turn_id = await kits.turn_of(principal, session_id, body.messageId)
-            new_turn = await kits.edit(principal, session_id, turn_id, last.text(), client_message_id=last.id)
+        if edited is not None and isinstance(last, UserUIMessage):
+            new_turn = await kits.edit(principal, session_id, edited, last.text(), client_message_id=last.id)
             return feed, UiMessageStream(version, session_id, turn_id=new_turn)
         if isinstance(last, UserUIMessage):
             message_id = await kits.post_text(

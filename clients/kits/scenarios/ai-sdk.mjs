@@ -22,9 +22,9 @@ function userMessage(text) {
   return { id: `u-${Math.random().toString(36).slice(2)}`, role: "user", parts: [{ type: "text", text }] };
 }
 
-async function send(messages, abortSignal) {
+async function send(messages, abortSignal, messageId = undefined) {
   return transport.sendMessages({
-    chatId, messages, trigger: "submit-message", messageId: undefined, abortSignal,
+    chatId, messages, trigger: "submit-message", messageId, abortSignal,
   });
 }
 
@@ -68,7 +68,8 @@ if (scenario === "text") {
   out.call = { ...part };
   part.state = "output-available";
   part.output = { city: "Lisbon" };
-  const second = await collect(await send([user, assistant]), assistant);
+  // As useChat sends it (sendAutomaticallyWhen, or sendMessage() with no message): the last message's id.
+  const second = await collect(await send([user, assistant], undefined, assistant.id), assistant);
   out.secondTypes = types(second.chunks);
   out.message = second.message;
 } else if (scenario === "stop") {

@@ -273,6 +273,14 @@ async def test_regenerate_and_edit_make_branches_and_the_history_follows_the_act
         assert [m["role"] for m in history] == ["user", "assistant"]
         assert history[0]["parts"][-1]["text"] == "what is 2+3?" and history[1]["id"] == third_turn
 
+        # A new user message whose id is not on the path, sent with its own id as messageId: a message.
+        fresh_user = {"id": "u-new", "role": "user", "parts": [{"type": "text", "text": "and now?"}]}
+        plain = await post_chat(
+            client, {"id": "b-1", "messages": [fresh_user], "trigger": "submit-message", "messageId": "u-new"}
+        )
+        turn = (await client.get(f"/v1/sessions/{session_id}/turns/{plain[0]['messageId']}")).json()
+        assert turn["parent_turn_id"] == third_turn and turn["siblings"] == [plain[0]["messageId"]]
+
         # Unknown message ids and chats are 404s that store nothing.
         unknown = {"id": "b-1", "messages": [user], "trigger": "regenerate-message", "messageId": "nope"}
         assert (await client.post("/v1/ai-sdk/chat", json=unknown)).status_code == 404
