@@ -80,7 +80,11 @@ class UIPart(BaseModel):
 
 
 _USER_HAS_TEXT: dict[str, JsonValue] = {
-    "contains": {"type": "object", "properties": {"text": {"type": "string", "pattern": r"\S"}}}
+    "contains": {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string", "pattern": r"\S"}},
+    }
 }
 
 
