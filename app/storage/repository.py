@@ -123,13 +123,23 @@ async def service_secret(db: AsyncSession, name: str, candidate: str) -> str:
 
 
 async def add_usage(
-    db: AsyncSession, session_id: str, *, prompt: int, completion: int, window: int | None, at: str
+    db: AsyncSession,
+    session_id: str,
+    *,
+    prompt: int,
+    completion: int,
+    window: int | None,
+    at: str,
+    context_scale: float | None = None,
 ) -> tuple[int, int]:
-    """Adds one response's tokens; returns the session's (total_tokens, context_used)."""
+    """Adds one response's tokens; returns the session's (total_tokens, context_used). `context_scale`,
+    when given, is the session's new prompt-size calibration (docs/context.md), in the same statement: a
+    response's end is one write to the session row, not two."""
     found = await (await raw(db)).fetchall(
         "UPDATE chat_sessions SET total_tokens = total_tokens + ?, context_used = ?, context_window = ?,"
-        " updated_at = ? WHERE id = ? RETURNING total_tokens, context_used",
-        (prompt + completion, prompt, window, at, session_id),
+        " updated_at = ?, context_scale = COALESCE(?, context_scale) WHERE id = ?"
+        " RETURNING total_tokens, context_used",
+        (prompt + completion, prompt, window, at, context_scale, session_id),
     )
     if not found:
         return (prompt + completion, prompt)

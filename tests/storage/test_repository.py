@@ -620,3 +620,16 @@ async def test_a_row_from_new_message_is_the_row_its_constructor_makes(database:
         ("m_0000000a01", "set later", {"q": "x", "n": [1, 2]}, False),
         ("m_0000000a02", None, {"q": "x", "n": [1, 2]}, False),
     ]
+
+
+async def test_add_usage_sets_the_context_scale_when_given_and_keeps_it_otherwise(database: Database) -> None:
+    await add_sessions(database, "s_a")
+    async with database.session() as db:
+        await repository.add_usage(
+            db, "s_a", prompt=10, completion=1, window=100, at=stamp(5), context_scale=1.25
+        )
+        await repository.add_usage(db, "s_a", prompt=20, completion=1, window=100, at=stamp(6))
+        await db.commit()
+    async with database.session() as db:
+        row = await repository.get_session(db, "s_a")
+    assert row is not None and row.context_scale == 1.25

@@ -439,8 +439,6 @@ class TurnRecorder:
                         "first_token_ms": event.first_token_ms,
                     },
                 )
-            if event.context_scale is not None:
-                await compaction.set_scale(db, self.session_id, event.context_scale)
             totals = None
             if usage is not None:
                 totals = await repository.add_usage(
@@ -450,7 +448,10 @@ class TurnRecorder:
                     completion=usage.completion_tokens,
                     window=self.context_window,
                     at=at,
+                    context_scale=event.context_scale,
                 )
+            elif event.context_scale is not None:
+                await compaction.set_scale(db, self.session_id, event.context_scale)
             self._announce_response(buffer, event, totals)
 
         if not event.calls:
