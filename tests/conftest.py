@@ -25,7 +25,7 @@ TESTS = Path(__file__).resolve().parent
 # needs one says so with its own `pytestmark`.
 FOLDER_MARKS = {
     "browser": ("browser", "slow"),
-    "container": ("container", "serial", "slow"),
+    "container": ("container", "slow"),
     "replicas": ("processes", "slow"),
     "fanout": ("processes", "slow"),
 }
