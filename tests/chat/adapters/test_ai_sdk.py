@@ -189,6 +189,36 @@ async def test_resume_replays_the_running_turn_from_its_start(paced: LiveServer)
         assert (await client.get("/v1/ai-sdk/chat/never-used/stream")).status_code == 204
 
 
+async def test_an_approval_ends_the_answer_from_major_6_and_a_replay_passes_one_answered(
+    paced: LiveServer,
+) -> None:
+    """From major 6 an approval that waits ends the request's answer (the kit's own approval flow), and so
+    does the resume's replay while it waits; once answered (here on Parley's own route) a replay goes past
+    it to the end of the turn."""
+    async with httpx.AsyncClient(base_url=paced.base_url, timeout=30) as client:
+        session_id = (await client.post("/v1/sessions", json={"approval": ["current_time"]})).json()["id"]
+        chunks = await post_chat(client, chat(session_id, "[slow] what time is it?"), params={"v": "6"})
+        (asked,) = [c for c in chunks if c["type"] == "tool-approval-request"]
+        assert asked == {
+            "type": "tool-approval-request",
+            "approvalId": asked["toolCallId"],
+            "toolCallId": asked["toolCallId"],
+        }
+        assert chunks[-1] == {"type": "finish", "finishReason": "tool-calls"}
+        async with client.stream("GET", f"/v1/ai-sdk/chat/{session_id}/stream") as waiting:
+            replayed = await read_chunks(waiting)
+        assert [c["type"] for c in replayed] == [c["type"] for c in chunks]
+
+        decision = {"decisions": [{"tool_call_id": asked["toolCallId"], "decision": "approve"}]}
+        assert (await client.post(f"/v1/sessions/{session_id}/approvals", json=decision)).status_code == 200
+        async with client.stream("GET", f"/v1/ai-sdk/chat/{session_id}/stream") as going_on:
+            assert going_on.status_code == 200  # the slow answer after the tool still streams
+            resumed = await read_chunks(going_on)
+        types = [c["type"] for c in resumed]
+        assert types.index("tool-approval-request") < types.index("tool-output-available")
+        assert resumed[-1] == {"type": "finish", "finishReason": "stop"}
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
