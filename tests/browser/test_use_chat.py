@@ -86,13 +86,13 @@ def example(parley: ServerProcess) -> Iterator[str]:
         yield base_url
 
 
-def open_example(browser: Any, base_url: str) -> tuple[Any, str]:
-    """A new tab on the example without a chat id: it makes one and keeps it in the URL, and useChat's resume
-    on mount (GET .../stream) finds no turn."""
+def open_example(browser: Any, base_url: str, chat: str | None = None) -> tuple[Any, str]:
+    """A new tab on the example, on `chat` or else without a chat id (it makes one and keeps it in the URL),
+    once useChat's resume on mount (GET .../stream) has found no turn."""
     page = browser.new_context(viewport={"width": 900, "height": 760}).new_page()
     page.on("pageerror", lambda error: print(f"page error: {error}"))
     with page.expect_response(is_resume) as resume:
-        page.goto(f"{base_url}/")
+        page.goto(f"{base_url}/" + (f"?chat={chat}" if chat else ""))
     assert resume.value.status == 204
     chat_id = page.evaluate("() => new URL(location.href).searchParams.get('chat')")
     assert chat_id
@@ -236,4 +236,24 @@ def test_a_reload_mid_answer_resumes_it_without_doubling(
     assert [m.role for m in final] == ["user", "assistant"]
     (text,) = final[1].texts
     assert text.startswith("You said: [slow] hello there") and text.count("You said") == 1
+    page.context.close()
+
+
+def test_an_approval_answered_with_the_kits_own_response(
+    browser: Any, parley: ServerProcess, example: str
+) -> None:
+    created = httpx.post(f"{parley.base_url}/v1/sessions", json={"approval": ["current_time"]}, timeout=30)
+    session_id = created.json()["id"]
+    page, chat_id = open_example(browser, example, chat=session_id)  # a session id names that session
+    assert chat_id == session_id
+    send(page, "what time is it?")
+    page.wait_for_selector(".tool[data-state='approval-requested'] button.approve")
+    assert parley_page.pending(parley.base_url, session_id)[0]["kind"] == "approval"
+    page.click(".tool[data-state='approval-requested'] button.approve")
+    answered = settled(page, parley.base_url, chat_id)
+    (tool,) = answered[-1].tools
+    assert tool.name == "current_time" and tool.state == "output-available"
+    assert answered[-1].texts[-1].startswith("The current time is")
+    decided = parley_page.history_rows(parley.base_url, session_id, "tool_group")
+    assert [row["decision"] for row in decided] == ["approve"]
     page.context.close()

@@ -1,5 +1,11 @@
 import { useChat } from "@ai-sdk/react";
-import { DefaultChatTransport, getToolName, isToolUIPart, type UIMessage } from "ai";
+import {
+  DefaultChatTransport,
+  getToolName,
+  isToolUIPart,
+  lastAssistantMessageIsCompleteWithApprovalResponses,
+  type UIMessage,
+} from "ai";
 import { type FormEvent, useEffect, useMemo, useState } from "react";
 import { authHeaders, cancelTurn, CHAT_API, chatIdFromUrl, loadMessages, PARLEY } from "./parley";
 
@@ -29,7 +35,7 @@ function Chat({ chatId, history }: { chatId: string; history: UIMessage[] }) {
       }),
     [],
   );
-  const { messages, sendMessage, regenerate, status, error } = useChat({
+  const { messages, sendMessage, regenerate, addToolApprovalResponse, status, error } = useChat({
     id: chatId,
     messages: history,
     resume: true, // on mount: GET .../stream replays a turn still running (after a reload) and follows it
@@ -38,7 +44,11 @@ function Chat({ chatId, history }: { chatId: string; history: UIMessage[] }) {
       // Parley's extras arrive as transient data parts, never stored in the message.
       if (part.type === "data-parley-session") setSessionId((part.data as { sessionId: string }).sessionId);
     },
+    // A call that needs a person's approval (a session created with `approval`) ends the answer; the
+    // response goes back with the next request, which continues the same turn.
+    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
   });
+  const respond = (id: string, approved: boolean) => void addToolApprovalResponse({ id, approved });
   const busy = status === "submitted" || status === "streaming";
 
   function onSubmit(event: FormEvent<HTMLFormElement>) {
@@ -71,7 +81,7 @@ function Chat({ chatId, history }: { chatId: string; history: UIMessage[] }) {
         {messages.map((message) => (
           <li key={message.id} className={`message ${message.role}`} data-role={message.role} data-id={message.id}>
             {message.parts.map((part, index) => (
-              <Part key={index} part={part} />
+              <Part key={index} part={part} respond={respond} />
             ))}
           </li>
         ))}
@@ -101,7 +111,9 @@ function Chat({ chatId, history }: { chatId: string; history: UIMessage[] }) {
   );
 }
 
-function Part({ part }: { part: UIMessage["parts"][number] }) {
+type Respond = (approvalId: string, approved: boolean) => void;
+
+function Part({ part, respond }: { part: UIMessage["parts"][number]; respond: Respond }) {
   if (part.type === "text") return <p className="text">{part.text}</p>;
   if (part.type === "reasoning") return <p className="reasoning">{part.text}</p>;
   if (isToolUIPart(part)) {
@@ -111,6 +123,16 @@ function Part({ part }: { part: UIMessage["parts"][number] }) {
         <code className="tool-input">{JSON.stringify(part.input)}</code>
         {part.state === "output-available" && <pre className="tool-output">{show(part.output)}</pre>}
         {part.state === "output-error" && <pre className="tool-output error">{part.errorText}</pre>}
+        {part.state === "approval-requested" && (
+          <span className="approval">
+            <button className="approve" onClick={() => respond(part.approval.id, true)}>
+              Approve
+            </button>
+            <button className="deny" onClick={() => respond(part.approval.id, false)}>
+              Deny
+            </button>
+          </span>
+        )}
       </div>
     );
   }
