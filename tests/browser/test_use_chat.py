@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,11 +21,14 @@ import httpx
 import pytest
 
 from tests.browser import page as parley_page
+from tests.browser.conftest import KEY
 from tests.browser.example_server import serve_example
 from tests.support.process import ServerProcess
 from tests.support.server import migrate
 
-DIST = Path(__file__).resolve().parents[2] / "examples" / "ai-sdk-react" / "dist"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ai-sdk-react"
+DIST = EXAMPLE / "dist"
+AUTH = {"Authorization": f"Bearer {KEY}"}  # what the keyed server needs; a keyless one ignores it
 T = TypeVar("T")
 
 # Each message the page shows: its id and role, its text parts and its tool parts, in order.
@@ -60,9 +64,9 @@ class Message:
 
 
 @pytest.fixture(scope="module")
-def parley(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """As the browser tests' server, without keys: as `make run` serves, which the example is built for (a
-    build for a server with keys takes VITE_PARLEY_API_KEY)."""
+def keyless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """As the browser tests' server (`parley`, which has a key), without keys: as `make run` serves, which
+    the example's default build is for."""
     directory = tmp_path_factory.mktemp("use-chat")
     database_url = f"sqlite+aiosqlite:///{directory / 'parley.db'}"
     migrate(database_url)
@@ -76,13 +80,13 @@ def parley(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def example(parley: ServerProcess) -> Iterator[str]:
+def example(keyless: ServerProcess) -> Iterator[str]:
     if not (DIST / "index.html").is_file():
         line = "useChat test skipped: examples/ai-sdk-react/dist is missing (make examples builds it)"
         if os.environ.get("CI") == "true":
             pytest.fail(line + "; CI=true makes that a failure")
         pytest.skip(line)
-    with serve_example(DIST, parley.base_url) as base_url:
+    with serve_example(DIST, keyless.base_url) as base_url:
         yield base_url
 
 
@@ -123,7 +127,7 @@ def shown(page: Any) -> list[Message]:
 
 def stored(base_url: str, chat_id: str) -> list[Message]:
     """The chat as the kit loads it (GET /v1/ai-sdk/chat/{id}/messages), in the page's terms."""
-    response = httpx.get(f"{base_url}/v1/ai-sdk/chat/{chat_id}/messages", timeout=30)
+    response = httpx.get(f"{base_url}/v1/ai-sdk/chat/{chat_id}/messages", headers=AUTH, timeout=30)
     response.raise_for_status()
     return [
         Message(
@@ -183,16 +187,16 @@ def session_of(page: Any) -> str:
 
 
 def test_chat_a_server_tool_regenerate_and_the_same_session_on_parleys_page(
-    browser: Any, parley: ServerProcess, example: str, tmp_path: Path
+    browser: Any, keyless: ServerProcess, example: str, tmp_path: Path
 ) -> None:
     page, chat_id = open_example(browser, example)
     send(page, "[think] hello there")
-    first = settled(page, parley.base_url, chat_id)
+    first = settled(page, keyless.base_url, chat_id)
     assert [m.role for m in first] == ["user", "assistant"] and first[0].texts == ("[think] hello there",)
     assert first[1].texts[0].startswith("You said: [think] hello there") and first[1].reasoning
 
     send(page, "what time is it?")
-    answered = settled(page, parley.base_url, chat_id)
+    answered = settled(page, keyless.base_url, chat_id)
     assert [m.role for m in answered] == ["user", "assistant", "user", "assistant"]
     (tool,) = answered[-1].tools
     assert tool.name == "current_time" and tool.state == "output-available"
@@ -203,24 +207,24 @@ def test_chat_a_server_tool_regenerate_and_the_same_session_on_parleys_page(
     # The same session on Parley's own routes and its page, with the same text.
     session_id = session_of(page)
     transcript = [f"{m.role}: {text}" for m in answered for text in m.texts]
-    assert parley_page.history_transcript(parley.base_url, session_id) == transcript
-    ui = parley_page.open_page(browser, parley.base_url, key=None, session_id=session_id)
-    assert parley_page.settled(ui, parley.base_url, session_id) == transcript
+    assert parley_page.history_transcript(keyless.base_url, session_id) == transcript
+    ui = parley_page.open_page(browser, keyless.base_url, key=None, session_id=session_id)
+    assert parley_page.settled(ui, keyless.base_url, session_id) == transcript
     ui.context.close()
 
     # Regenerate: a new turn answers the last question again, in place of the old answer.
     page.click("#regenerate")
-    regenerated = settled(page, parley.base_url, chat_id, lambda now: now[-1].id != answered[-1].id)
+    regenerated = settled(page, keyless.base_url, chat_id, lambda now: now[-1].id != answered[-1].id)
     assert [m.id for m in regenerated[:3]] == [m.id for m in answered[:3]] and len(regenerated) == 4
     assert regenerated[-1].tools[0].name == "current_time"
-    assert parley_page.history_transcript(parley.base_url, session_id) == [
+    assert parley_page.history_transcript(keyless.base_url, session_id) == [
         f"{m.role}: {text}" for m in regenerated for text in m.texts
     ]
     page.context.close()
 
 
 def test_a_reload_mid_answer_resumes_it_without_doubling(
-    browser: Any, parley: ServerProcess, example: str
+    browser: Any, keyless: ServerProcess, example: str
 ) -> None:
     page, chat_id = open_example(browser, example)
     send(page, "[slow] hello there")
@@ -232,7 +236,7 @@ def test_a_reload_mid_answer_resumes_it_without_doubling(
         page.reload()
     assert resume.value.status == 200  # the reloaded page found the turn running, and follows it
     assert page.evaluate("() => new URL(location.href).searchParams.get('chat')") == chat_id
-    final = settled(page, parley.base_url, chat_id)
+    final = settled(page, keyless.base_url, chat_id)
     assert [m.role for m in final] == ["user", "assistant"]
     (text,) = final[1].texts
     assert text.startswith("You said: [slow] hello there") and text.count("You said") == 1
@@ -240,20 +244,42 @@ def test_a_reload_mid_answer_resumes_it_without_doubling(
 
 
 def test_an_approval_answered_with_the_kits_own_response(
-    browser: Any, parley: ServerProcess, example: str
+    browser: Any, keyless: ServerProcess, example: str
 ) -> None:
-    created = httpx.post(f"{parley.base_url}/v1/sessions", json={"approval": ["current_time"]}, timeout=30)
+    created = httpx.post(f"{keyless.base_url}/v1/sessions", json={"approval": ["current_time"]}, timeout=30)
     session_id = created.json()["id"]
     page, chat_id = open_example(browser, example, chat=session_id)  # a session id names that session
     assert chat_id == session_id
     send(page, "what time is it?")
     page.wait_for_selector(".tool[data-state='approval-requested'] button.approve")
-    assert parley_page.pending(parley.base_url, session_id)[0]["kind"] == "approval"
+    assert parley_page.pending(keyless.base_url, session_id)[0]["kind"] == "approval"
     page.click(".tool[data-state='approval-requested'] button.approve")
-    answered = settled(page, parley.base_url, chat_id)
+    answered = settled(page, keyless.base_url, chat_id)
     (tool,) = answered[-1].tools
     assert tool.name == "current_time" and tool.state == "output-available"
     assert answered[-1].texts[-1].startswith("The current time is")
-    decided = parley_page.history_rows(parley.base_url, session_id, "tool_group")
+    decided = parley_page.history_rows(keyless.base_url, session_id, "tool_group")
     assert [row["decision"] for row in decided] == ["approve"]
     page.context.close()
+
+
+def test_a_build_with_a_key_sends_it(browser: Any, parley: ServerProcess, tmp_path: Path) -> None:
+    """VITE_PARLEY_API_KEY, read at build time, is the `Authorization` of every request the page makes:
+    the history on mount, useChat's posts and resumes (against a server with keys, each would be a 401)."""
+    if not (EXAMPLE / "node_modules" / ".bin" / "vite").exists():
+        pytest.skip("examples/ai-sdk-react/node_modules is missing (make examples installs it)")
+    built = tmp_path / "dist"
+    subprocess.run(
+        ["node_modules/.bin/vite", "build", "--outDir", str(built), "--emptyOutDir", "--logLevel", "error"],
+        cwd=EXAMPLE,
+        env={**os.environ, "VITE_PARLEY_API_KEY": KEY},
+        check=True,
+        timeout=240,
+    )
+    with serve_example(built, parley.base_url) as base_url:
+        page, chat_id = open_example(browser, base_url)
+        send(page, "hello there")
+        answered = settled(page, parley.base_url, chat_id)
+        assert [m.role for m in answered] == ["user", "assistant"]
+        assert answered[1].texts[0].startswith("You said: hello there")
+        page.context.close()
