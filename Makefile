@@ -78,7 +78,7 @@ test: $(STAMP) ## Lint + types + the TypeScript client + chromium + all of pytes
 	$(BIN)/ruff format --check app tests migrations bench clients
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(MAKE) --no-print-directory client-test browser-deps kits-deps
+	$(MAKE) --no-print-directory client-test browser-deps kits-deps examples
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS) $(NO_TESTS_OK)
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) $(NO_TESTS_OK)
 
@@ -203,6 +203,27 @@ $(KITS_STAMP): $(KITS_LOCK)
 	@command -v npm >/dev/null || { echo "npm not found: clients/kits needs Node.js 20 with npm" >&2; exit 1; }
 	cd $(KITS) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
+
+# examples/ai-sdk-react/ is a minimal React page with the AI SDK's useChat on Parley (docs/adapters.md), its
+# packages pinned in its own lock; tests/browser/test_use_chat.py serves its build (dist/). npm ci runs when
+# the lock changed, the build when a source or the install is newer than dist/.
+EXAMPLE       := examples/ai-sdk-react
+EXAMPLE_LOCK  := $(EXAMPLE)/package-lock.json
+EXAMPLE_STAMP := $(EXAMPLE)/node_modules/.installed-$(shell sha256sum $(EXAMPLE_LOCK) 2>/dev/null | cut -c1-16)
+EXAMPLE_SRC   := $(wildcard $(EXAMPLE)/src/*) $(EXAMPLE)/index.html $(EXAMPLE)/vite.config.js $(EXAMPLE)/tsconfig.json
+EXAMPLE_DIST  := $(EXAMPLE)/dist/index.html
+
+.PHONY: examples
+
+examples: $(EXAMPLE_DIST) ## Install and build examples/ai-sdk-react (useChat on Parley) into its dist/, if stale
+
+$(EXAMPLE_STAMP): $(EXAMPLE_LOCK)
+	@command -v npm >/dev/null || { echo "npm not found: $(EXAMPLE) needs Node.js 20 with npm" >&2; exit 1; }
+	cd $(EXAMPLE) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(EXAMPLE_DIST): $(EXAMPLE_STAMP) $(EXAMPLE_SRC)
+	cd $(EXAMPLE) && npm run --silent build
 
 browser-deps: ## Install Debian's chromium for tests/browser when missing (root + apt-get; else a one-line skip)
 	@bash scripts/ensure-chromium.sh

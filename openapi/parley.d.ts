@@ -3718,9 +3718,10 @@ export interface operations {
              *     one `data: <chunk JSON>` line per chunk, and `data: [DONE]` last. Not Parley's event stream: the chunks
              *     are the `ai` package's (`start`, `start-step`, `text-start`, `text-delta`, `text-end`, `reasoning-*`,
              *     `tool-input-start`, `tool-input-delta`, `tool-input-available`, `tool-output-available`,
-             *     `tool-output-error`, transient `data-parley-*` parts, `finish-step`, `finish`, `abort`, `error`), for the
-             *     major version asked for. The stream ends with the turn, or when a browser-side tool call waits for the
-             *     kit (`finish` with `finishReason: "tool-calls"`).
+             *     `tool-output-error`, `tool-approval-request` from major 6, transient `data-parley-*` parts, `finish-step`,
+             *     `finish`, `abort`, `error`), for the major version asked for. The stream ends with the turn, or when a
+             *     browser-side tool call (from major 6, an approval too) waits for the kit (`finish` with
+             *     `finishReason: "tool-calls"`).
              */
             200: {
                 headers: {
@@ -3954,9 +3955,10 @@ export interface operations {
              *     one `data: <chunk JSON>` line per chunk, and `data: [DONE]` last. Not Parley's event stream: the chunks
              *     are the `ai` package's (`start`, `start-step`, `text-start`, `text-delta`, `text-end`, `reasoning-*`,
              *     `tool-input-start`, `tool-input-delta`, `tool-input-available`, `tool-output-available`,
-             *     `tool-output-error`, transient `data-parley-*` parts, `finish-step`, `finish`, `abort`, `error`), for the
-             *     major version asked for. The stream ends with the turn, or when a browser-side tool call waits for the
-             *     kit (`finish` with `finishReason: "tool-calls"`).
+             *     `tool-output-error`, `tool-approval-request` from major 6, transient `data-parley-*` parts, `finish-step`,
+             *     `finish`, `abort`, `error`), for the major version asked for. The stream ends with the turn, or when a
+             *     browser-side tool call (from major 6, an approval too) waits for the kit (`finish` with
+             *     `finishReason: "tool-calls"`).
              */
             200: {
                 headers: {

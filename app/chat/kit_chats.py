@@ -165,6 +165,30 @@ class KitChats:
         resolved = await self._answers.tool_results(principal, session_id, ToolResultsIn(results=answers))
         return resolved.turn_id
 
+    async def post_answers(
+        self, principal: str, session_id: str, results: list[ToolResultItem], decisions: list[DecisionItem]
+    ) -> str:
+        """Posts what of a kit's answers is new: results of client tool calls and decisions on approvals
+        that wait (a kit sends the calls it answered before again, with its whole message); the turn that
+        waits for them."""
+        waiting = {
+            (p.kind, p.tool_call_id) for p in (await self._answers.pending(principal, session_id)).pending
+        }
+        answers = [r for r in results if ("client_tool", r.tool_call_id) in waiting]
+        decided = [d for d in decisions if ("approval", d.tool_call_id) in waiting]
+        if not answers and not decided:
+            raise NoNewInput(
+                "The last message is not a user message, and answers no tool call that waits.",
+                details={"session_id": session_id},
+            )
+        turn_id = ""
+        if decided:
+            turn_id = await self.post_decisions(principal, session_id, decided)
+        if answers:
+            resolved = await self._answers.tool_results(principal, session_id, ToolResultsIn(results=answers))
+            turn_id = resolved.turn_id
+        return turn_id
+
     async def post_decisions(self, principal: str, session_id: str, decisions: list[DecisionItem]) -> str:
         """Posts a person's decisions on waiting approvals; the turn that waits for them."""
         resolved = await self._answers.approvals(principal, session_id, ApprovalsIn(decisions=decisions))

@@ -172,9 +172,10 @@ STREAM_DOC = """The turn as the AI SDK's UI message stream, protocol v1 (`x-verc
 one `data: <chunk JSON>` line per chunk, and `data: [DONE]` last. Not Parley's event stream: the chunks
 are the `ai` package's (`start`, `start-step`, `text-start`, `text-delta`, `text-end`, `reasoning-*`,
 `tool-input-start`, `tool-input-delta`, `tool-input-available`, `tool-output-available`,
-`tool-output-error`, transient `data-parley-*` parts, `finish-step`, `finish`, `abort`, `error`), for the
-major version asked for. The stream ends with the turn, or when a browser-side tool call waits for the
-kit (`finish` with `finishReason: "tool-calls"`)."""
+`tool-output-error`, `tool-approval-request` from major 6, transient `data-parley-*` parts, `finish-step`,
+`finish`, `abort`, `error`), for the major version asked for. The stream ends with the turn, or when a
+browser-side tool call (from major 6, an approval too) waits for the kit (`finish` with
+`finishReason: "tool-calls"`)."""
 
 # The stream's schema in the spec: each frame as an SSE parser yields it (as EventFrame is for Parley's own).
 FRAME_SCHEMA: dict[str, Any] = {

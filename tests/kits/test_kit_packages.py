@@ -1,7 +1,8 @@
 """The kits' own packages against a live server (clients/kits, `make kits-deps`): the AI SDK's
-`DefaultChatTransport` (which validates every chunk with the package's own schema) and
-`readUIMessageStream`, for the current major and the previous two, and AG-UI's `HttpAgent` (which runs
-every event through the package's verifier). Each scenario is a Node script that prints what it saw.
+`DefaultChatTransport` (which validates every chunk with the package's own schema), `readUIMessageStream`
+and, for approvals, `AbstractChat` (what useChat wraps), for the current major and the previous two, and
+AG-UI's `HttpAgent` (which runs every event through the package's verifier). Each scenario is a Node
+script that prints what it saw.
 
 Without clients/kits/node_modules the module is skipped with one line; under CI=true that is a failure."""
 
@@ -95,6 +96,39 @@ def test_ai_sdk_reload_mid_answer_resumes(paced: LiveServer, package: str) -> No
     assert seen["types"][0] == "start" and seen["types"][-1] == "finish"
     assert seen["message"] == seen["history"][-1]
     assert seen["after"] is None
+
+
+@pytest.mark.parametrize("package", AI_PACKAGES)
+def test_ai_sdk_approval_with_the_kits_own_flow_from_major_6(server: LiveServer, package: str) -> None:
+    created = httpx.post(f"{server.base_url}/v1/sessions", json={"approval": ["current_time"]}, timeout=10)
+    session_id = created.json()["id"]
+    seen = scenario("ai-sdk.mjs", package, server, "approval", session_id)
+    assert seen["errors"] == []
+    tool = next(p for p in seen["message"]["parts"] if p["type"] == "tool-current_time")
+    assert tool["state"] == "output-available"
+    assert [p["text"] for p in seen["message"]["parts"] if p["type"] == "text"][-1].startswith(
+        "The current time is"
+    )
+    if seen["major"] == 5:
+        # No approval flow in the kit: one answer, held open until Parley's own route approves.
+        assert seen["routeStatus"] == 200
+        (answer,) = seen["answers"]
+        assert "tool-approval-request" not in answer and answer[-1] == "finish"
+        assert seen["asked"]["state"] == "output-available"
+    else:
+        # The first answer ends at the request; the kit's response continues the same message.
+        asked, then = seen["answers"]
+        assert "tool-approval-request" in asked and asked[-2:] == ["finish-step", "finish"]
+        assert seen["asked"]["state"] == "approval-requested"
+        assert seen["asked"]["approval"]["id"] == seen["asked"]["toolCallId"]
+        (sent,) = seen["continuation"]
+        assert sent["trigger"] == "submit-message" and sent["messageId"] == seen["message"]["id"]
+        assert sent["last"]["parts"][-1]["state"] == "approval-responded"
+        assert then[0] == "start" and "tool-output-available" in then and then[-1] == "finish"
+        assert tool["approval"] == {"id": tool["toolCallId"], "approved": True}
+    history = httpx.get(f"{server.base_url}/v1/sessions/{session_id}/messages", timeout=10).json()
+    decided = next(m for m in history["chat_messages"] if m["type"] == "tool_group")
+    assert decided["decision"] == "approve"
 
 
 def test_ag_ui_run_with_text_and_a_tool_then_an_attach(server: LiveServer) -> None:

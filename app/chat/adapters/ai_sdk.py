@@ -3,7 +3,8 @@
 A thin translation: a turn is one assistant message (its id is the turn's), each model call a step, and
 Parley's events map one by one to the chunks of docs/adapters.md. Parley's extras (agent status, usage,
 the queue, approvals, the session) go out as transient `data-parley-*` parts, which the kit hands to
-`onData` without putting them in the message."""
+`onData` without putting them in the message; from major 6 an approval is also the kit's own
+`tool-approval-request`, answered by its next request."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from app.protocol.schemas import (
     TurnStartMessage,
     UserTextMessage,
 )
-from app.protocol.tool_requests import ToolResultItem
+from app.protocol.tool_requests import DecisionItem, ToolResultItem
 from app.streaming.frames import SSE_LINE_END, Frame
 
 Chunk = dict[str, Any]
@@ -46,7 +47,7 @@ class UiMessageStream:
 
     `turn_id` is the turn to follow, when known; else `message_id`, the user message posted: the turn is
     the one its `user_message` event names. `continued`: the turn's first frames are behind (a
-    continuation after client tool results), so its `start` goes out at once."""
+    continuation after client tool results or approval responses), so its `start` goes out at once."""
 
     version: int
     session_id: str
@@ -59,7 +60,10 @@ class UiMessageStream:
     _texts: set[str] = field(default_factory=set)
     _reasoning: set[str] = field(default_factory=set)
     _calls: set[str] = field(default_factory=set)
-    _waiting: bool = False
+    # The calls that wait for the kit (browser-side tools; from major 6, approvals) and whether the turn
+    # said it waits (agent_status awaiting_input): see `settle`.
+    _waits: set[str] = field(default_factory=set)
+    _awaiting: bool = False
 
     def begin(self) -> list[Chunk]:
         """The chunks before any frame: the message's start, when its turn is already known."""
@@ -83,6 +87,16 @@ class UiMessageStream:
         out = self._chunks(kind, event)
         return [chunk for chunk in out if knows_chunk(self.version, chunk["type"])]
 
+    def settle(self) -> list[Chunk]:
+        """After each batch of frames: when the turn waits for the kit (a browser-side tool call, or from
+        major 6 an approval), this request's answer ends with `finish` `tool-calls`; the kit answers with its
+        next request, which continues the same turn and the same assistant message. Per batch rather than
+        per frame: a replay comes as one batch, so a wait its later frames show answered ends nothing."""
+        if self.ended or not self._started or not (self._awaiting and self._waits):
+            return []
+        self.ended = True
+        return [*self._close_step(), self._finish("tool-calls")]
+
     def _start(self) -> list[Chunk]:
         self._started = True
         return [
@@ -98,12 +112,7 @@ class UiMessageStream:
                 out.append({"type": "start-step"})
                 self._step = True
             out.append(_data("status", {"status": event["status"], "toolName": event.get("tool_name")}))
-            if event["status"] == "awaiting_input" and self._waiting:
-                # A browser-side call waits: this request's answer ends here; the kit runs the tool and
-                # posts its output, which continues the same turn (and the same assistant message).
-                out += self._close_step()
-                out.append(self._finish("tool-calls"))
-                self.ended = True
+            self._awaiting = event["status"] == "awaiting_input"
         elif kind == "reasoning_delta":
             out += self._open_step()
             if event["id"] not in self._reasoning:
@@ -126,10 +135,17 @@ class UiMessageStream:
             out += self._call(call["id"], call["name"], call["arguments"])
         elif kind == "client_tool_requested":
             out += self._call(event["tool_call_id"], event["name"], event["arguments"])
-            self._waiting = True
+            self._waits.add(event["tool_call_id"])
         elif kind == "approval_requested":
             out += self._call(event["tool_call_id"], event["name"], event["arguments"])
             out.append(_data("approval", {k: v for k, v in event.items() if k not in ("type", "seq")}))
+            if self.version >= 6:
+                # The kit's own approval (addToolApprovalResponse); the approval's id is the call's.
+                call_id = event["tool_call_id"]
+                out.append({"type": "tool-approval-request", "approvalId": call_id, "toolCallId": call_id})
+                self._waits.add(call_id)
+        elif kind in ("client_tool_resolved", "approval_resolved"):
+            self._waits.discard(event["tool_call_id"])
         elif kind == "tool_exec_end":
             result = event["tool_result"]
             call_id = result["tool_call_id"]
@@ -216,6 +232,7 @@ async def sse_chunks(feed: TurnFeed, stream: UiMessageStream) -> AsyncIterator[b
                 yield HEARTBEAT
                 continue
             chunks = [chunk for frame in batch for chunk in stream.feed(frame)]
+            chunks += stream.settle()
             if chunks:
                 yield _encode(chunks)
             if stream.ended:
@@ -336,7 +353,9 @@ async def answer(
                 attachments=list(last.attachments()),
             )
             return feed, UiMessageStream(version, session_id, message_id=message_id)
-        turn_id = await kits.post_results(principal, session_id, tool_outputs(last.parts))
+        turn_id = await kits.post_answers(
+            principal, session_id, tool_outputs(last.parts), approval_responses(last.parts)
+        )
         return feed, UiMessageStream(version, session_id, turn_id=turn_id, continued=True)
     except BaseException:
         feed.close()
@@ -382,6 +401,32 @@ def tool_outputs(parts: list[UIPart]) -> list[ToolResultItem]:
                 ToolResultItem(tool_call_id=call_id, error=str(extra.get("errorText") or "error")[:100_000])
             )
     return results
+
+
+def approval_responses(parts: list[UIPart]) -> list[DecisionItem]:
+    """The kit's own approval responses (major 6 on: `addToolApprovalResponse`) in an assistant message's
+    tool parts, state `approval-responded` with `approval: {id, approved, reason?}`, as Parley's decisions."""
+    decisions: list[DecisionItem] = []
+    for part in parts:
+        extra = part.model_extra or {}
+        call_id = extra.get("toolCallId")
+        approval = extra.get("approval")
+        is_tool = part.type.startswith("tool-") or part.type == "dynamic-tool"
+        if not is_tool or not isinstance(call_id, str) or not 0 < len(call_id) <= 200:
+            continue
+        if extra.get("state") != "approval-responded" or not isinstance(approval, dict):
+            continue
+        approved = approval.get("approved")
+        reason = approval.get("reason")
+        if isinstance(approved, bool):
+            decisions.append(
+                DecisionItem(
+                    tool_call_id=call_id,
+                    decision="approve" if approved else "reject",
+                    reason=reason[:10_000] if isinstance(reason, str) else None,
+                )
+            )
+    return decisions
 
 
 def _file_part(attachment: Attachment) -> dict[str, Any]:

@@ -1,12 +1,13 @@
 // The AI SDK's own client code against a live Parley: DefaultChatTransport posts and parses (validating
 // every chunk with the package's uiMessageChunkSchema), readUIMessageStream builds the UIMessage.
-// Usage: node scenarios/ai-sdk.mjs <package: ai | ai-v6 | ai-v5> <base url> <scenario>
+// Usage: node scenarios/ai-sdk.mjs <package: ai | ai-v6 | ai-v5> <base url> <scenario> [chat id]
 // Prints one JSON object: what the scenario observed (tests/kits/test_ai_sdk.py asserts on it).
-const [pkg, base, scenario] = process.argv.slice(2);
-const { DefaultChatTransport, readUIMessageStream } = await import(pkg);
+const [pkg, base, scenario, givenChatId] = process.argv.slice(2);
+const kit = await import(pkg);
+const { DefaultChatTransport, readUIMessageStream } = kit;
 const major = Number((await import(`${pkg}/package.json`, { with: { type: "json" } })).default.version.split(".")[0]);
 
-const chatId = `chat-${scenario}-${Math.random().toString(36).slice(2)}`;
+const chatId = givenChatId ?? `chat-${scenario}-${Math.random().toString(36).slice(2)}`;
 const transport = new DefaultChatTransport({ api: `${base}/v1/ai-sdk/chat?v=${major}`, body: bodyExtras() });
 
 function bodyExtras() {
@@ -113,6 +114,72 @@ if (scenario === "text") {
   out.message = message;
   out.history = await (await fetch(`${base}/v1/ai-sdk/chat/${chatId}/messages`)).json();
   out.after = await transport.reconnectToStream({ chatId });
+} else if (scenario === "approval") {
+  // The kit's own Chat (what useChat wraps) on a session whose current_time call needs a person's
+  // approval. From major 6 the kit's approval flow: the answer ends at the request, the app calls
+  // addToolApprovalResponse and the kit sends again (sendAutomaticallyWhen), which continues the turn. A 5
+  // client has no such flow: its stream stays open and the approval goes to Parley's own route.
+  const answers = [];
+  class RecordingTransport extends DefaultChatTransport {
+    processResponseStream(stream) {
+      const types = [];
+      answers.push(types);
+      return super.processResponseStream(stream).pipeThrough(
+        new TransformStream({ transform(chunk, controller) { types.push(chunk.type); controller.enqueue(chunk); } }),
+      );
+    }
+  }
+  const posted = [];
+  const transport = new RecordingTransport({
+    api: `${base}/v1/ai-sdk/chat?v=${major}`,
+    fetch: (url, init) => {
+      if (init?.method === "POST") posted.push(JSON.parse(init.body));
+      return fetch(url, init);
+    },
+  });
+  class State {
+    status = "ready";
+    error = undefined;
+    messages = [];
+    pushMessage = (m) => { this.messages = this.messages.concat(m); };
+    popMessage = () => { this.messages = this.messages.slice(0, -1); };
+    replaceMessage = (i, m) => { this.messages = [...this.messages.slice(0, i), m, ...this.messages.slice(i + 1)]; };
+    snapshot = (thing) => structuredClone(thing);
+  }
+  class Chat extends kit.AbstractChat {}
+  const errors = [];
+  const chat = new Chat({
+    id: chatId,
+    transport,
+    state: new State(),
+    onError: (error) => errors.push(String(error)),
+    onData: async (part) => {
+      if (major < 6 && part.type === "data-parley-approval") {
+        const answer = await fetch(`${base}/v1/sessions/${part.data.session_id}/approvals`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ decisions: [{ tool_call_id: part.data.tool_call_id, decision: "approve" }] }),
+        });
+        out.routeStatus = answer.status;
+      }
+    },
+    sendAutomaticallyWhen: kit.lastAssistantMessageIsCompleteWithApprovalResponses,
+  });
+  await chat.sendMessage({ text: "what time is it?" });
+  out.asked = structuredClone(chat.messages.at(-1).parts.find((p) => p.type === "tool-current_time"));
+  out.statusAfterFirst = chat.status;
+  if (major >= 6) {
+    await chat.addToolApprovalResponse({ id: out.asked.approval.id, approved: true });
+    const deadline = Date.now() + 30_000;
+    while (Date.now() < deadline && !(answers.length === 2 && chat.status === "ready")) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+  out.answers = answers;
+  out.errors = errors;
+  out.continuation = posted.slice(1).map((body) => ({ trigger: body.trigger, messageId: body.messageId, last: body.messages.at(-1) }));
+  out.message = chat.messages.at(-1);
+  out.history = await (await fetch(`${base}/v1/ai-sdk/chat/${chatId}/messages`)).json();
 } else {
   throw new Error(`unknown scenario ${scenario}`);
 }

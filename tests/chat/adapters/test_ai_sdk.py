@@ -189,6 +189,75 @@ async def test_resume_replays_the_running_turn_from_its_start(paced: LiveServer)
         assert (await client.get("/v1/ai-sdk/chat/never-used/stream")).status_code == 204
 
 
+async def test_an_approval_ends_the_answer_from_major_6_and_a_replay_passes_one_answered(
+    paced: LiveServer,
+) -> None:
+    """From major 6 an approval that waits ends the request's answer (the kit's own approval flow), and so
+    does the resume's replay while it waits; once answered (here on Parley's own route) a replay goes past
+    it to the end of the turn."""
+    async with httpx.AsyncClient(base_url=paced.base_url, timeout=30) as client:
+        session_id = (await client.post("/v1/sessions", json={"approval": ["current_time"]})).json()["id"]
+        chunks = await post_chat(client, chat(session_id, "[slow] what time is it?"), params={"v": "6"})
+        (asked,) = [c for c in chunks if c["type"] == "tool-approval-request"]
+        assert asked == {
+            "type": "tool-approval-request",
+            "approvalId": asked["toolCallId"],
+            "toolCallId": asked["toolCallId"],
+        }
+        assert chunks[-1] == {"type": "finish", "finishReason": "tool-calls"}
+        async with client.stream("GET", f"/v1/ai-sdk/chat/{session_id}/stream") as waiting:
+            replayed = await read_chunks(waiting)
+        assert [c["type"] for c in replayed] == [c["type"] for c in chunks]
+
+        decision = {"decisions": [{"tool_call_id": asked["toolCallId"], "decision": "approve"}]}
+        assert (await client.post(f"/v1/sessions/{session_id}/approvals", json=decision)).status_code == 200
+        async with client.stream("GET", f"/v1/ai-sdk/chat/{session_id}/stream") as going_on:
+            assert going_on.status_code == 200  # the slow answer after the tool still streams
+            resumed = await read_chunks(going_on)
+        types = [c["type"] for c in resumed]
+        assert types.index("tool-approval-request") < types.index("tool-output-available")
+        assert resumed[-1] == {"type": "finish", "finishReason": "stop"}
+
+
+async def test_the_kits_approval_response_is_parleys_decision_once(server: LiveServer) -> None:
+    """The kit's next request after `addToolApprovalResponse` (its assistant message, the tool part
+    `approval-responded`): a denial is a reject with its reason, the same turn goes on in the same message;
+    the same response sent again answers nothing that waits (409)."""
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        session_id = (await client.post("/v1/sessions", json={"approval": ["current_time"]})).json()["id"]
+        user = chat(session_id, "what time is it?")["messages"][0]
+        first = await post_chat(client, chat(session_id, "what time is it?"))
+        (asked,) = [c for c in first if c["type"] == "tool-approval-request"]
+        call_id = asked["toolCallId"]
+        turn_id = first[0]["messageId"]
+        part = {
+            "type": "tool-current_time",
+            "toolCallId": call_id,
+            "state": "approval-responded",
+            "input": {"timezone": "UTC"},
+            "approval": {"id": asked["approvalId"], "approved": False, "reason": "not now"},
+        }
+        assistant = {"id": turn_id, "role": "assistant", "parts": [{"type": "step-start"}, part]}
+        body = {
+            "id": session_id,
+            "messages": [user, assistant],
+            "trigger": "submit-message",
+            "messageId": turn_id,
+        }
+        then = await post_chat(client, body)
+        assert then[0] == {"type": "start", "messageId": turn_id}
+        (denied,) = [c for c in then if c["type"] == "tool-output-error"]
+        assert denied["toolCallId"] == call_id and "not now" in denied["errorText"]
+        text = "".join(c["delta"] for c in then if c["type"] == "text-delta")
+        assert text == "You rejected the current_time call (your reason: not now), so I did not run it."
+        assert then[-1] == {"type": "finish", "finishReason": "stop"}
+        history = (await client.get(f"/v1/sessions/{session_id}/messages")).json()["chat_messages"]
+        assert [m["decision"] for m in history if m["type"] == "tool_group"] == ["reject"]
+
+        again = await client.post("/v1/ai-sdk/chat", json=body)
+        assert again.status_code == 409 and again.json()["error"]["code"] == "no_new_input"
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
