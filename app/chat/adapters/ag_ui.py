@@ -78,6 +78,10 @@ class AgUiRun:
     # The frontend's shared state, echoed at the run's start: Parley keeps none, and a shared-state UI
     # (CopilotKit's useCoAgent) keeps its own as it was.
     state: Any = None
+    # A client that declares no `protocolVersion` (before 1.0: @ag-ui/client 0.0.x, which CopilotKit 1.x
+    # ships) validates RUN_FINISHED's outcome strictly: `success` without `pendingToolCallIds`, and no
+    # `cancelled` (its run just finishes).
+    legacy: bool = False
     continued: bool = False
     ended: bool = False
     _following: bool = False
@@ -202,8 +206,9 @@ class AgUiRun:
             self.ended = True
         elif kind == "turn_done" and event["turn_id"] == self.turn_id:
             out += self._close_step()
-            cancelled = event["status"] == "cancelled"
-            outcome = RunFinishedCancelledOutcome() if cancelled else RunFinishedSuccessOutcome()
+            outcome: Any = RunFinishedSuccessOutcome()
+            if event["status"] == "cancelled":
+                outcome = None if self.legacy else RunFinishedCancelledOutcome()
             out.append(RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id, outcome=outcome))
             self.ended = True
         return out
@@ -213,6 +218,8 @@ class AgUiRun:
         `resume` answers it); for frontend tools a success naming the calls the frontend answers next."""
         if self._approvals:
             outcome: Any = RunFinishedInterruptOutcome(interrupts=self._approvals)
+        elif self.legacy:  # the frontend knows its calls from the TOOL_CALL_* events
+            outcome = RunFinishedSuccessOutcome()
         else:
             outcome = RunFinishedSuccessOutcome(pending_tool_call_ids=self._client_waits)
         return RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id, outcome=outcome)
@@ -314,7 +321,9 @@ async def start(
     assert session_id is not None  # created when missing
     if props.model is not None:
         await kits.use_model(principal, session_id, props.model)
-    run = AgUiRun(body.thread_id, body.run_id, session_id, state=body.state)
+    run = AgUiRun(
+        body.thread_id, body.run_id, session_id, state=body.state, legacy=body.protocol_version is None
+    )
     decisions = _decisions(body)
     waiting = await kits.waiting_calls(principal, session_id) if results else set()
     results = [r for r in results if r.tool_call_id in waiting]

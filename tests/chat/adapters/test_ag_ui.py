@@ -14,9 +14,10 @@ import pytest
 from ag_ui.core import Event, EventType
 from pydantic import TypeAdapter
 
-from app.chat.adapters.ag_ui import ag_ui_messages
+from app.chat.adapters.ag_ui import AgUiRun, ag_ui_messages
 from app.protocol.ag_ui import CONTEXT_HEADING, RunInput
 from app.settings import Settings
+from app.streaming.frames import Frame
 from tests.fakes.upstream import FakeUpstream, Script
 from tests.interrupt.conftest import MODEL, write_models_file
 from tests.interrupt.session import assert_strictly_valid, chat_requests
@@ -201,9 +202,7 @@ async def test_state_is_echoed_and_the_frameworks_props_are_left_alone(server: L
     state = {"todos": [{"title": "call Ana", "done": False}]}
     props = {"copilotkit": {"anything": True}, "parley": {"delivery": "queue"}}
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
-        events = await events_of(
-            client, run("shared", user("hello"), state=state, forwardedProps=props)
-        )
+        events = await events_of(client, run("shared", user("hello"), state=state, forwardedProps=props))
         assert [e.type for e in events[:2]] == [EventType.RUN_STARTED, EventType.STATE_SNAPSHOT]
         assert events[1].snapshot == state
         assert events[-1].type == EventType.RUN_FINISHED
@@ -218,3 +217,14 @@ def test_the_input_model_is_the_packages() -> None:
     from ag_ui.core import RunAgentInput
 
     assert issubclass(RunInput, RunAgentInput)
+
+
+@pytest.mark.parametrize(("legacy", "outcome"), [(False, {"type": "cancelled"}), (True, None)])
+def test_a_stop_for_a_client_before_1_0_is_a_plain_finish(legacy: bool, outcome: Any) -> None:
+    """@ag-ui/client 0.0.x (CopilotKit 1.7x's) sends no protocolVersion and knows only `success` and
+    `interrupt` outcomes: its stopped run just finishes."""
+    agui = AgUiRun("thread", "run", "s_1", turn_id="t_1", continued=True, legacy=legacy)
+    agui.begin(None)
+    done = {"turn_id": "t_1", "status": "cancelled"}
+    (finished,) = agui.feed(Frame(seq=9, type="turn_done", data=json.dumps(done)))
+    assert finished.model_dump(by_alias=True, exclude_none=True).get("outcome") == outcome
