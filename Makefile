@@ -78,7 +78,7 @@ test: $(STAMP) ## Lint + types + the TypeScript client + chromium + all of pytes
 	$(BIN)/ruff format --check app tests migrations bench clients
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(MAKE) --no-print-directory client-test browser-deps kits-deps
+	$(MAKE) --no-print-directory client-test browser-deps kits-deps copilotkit-example
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS) $(NO_TESTS_OK)
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) $(NO_TESTS_OK)
 
@@ -202,6 +202,22 @@ kits-deps: $(KITS_STAMP) ## Install clients/kits' pinned kit packages (npm ci) f
 $(KITS_STAMP): $(KITS_LOCK)
 	@command -v npm >/dev/null || { echo "npm not found: clients/kits needs Node.js 20 with npm" >&2; exit 1; }
 	cd $(KITS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# examples/copilotkit/ is a React page on Parley's AG-UI endpoint (its README); tests/kits drives its code and
+# its built page against a live server.
+EXAMPLE       := examples/copilotkit
+EXAMPLE_LOCK  := $(EXAMPLE)/package-lock.json
+EXAMPLE_STAMP := $(EXAMPLE)/node_modules/.installed-$(shell sha256sum $(EXAMPLE_LOCK) 2>/dev/null | cut -c1-16)
+
+.PHONY: copilotkit-example
+
+copilotkit-example: $(EXAMPLE_STAMP) ## Install examples/copilotkit (npm ci, if missing or stale) and build its page into its dist/
+	cd $(EXAMPLE) && npm run --silent build -- --logLevel warn
+
+$(EXAMPLE_STAMP): $(EXAMPLE_LOCK)
+	@command -v npm >/dev/null || { echo "npm not found: examples/copilotkit needs Node.js 20.19+ with npm" >&2; exit 1; }
+	cd $(EXAMPLE) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 browser-deps: ## Install Debian's chromium for tests/browser when missing (root + apt-get; else a one-line skip)
