@@ -441,9 +441,13 @@ class Runner:
             rows = await repository.queued(db, session_id) if session is not None else []
         if session is None or not rows:
             return
+        messages = [queued_message(r) for r in rows]
+        for message in messages:  # a note is never stored: the mirror of a message posted here has it
+            mirrored = state.waiting.get(message.id)
+            message.note = mirrored.note if mirrored is not None else None
         # TurnBusy (leased): the running turn's owner takes them when it ends (or a sweeper, if it dies).
         with suppress(TurnBusy):
-            await self._start_turn(session, state, [queued_message(r) for r in rows], from_queue=True)
+            await self._start_turn(session, state, messages, from_queue=True)
 
     # --- waiting for turns ---------------------------------------------------------------------------
 

@@ -228,3 +228,43 @@ def test_a_stop_for_a_client_before_1_0_is_a_plain_finish(legacy: bool, outcome:
     done = {"turn_id": "t_1", "status": "cancelled"}
     (finished,) = agui.feed(Frame(seq=9, type="turn_done", data=json.dumps(done)))
     assert finished.model_dump(by_alias=True, exclude_none=True).get("outcome") == outcome
+
+
+async def test_delivery_queue_keeps_the_context_for_the_next_turn_and_reject_stores_nothing(
+    strict_server: LiveServer, upstream: FakeUpstream
+) -> None:
+    """While a turn runs: `forwardedProps.parley.delivery` `reject` is a 409 that stores nothing; `queue`
+    waits for the turn's end, and the turn it starts has the run's context in its prompt."""
+    upstream.enqueue(Script.text("one two three four five six seven eight", chunks=8, delay=0.15))
+    upstream.enqueue(Script.text("Queued answer."))
+    context = [{"description": "Selected todo", "value": "call Ana"}]
+    async with httpx.AsyncClient(base_url=strict_server.base_url, timeout=30) as client:
+        body = run("busy", user("first"))
+        async with client.stream("POST", "/v1/ag-ui", json=body) as first:
+            lines = first.aiter_lines()
+            async for line in lines:
+                if "TEXT_MESSAGE_CONTENT" in line:
+                    break  # the first turn is running
+            rejected = await client.post(
+                "/v1/ag-ui",
+                json=run("busy", user("not now"), forwardedProps={"parley": {"delivery": "reject"}}),
+            )
+            assert rejected.status_code == 409, rejected.text
+            queued = run(
+                "busy", user("then this"), context=context, forwardedProps={"parley": {"delivery": "queue"}}
+            )
+            second = await events_of(client, queued)
+            rest = [line async for line in lines if line]
+        assert "RUN_FINISHED" in rest[-1]
+        assert second[-1].type == EventType.RUN_FINISHED
+        assert (
+            "".join(e.delta for e in second if e.type == EventType.TEXT_MESSAGE_CONTENT) == "Queued answer."
+        )
+        session = next(e for e in second if e.type == EventType.CUSTOM and e.name == "parley.session")
+        rows = (await client.get(f"/v1/sessions/{session.value['sessionId']}/messages")).json()
+    users = [m["content"] for m in rows["chat_messages"] if m["type"] == "text" and m["role"] == "user"]
+    assert users == ["first", "then this"]
+    first_prompt, second_prompt = (r.body["messages"] for r in chat_requests(upstream))
+    assert first_prompt[0]["role"] == "user"  # no system prompt, no context: no system message
+    assert second_prompt[0] == {"role": "system", "content": f"{CONTEXT_HEADING}\n- Selected todo: call Ana"}
+    assert_strictly_valid(upstream)
