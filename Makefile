@@ -213,9 +213,15 @@ EXAMPLE_STAMP := $(EXAMPLE)/node_modules/.installed-$(shell sha256sum $(EXAMPLE_
 EXAMPLE_SRC   := $(wildcard $(EXAMPLE)/src/*) $(EXAMPLE)/index.html $(EXAMPLE)/vite.config.js $(EXAMPLE)/tsconfig.json
 EXAMPLE_DIST  := $(EXAMPLE)/dist/index.html
 
-.PHONY: examples
+# examples/copilotkit/ is a React page on Parley's AG-UI endpoint (its README); tests/kits drives its code and
+# builds its page into a temporary folder, so `make test` needs only its packages.
+COPILOT       := examples/copilotkit
+COPILOT_LOCK  := $(COPILOT)/package-lock.json
+COPILOT_STAMP := $(COPILOT)/node_modules/.installed-$(shell sha256sum $(COPILOT_LOCK) 2>/dev/null | cut -c1-16)
 
-examples: $(EXAMPLE_DIST) ## Install and build examples/ai-sdk-react (useChat on Parley) into its dist/, if stale
+.PHONY: examples copilotkit-example
+
+examples: $(EXAMPLE_DIST) $(COPILOT_STAMP) ## Install both examples' pinned packages and build examples/ai-sdk-react into its dist/, if stale
 
 $(EXAMPLE_STAMP): $(EXAMPLE_LOCK)
 	@command -v npm >/dev/null || { echo "npm not found: $(EXAMPLE) needs Node.js 20 with npm" >&2; exit 1; }
@@ -224,6 +230,14 @@ $(EXAMPLE_STAMP): $(EXAMPLE_LOCK)
 
 $(EXAMPLE_DIST): $(EXAMPLE_STAMP) $(EXAMPLE_SRC)
 	cd $(EXAMPLE) && npm run --silent build
+
+copilotkit-example: $(COPILOT_STAMP) ## Install examples/copilotkit (npm ci, if missing or stale) and build its page into its dist/
+	cd $(COPILOT) && npm run --silent build -- --logLevel warn
+
+$(COPILOT_STAMP): $(COPILOT_LOCK)
+	@command -v npm >/dev/null || { echo "npm not found: $(COPILOT) needs Node.js 20.19+ with npm" >&2; exit 1; }
+	cd $(COPILOT) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 browser-deps: ## Install Debian's chromium for tests/browser when missing (root + apt-get; else a one-line skip)
 	@bash scripts/ensure-chromium.sh

@@ -1750,6 +1750,17 @@ export interface components {
             turn_id: string;
         };
         /**
+         * ForwardedProps
+         * @description `forwardedProps`: the frontend framework's own properties, kept as they are, and Parley's under
+         *     `parley`.
+         */
+        ForwardedProps: {
+            /** @description Parley's extras for this run. */
+            parley?: components["schemas"]["ParleyProps"] | null;
+        } & {
+            [key: string]: unknown;
+        };
+        /**
          * FrontendTool
          * @description A tool the frontend runs: offered to the model for this run as a Parley client tool.
          */
@@ -1999,6 +2010,22 @@ export interface components {
             role: "assistant" | "system";
         } & {
             [key: string]: unknown;
+        };
+        /**
+         * ParleyProps
+         * @description Parley's extras for a run, as `forwardedProps.parley` (CopilotKit's `properties`).
+         */
+        ParleyProps: {
+            /**
+             * Delivery
+             * @description What the run's user message does when a turn is running, as `delivery` of `POST /v1/sessions/{id}/messages` (default `steer`).
+             */
+            delivery?: ("steer" | "queue" | "interrupt" | "reject") | null;
+            /**
+             * Model
+             * @description The session's model from this run on, as `PATCH /v1/sessions/{id}` sets it (a model `GET /v1/models` does not list: 422 `unknown_model`, and nothing is stored).
+             */
+            model?: string | null;
         };
         /** PendingList */
         PendingList: {
@@ -2387,14 +2414,19 @@ export interface components {
          * RunInput
          * @description AG-UI's RunAgentInput. `threadId` names the session (bound per caller on first use, as the AI
          *     SDK's chat id), the trailing user message is new input, trailing `tool` messages answer waiting
-         *     frontend tool calls, and `resume` answers approval interrupts. `state`, `context` and
-         *     `forwardedProps` are accepted and not used.
+         *     frontend tool calls, and `resume` answers approval interrupts. `context` (CopilotKit's readables)
+         *     reaches the model with the system prompt of the turn the run's user message starts, and is not
+         *     stored; `state` is echoed as a `STATE_SNAPSHOT`; `forwardedProps.parley` carries Parley's extras
+         *     (`model`, `delivery`), the rest of `forwardedProps` is ignored.
          */
         RunInput: {
-            /** Context */
+            /**
+             * Context
+             * @description What the frontend tells the agent for this run (CopilotKit's `useCopilotReadable`): joined to the system prompt of the turn the run's user message starts, never stored. Its text counts against PARLEY_MAX_MESSAGE_CHARS (413).
+             */
             context?: components["schemas"]["Context"][] | null;
-            /** Forwardedprops */
-            forwardedProps?: unknown | null;
+            /** @description An object: the frontend framework's own properties, ignored, and Parley's extras under `parley` (422 for anything else there). */
+            forwardedProps?: components["schemas"]["ForwardedProps"] | null;
             /** Messages */
             messages: (components["schemas"]["DeveloperMessage"] | components["schemas"]["SystemMessage"] | components["schemas"]["AgUiAssistantMessage"] | components["schemas"]["AgUiUserMessage"] | components["schemas"]["ToolMessage"] | components["schemas"]["ActivityMessage"] | components["schemas"]["ReasoningMessage-Input"])[];
             /** Parentrunid */

@@ -23,7 +23,7 @@ from app.protocol.branches import EditRequest, RegenerateRequest
 from app.protocol.clock import now_iso
 from app.protocol.files import AttachmentRef
 from app.protocol.ids import SESSION_ID_PATTERN
-from app.protocol.schemas import ChatMessage, MessageCreate, SessionCreate
+from app.protocol.schemas import ChatMessage, Delivery, MessageCreate, SessionCreate, SessionUpdate
 from app.protocol.tool_requests import ApprovalsIn, ClientTool, DecisionItem, ToolResultItem, ToolResultsIn
 from app.settings import Settings
 from app.storage import chat_bindings
@@ -92,9 +92,22 @@ class KitChats:
                 details={"field": "content", "limit": limit},
             )
 
-    async def session_for(self, principal: str, kit: Kit, chat_id: str, *, create: bool) -> str | None:
+    def check_note(self, note: str) -> None:
+        """A note for the model (AG-UI's context) counts against the message limit: refused, the request
+        stores nothing."""
+        limit = self._settings.max_message_chars
+        if len(note) > limit:
+            raise PayloadTooLarge(
+                f"The run's context has {len(note)} characters; the limit is {limit}.",
+                details={"field": "context", "limit": limit},
+            )
+
+    async def session_for(
+        self, principal: str, kit: Kit, chat_id: str, *, create: bool, model: str | None = None
+    ) -> str | None:
         """The session a kit's chat id names: the caller's own session of that id, else the one bound to
-        it for the caller (bound to a new session first when `create`); None when there is none."""
+        it for the caller (bound to a new session first when `create`, of `model` if given; an unknown
+        model is refused before anything is stored); None when there is none."""
         if _SESSION_ID.fullmatch(chat_id):
             try:
                 return (await self._sessions.owned(principal, chat_id)).id
@@ -105,13 +118,18 @@ class KitChats:
             bound = await chat_bindings.bound_session(db, principal, kit, key)
         if bound is not None or not create:
             return bound
-        created, _ = await self._sessions.create(principal, SessionCreate())
+        created, _ = await self._sessions.create(principal, SessionCreate(model=model))
         async with self._database.session() as db:
             bound = await chat_bindings.bind_session(db, principal, kit, key, created.id, now_iso())
             await db.commit()
         if bound != created.id:  # a racing first request bound the chat first: use its session
             await self._sessions.delete(principal, created.id)
         return bound
+
+    async def use_model(self, principal: str, session_id: str, model: str) -> None:
+        """The session's model from now on, as `PATCH /v1/sessions/{id}` sets it (unknown: 422, unchanged)."""
+        if (await self._sessions.owned(principal, session_id)).model != model:
+            await self._sessions.update(principal, session_id, SessionUpdate(model=model))
 
     async def open_feed(self, principal: str, session_id: str, after: int | None) -> TurnFeed:
         """The session's frames after `after` (None: from now on), holding one of the caller's streams."""
@@ -142,15 +160,19 @@ class KitChats:
         client_message_id: str | None,
         client_tools: list[ClientTool] | None,
         attachments: list[AttachmentRef] | None = None,
+        delivery: Delivery = "steer",
+        note: str | None = None,
     ) -> str:
-        """Posts the message (steered into a running turn, as Parley's default); its id."""
+        """Posts the message (steered into a running turn unless `delivery` says otherwise, as Parley's
+        default); its id. `note`: for the model, in the prompt of the turn that takes it (Messages.post)."""
         body = MessageCreate(
             content=text,
             client_message_id=client_message_id,
             client_tools=client_tools or None,
             attachments=attachments or None,
+            delivery=delivery,
         )
-        accepted, _ = await self._messages.post(principal, session_id, body)
+        accepted, _ = await self._messages.post(principal, session_id, body, note=note)
         return accepted.id
 
     async def post_results(self, principal: str, session_id: str, results: list[ToolResultItem]) -> str:

@@ -56,9 +56,17 @@ class Messages:
         self._files = files
 
     async def post(
-        self, principal: str, session_id: str, body: MessageCreate, *, idempotency_key: str | None = None
+        self,
+        principal: str,
+        session_id: str,
+        body: MessageCreate,
+        *,
+        idempotency_key: str | None = None,
+        note: str | None = None,
     ) -> tuple[MessageAccepted, bool]:
-        """The stored message, and whether it is the replayed answer of an earlier request with the key."""
+        """The stored message, and whether it is the replayed answer of an earlier request with the key.
+        `note`: what a frontend tells the model for the turn that takes the message (AG-UI's context),
+        joined to that turn's system prompt and not stored."""
         session = await self._sessions.owned(principal, session_id)
         if len(body.content) > self._settings.max_message_chars:
             limit = self._settings.max_message_chars
@@ -67,7 +75,7 @@ class Messages:
                 details={"field": "content", "limit": limit},
             )
         if idempotency_key is None:
-            return await self._post(session, body, new_message_id()), False
+            return await self._post(session, body, new_message_id(), note), False
         # An absent client_message_id is left out, so keys stored before the field existed still match.
         absent = {
             name
@@ -81,7 +89,7 @@ class Messages:
             return await self._find(session_id, message_id)
 
         async def create(message_id: str) -> MessageAccepted:
-            return await self._post(session, body, message_id)
+            return await self._post(session, body, message_id, note)
 
         return await self._idempotency.once(
             principal,
@@ -114,7 +122,9 @@ class Messages:
             return accepted(session_id, queued_message(waiting), None)
         return None
 
-    async def _post(self, session: ChatSessionRow, body: MessageCreate, message_id: str) -> MessageAccepted:
+    async def _post(
+        self, session: ChatSessionRow, body: MessageCreate, message_id: str, note: str | None
+    ) -> MessageAccepted:
         session_id = session.id
         check_client_tools(session.tools, body.client_tools or [])
         # Checked (count, owner, type, what the model takes) before anything is stored; data URLs become
@@ -132,6 +142,7 @@ class Messages:
                 client_message_id=body.client_message_id,
                 client_tools=body.client_tools,
                 attachments=attachments,
+                note=note,
             )
         except SessionClosed as exc:
             await self._files.discard(session.principal, created)

@@ -9,6 +9,7 @@ from typing import Any
 from ag_ui.core import (
     ActivityMessage,
     AssistantMessage,
+    Context,
     DeveloperMessage,
     ReasoningMessage,
     RunAgentInput,
@@ -18,8 +19,9 @@ from ag_ui.core import (
     ToolMessage,
     UserMessage,
 )
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.protocol.schemas import Delivery
 from app.protocol.tool_requests import MAX_CLIENT_TOOLS, ClientTool, unique_client_tools
 
 _NAME = r"^[A-Za-z0-9_-]{1,64}$"
@@ -71,16 +73,63 @@ AgUiMessage = (
 )
 
 
+MAX_CONTEXT_ENTRIES = 100
+CONTEXT_HEADING = "The application the user is in tells you this for their message (not the user's words):"
+
+
+class ParleyProps(BaseModel):
+    """Parley's extras for a run, as `forwardedProps.parley` (CopilotKit's `properties`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="The session's model from this run on, as `PATCH /v1/sessions/{id}` sets it (a "
+        "model `GET /v1/models` does not list: 422 `unknown_model`, and nothing is stored).",
+    )
+    delivery: Delivery | None = Field(
+        None,
+        description="What the run's user message does when a turn is running, as `delivery` of "
+        "`POST /v1/sessions/{id}/messages` (default `steer`).",
+    )
+
+
+class ForwardedProps(BaseModel):
+    """`forwardedProps`: the frontend framework's own properties, kept as they are, and Parley's under
+    `parley`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    parley: ParleyProps | None = Field(None, description="Parley's extras for this run.")
+
+
 class RunInput(RunAgentInput):
     """AG-UI's RunAgentInput. `threadId` names the session (bound per caller on first use, as the AI
     SDK's chat id), the trailing user message is new input, trailing `tool` messages answer waiting
-    frontend tool calls, and `resume` answers approval interrupts. `state`, `context` and
-    `forwardedProps` are accepted and not used."""
+    frontend tool calls, and `resume` answers approval interrupts. `context` (CopilotKit's readables)
+    reaches the model with the system prompt of the turn the run's user message starts, and is not
+    stored; `state` is echoed as a `STATE_SNAPSHOT`; `forwardedProps.parley` carries Parley's extras
+    (`model`, `delivery`), the rest of `forwardedProps` is ignored."""
 
     messages: list[AgUiMessage]  # type: ignore[assignment]
     # Narrower than the base's list[Tool]: the names and schemas a model can be offered.
     tools: list[FrontendTool] | None = Field(  # type: ignore[assignment]
         None, max_length=MAX_CLIENT_TOOLS, description="Frontend tools offered for this run."
+    )
+    context: list[Context] | None = Field(
+        None,
+        max_length=MAX_CONTEXT_ENTRIES,
+        description="What the frontend tells the agent for this run (CopilotKit's `useCopilotReadable`): "
+        "joined to the system prompt of the turn the run's user message starts, never stored. Its text "
+        "counts against PARLEY_MAX_MESSAGE_CHARS (413).",
+    )
+    forwarded_props: ForwardedProps | None = Field(
+        None,
+        alias="forwardedProps",
+        description="An object: the frontend framework's own properties, ignored, and Parley's extras "
+        "under `parley` (422 for anything else there).",
     )
 
     @field_validator("tools")
@@ -88,6 +137,23 @@ class RunInput(RunAgentInput):
     def _unique(cls, tools: list[FrontendTool] | None) -> list[FrontendTool] | None:
         unique_client_tools(client_tools(tools))
         return tools
+
+    def parley(self) -> ParleyProps:
+        """Parley's extras of `forwardedProps`."""
+        props = self.forwarded_props
+        return props.parley if props is not None and props.parley is not None else ParleyProps()
+
+
+def context_note(context: list[Context] | None) -> str | None:
+    """The run's context as a note for the model's system prompt: one entry a line (a multi-line value
+    indented under its description)."""
+    if not context:
+        return None
+    lines = [CONTEXT_HEADING]
+    for entry in context:
+        value = entry.value.strip().replace("\n", "\n  ")
+        lines.append(f"- {entry.description.strip() or 'context'}: {value}")
+    return "\n".join(lines)
 
 
 def client_tools(tools: list[FrontendTool] | None) -> list[ClientTool] | None:

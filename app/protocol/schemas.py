@@ -320,6 +320,10 @@ class QueuedMessage(BaseModel):
     # Kept for the turn that takes the message, not shown: the queue's shape is its events' (QueuedItem).
     client_tools: list[ClientTool] | None = Field(None, exclude=True)
     attachments: list[Attachment] | None = Field(None, exclude=True)
+    # A note for the model from the frontend (AG-UI's context), joined to the system prompt of the turn
+    # that takes the message; never stored, so a message that waits in another replica's line, or a turn
+    # resumed after a restart, goes without it.
+    note: str | None = Field(None, exclude=True)
 
 
 class QueueList(BaseModel):

@@ -78,6 +78,7 @@ class TurnControl(Protocol):
         client_message_id: str | None = None,
         client_tools: list[ClientTool] | None = None,
         attachments: list[Attachment] | None = None,
+        note: str | None = None,
     ) -> MessageAccepted: ...
 
     async def cancel(self, session_id: str, *, clear_queue: bool = False) -> CancelResult: ...

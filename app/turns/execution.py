@@ -51,12 +51,14 @@ class AgentFactory:
         inbox: Inbox | None = None,
         resuming: bool = False,
         history: list[ChatMessageRow] | None = None,
+        note: str | None = None,
     ) -> AgentRun:
         """`session` is the row the turn was started with, read just before (a deleted session stops its
         turn first, and an update between that read and this moment is not seen: the next turn sees it).
         `resuming`: the turn was suspended before a restart; its waiting round goes on first. `history`:
         the session's rows, when the turn holds them all already (the opening of a session's first turn
-        wrote them: TurnRows.history); else they are read."""
+        wrote them: TurnRows.history); else they are read. `note`: what the frontend tells the model for
+        this turn (AG-UI's context), after the system prompt, in this turn's prompt only."""
         plan = None
         if history is not None and not resuming:
             rows = history
@@ -65,7 +67,8 @@ class AgentFactory:
                 rows = await repository.list_messages(db, session.id, through_turn=turn_id)
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
         turns: list[tuple[str, ...]] = []
-        messages = await with_files(self._database, rebuild(rows, session.system_prompt, turns))
+        system = "\n\n".join(part for part in (session.system_prompt, note) if part) or None
+        messages = await with_files(self._database, rebuild(rows, system, turns))
         if plan is not None:
             # The round's results enter the history when it ends, in call order.
             while messages and messages[-1]["role"] == "tool":

@@ -15,7 +15,8 @@ What the spec cannot say in JSON Schema, the harness does as a client that read 
 * References to server-side things a schema cannot list are pointed at real ones in valid cases: a path's
   session is a real session of the caller (read-only operations get one with a finished turn, the others a
   new one each, so no case depends on what an earlier one changed), a `turn_id` or `message_id` a real one,
-  a `model` the demo model, `tools` real tool names, a cursor (`cursor`, `after`, `before`) a real one.
+  a `model` (AG-UI's `forwardedProps.parley.model` too) the demo model, `tools` real tool names, a cursor
+  (`cursor`, `after`, `before`) a real one.
   Invalid cases keep what was generated: the server must refuse them anyway.
 * Client tool names (`client_tools`, and AG-UI's `tools` objects) are unique and none is a server tool's
   name; an approval rule names the session's server tools (`"*"` where it has none).
@@ -310,6 +311,11 @@ class Target:
         if isinstance(case.body, dict):
             if isinstance(case.body.get("model"), str):
                 case.body["model"] = DEMO_MODEL
+            # AG-UI's forwardedProps.parley.model names a model as a session's `model` does.
+            props = case.body.get("forwardedProps")
+            parley = props.get("parley") if isinstance(props, dict) else None
+            if isinstance(parley, dict) and isinstance(parley.get("model"), str):
+                parley["model"] = DEMO_MODEL
             tools = case.body.get("tools")
             # A list of names names server tools (a session's `tools`); AG-UI's `tools` are objects, the
             # frontend's own.

@@ -19,11 +19,17 @@ from typing import Any
 import httpx
 import pytest
 
+from app.protocol.ag_ui import CONTEXT_HEADING
 from app.settings import Settings
+from tests.fakes.upstream import FakeUpstream, Script
+from tests.interrupt.conftest import MODEL, write_models_file
+from tests.interrupt.session import assert_strictly_valid, chat_requests
 from tests.support.server import LiveServer, live_server
 
 KITS = Path(__file__).resolve().parents[2] / "clients" / "kits"
 AI_PACKAGES = ("ai", "ai-v6", "ai-v5")
+# AG-UI's client 1.x, and 0.0.59 (what CopilotKit's runtime and React packages 1.7x pin).
+AG_UI_PACKAGES = ("@ag-ui/client", "ag-ui-v0")
 
 pytestmark = pytest.mark.slow
 
@@ -131,8 +137,9 @@ def test_ai_sdk_approval_with_the_kits_own_flow_from_major_6(server: LiveServer,
     assert decided["decision"] == "approve"
 
 
-def test_ag_ui_run_with_text_and_a_tool_then_an_attach(server: LiveServer) -> None:
-    seen = scenario("ag-ui.mjs", "agui", server, "text")
+@pytest.mark.parametrize("package", AG_UI_PACKAGES)
+def test_ag_ui_run_with_text_and_a_tool_then_an_attach(server: LiveServer, package: str) -> None:
+    seen = scenario("ag-ui.mjs", package, server, "text")
     assert seen["types"][0] == "RUN_STARTED" and seen["types"][-1] == "RUN_FINISHED"
     assert {"STEP_STARTED", "TOOL_CALL_START", "TOOL_CALL_RESULT", "TEXT_MESSAGE_CONTENT"} <= set(
         seen["types"]
@@ -144,17 +151,21 @@ def test_ag_ui_run_with_text_and_a_tool_then_an_attach(server: LiveServer) -> No
     assert seen["attachMessages"] == seen["messages"]
 
 
-def test_ag_ui_frontend_tool(server: LiveServer) -> None:
-    seen = scenario("ag-ui.mjs", "agui", server, "frontend-tool")
-    assert seen["finished"]["outcome"] == {"type": "success", "pendingToolCallIds": [seen["call"]["id"]]}
+@pytest.mark.parametrize("package", AG_UI_PACKAGES)
+def test_ag_ui_frontend_tool(server: LiveServer, package: str) -> None:
+    seen = scenario("ag-ui.mjs", package, server, "frontend-tool")
+    # A client before 1.0 declares no protocolVersion, and its schema has no pendingToolCallIds.
+    pending = {"pendingToolCallIds": [seen["call"]["id"]]} if package == "@ag-ui/client" else {}
+    assert seen["finished"]["outcome"] == {"type": "success", **pending}
     assert seen["call"]["function"]["name"] == "get_location"
     assert seen["messages"][-1]["content"] == 'The get_location tool returned: {"city": "Lisbon"}.'
 
 
-def test_ag_ui_approval_interrupt_resumed_by_the_next_run(server: LiveServer) -> None:
+@pytest.mark.parametrize("package", AG_UI_PACKAGES)
+def test_ag_ui_approval_interrupt_resumed_by_the_next_run(server: LiveServer, package: str) -> None:
     created = httpx.post(f"{server.base_url}/v1/sessions", json={"approval": ["current_time"]}, timeout=10)
     session_id = created.json()["id"]
-    seen = scenario("ag-ui.mjs", "agui", server, "approval", session_id)
+    seen = scenario("ag-ui.mjs", package, server, "approval", session_id)
     assert seen["threadId"] == session_id
     interrupt = seen["finished"]["outcome"]["interrupts"][0]
     assert interrupt["reason"] == "tool_approval" and interrupt["toolCallId"] == interrupt["id"]
@@ -163,3 +174,33 @@ def test_ag_ui_approval_interrupt_resumed_by_the_next_run(server: LiveServer) ->
     history = httpx.get(f"{server.base_url}/v1/sessions/{session_id}/messages", timeout=10).json()
     tool = next(m for m in history["chat_messages"] if m["type"] == "tool_group")
     assert tool["decision"] == "approve"
+
+
+@pytest.fixture
+def strict_upstream() -> Iterator[FakeUpstream]:
+    with FakeUpstream(strict=True) as running:
+        yield running
+
+
+@pytest.fixture
+def strict_server(settings: Settings, strict_upstream: FakeUpstream, tmp_path: Path) -> Iterator[LiveServer]:
+    models = write_models_file(tmp_path, strict_upstream.base_url)
+    with live_server(settings.model_copy(update={"models_file": models, "default_model": MODEL})) as running:
+        yield running
+
+
+@pytest.mark.parametrize("package", AG_UI_PACKAGES)
+def test_ag_ui_context_reaches_the_model_and_state_is_kept(
+    strict_server: LiveServer, strict_upstream: FakeUpstream, package: str
+) -> None:
+    strict_upstream.enqueue(Script.text("Call Ana."))
+    seen = scenario("ag-ui.mjs", package, strict_server, "context")
+    assert seen["types"][:2] == ["RUN_STARTED", "STATE_SNAPSHOT"] and seen["types"][-1] == "RUN_FINISHED"
+    assert seen["snapshot"] == seen["state"] == {"todos": [{"title": "call Ana", "done": False}]}
+    assert seen["messages"][-1]["content"] == "Call Ana."
+    (request,) = chat_requests(strict_upstream)
+    system, asked = request.body["messages"]
+    assert system["role"] == "system" and system["content"].startswith(CONTEXT_HEADING)
+    assert '- The user\'s todo list: [{"title":"call Ana"}]' in system["content"]
+    assert asked == {"role": "user", "content": "what is left to do?"}
+    assert_strictly_valid(strict_upstream)

@@ -28,6 +28,7 @@ from ag_ui.core import (
     RunFinishedInterruptOutcome,
     RunFinishedSuccessOutcome,
     RunStartedEvent,
+    StateSnapshotEvent,
     StepFinishedEvent,
     StepStartedEvent,
     TextMessageContentEvent,
@@ -44,7 +45,7 @@ from ag_ui.core import (
 from sse_starlette import ServerSentEvent
 
 from app.chat.kit_chats import KitChats, TurnFeed
-from app.protocol.ag_ui import RunInput, client_tools
+from app.protocol.ag_ui import RunInput, client_tools, context_note
 from app.protocol.schemas import (
     AssistantTextMessage,
     ChatMessage,
@@ -74,6 +75,13 @@ class AgUiRun:
     session_id: str
     turn_id: str | None = None
     message_id: str | None = None
+    # The frontend's shared state, echoed at the run's start: Parley keeps none, and a shared-state UI
+    # (CopilotKit's useCoAgent) keeps its own as it was.
+    state: Any = None
+    # A client that declares no `protocolVersion` (before 1.0: @ag-ui/client 0.0.x, which CopilotKit 1.x
+    # ships) validates RUN_FINISHED's outcome strictly: `success` without `pendingToolCallIds`, and no
+    # `cancelled` (its run just finishes).
+    legacy: bool = False
     continued: bool = False
     ended: bool = False
     _following: bool = False
@@ -89,6 +97,8 @@ class AgUiRun:
 
     def begin(self, snapshot: list[Message] | None) -> list[BaseEvent]:
         out: list[BaseEvent] = [RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id)]
+        if self.state not in (None, {}):
+            out.append(StateSnapshotEvent(snapshot=self.state))
         if snapshot is not None:
             out.append(MessagesSnapshotEvent(messages=snapshot))
         if self.continued:
@@ -196,8 +206,9 @@ class AgUiRun:
             self.ended = True
         elif kind == "turn_done" and event["turn_id"] == self.turn_id:
             out += self._close_step()
-            cancelled = event["status"] == "cancelled"
-            outcome = RunFinishedCancelledOutcome() if cancelled else RunFinishedSuccessOutcome()
+            outcome: Any = RunFinishedSuccessOutcome()
+            if event["status"] == "cancelled":
+                outcome = None if self.legacy else RunFinishedCancelledOutcome()
             out.append(RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id, outcome=outcome))
             self.ended = True
         return out
@@ -207,6 +218,8 @@ class AgUiRun:
         `resume` answers it); for frontend tools a success naming the calls the frontend answers next."""
         if self._approvals:
             outcome: Any = RunFinishedInterruptOutcome(interrupts=self._approvals)
+        elif self.legacy:  # the frontend knows its calls from the TOOL_CALL_* events
+            outcome = RunFinishedSuccessOutcome()
         else:
             outcome = RunFinishedSuccessOutcome(pending_tool_call_ids=self._client_waits)
         return RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id, outcome=outcome)
@@ -295,13 +308,22 @@ async def start(
     """Takes the run's new input (a user message, frontend tool results, answers to interrupts) into the
     thread's session and opens the stream of the turn that takes it, subscribed before the input is
     posted. A run with no new input attaches: Parley's history as a snapshot, then the running turn, if
-    any, replayed from its start."""
+    any, replayed from its start. The run's context goes with its user message as a note for the model
+    (nothing else reads it); `forwardedProps.parley` may set the session's model first."""
     text, results = _new_input(body.messages)
+    note = context_note(body.context) if text is not None else None
     if text is not None:
         kits.check_text(text)
-    session_id = await kits.session_for(principal, "ag-ui", body.thread_id, create=True)
+    if note is not None:
+        kits.check_note(note)
+    props = body.parley()
+    session_id = await kits.session_for(principal, "ag-ui", body.thread_id, create=True, model=props.model)
     assert session_id is not None  # created when missing
-    run = AgUiRun(body.thread_id, body.run_id, session_id)
+    if props.model is not None:
+        await kits.use_model(principal, session_id, props.model)
+    run = AgUiRun(
+        body.thread_id, body.run_id, session_id, state=body.state, legacy=body.protocol_version is None
+    )
     decisions = _decisions(body)
     waiting = await kits.waiting_calls(principal, session_id) if results else set()
     results = [r for r in results if r.tool_call_id in waiting]
@@ -328,6 +350,8 @@ async def start(
                 text,
                 client_message_id=_last_user_id(body.messages),
                 client_tools=client_tools(body.tools),
+                delivery=props.delivery or "steer",
+                note=note,
             )
     except BaseException:
         feed.close()

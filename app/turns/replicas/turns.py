@@ -103,6 +103,7 @@ class ReplicaTurns:
         client_message_id: str | None = None,
         client_tools: list[ClientTool] | None = None,
         attachments: list[Attachment] | None = None,
+        note: str | None = None,
     ) -> MessageAccepted:
         accepted = await self._runner.post(
             session,
@@ -113,6 +114,7 @@ class ReplicaTurns:
             client_message_id=client_message_id,
             client_tools=client_tools,
             attachments=attachments,
+            note=note,
         )
         if not accepted.queued or delivery not in ("steer", "interrupt") or self._runner.runs(session.id):
             return accepted

@@ -153,6 +153,7 @@ class Runner:
         client_message_id: str | None = None,
         client_tools: list[ClientTool] | None = None,
         attachments: list[Attachment] | None = None,
+        note: str | None = None,
     ) -> MessageAccepted:
         if self._closing:
             raise ShuttingDown
@@ -165,6 +166,7 @@ class Runner:
             delivery=delivery,
             client_tools=client_tools,
             attachments=attachments or None,
+            note=note,
         )
         async with self.sessions.held(session.id) as state:
             if state.closed:
@@ -299,7 +301,8 @@ class Runner:
             raise
         for message_id in taken:
             state.waiting.pop(message_id, None)
-        self._run(session, state, recorder)
+        notes = [m.note for m in messages if m.note]
+        self._run(session, state, recorder, note="\n\n".join(notes) or None)
         state.resolve_takers(taken, turn_id)
         if not from_queue and not self.ownership.line_here:
             state.waiting.clear()  # the claim found the line empty; a stale mirror would pause the turn
@@ -321,11 +324,17 @@ class Runner:
         return TurnRecorder(self._writer, events, self._live, session.id, turn_id, session.model, **fields)
 
     def _run(
-        self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder, *, resuming: bool = False
+        self,
+        session: ChatSessionRow,
+        state: SessionState,
+        recorder: TurnRecorder,
+        *,
+        resuming: bool = False,
+        note: str | None = None,
     ) -> None:
         state.recorder, state.inbox = recorder, Inbox()
         state.task = recorder.task = asyncio.create_task(
-            self._turn_task(session, state, recorder, resuming), name=f"turn:{recorder.turn_id}"
+            self._turn_task(session, state, recorder, resuming, note), name=f"turn:{recorder.turn_id}"
         )
         self._notifier.running(session.id, True)
         # A task's callbacks run even when it is cancelled before it ever starts.
@@ -349,7 +358,12 @@ class Runner:
             ended.set_result(None)
 
     async def _turn_task(
-        self, session: ChatSessionRow, state: SessionState, recorder: TurnRecorder, resuming: bool
+        self,
+        session: ChatSessionRow,
+        state: SessionState,
+        recorder: TurnRecorder,
+        resuming: bool,
+        note: str | None,
     ) -> None:
         try:
             with observe_turn(session.id, recorder.turn_id, session.model) as observed:
@@ -360,6 +374,7 @@ class Runner:
                     inbox=state.inbox,
                     resuming=resuming,
                     history=recorder.rows.take_history(),
+                    note=note,
                 )
                 await run_turn(prepare, recorder)
                 observed.status = recorder.closed_status
@@ -426,9 +441,13 @@ class Runner:
             rows = await repository.queued(db, session_id) if session is not None else []
         if session is None or not rows:
             return
+        messages = [queued_message(r) for r in rows]
+        for message in messages:  # a note is never stored: the mirror of a message posted here has it
+            mirrored = state.waiting.get(message.id)
+            message.note = mirrored.note if mirrored is not None else None
         # TurnBusy (leased): the running turn's owner takes them when it ends (or a sweeper, if it dies).
         with suppress(TurnBusy):
-            await self._start_turn(session, state, [queued_message(r) for r in rows], from_queue=True)
+            await self._start_turn(session, state, messages, from_queue=True)
 
     # --- waiting for turns ---------------------------------------------------------------------------
 

@@ -1,12 +1,17 @@
 // AG-UI's own client against a live Parley: @ag-ui/client's HttpAgent runs each request through the
 // package's event verifier (verifyEvents) and applies the events to its messages.
-// Usage: node scenarios/ag-ui.mjs agui <base url> <scenario>
-// Prints one JSON object: what the scenario observed (tests/kits/test_ag_ui.py asserts on it).
-import { HttpAgent } from "@ag-ui/client";
-
-const [, base, scenario, sessionId] = process.argv.slice(2);
+// Usage: node scenarios/ag-ui.mjs <package> <base url> <scenario> [session id]
+// <package>: @ag-ui/client (1.x), or ag-ui-v0 (0.0.59, what CopilotKit 1.7x ships; it sends no
+// protocolVersion and validates RUN_FINISHED's outcome strictly).
+// Prints one JSON object: what the scenario observed (tests/kits/test_kit_packages.py asserts on it).
+const [pkg, base, scenario, sessionId] = process.argv.slice(2);
+const { HttpAgent } = await import(pkg === "ag-ui-v0" ? "ag-ui-v0" : "@ag-ui/client");
 const threadId = sessionId || `thread-${scenario}-${Math.random().toString(36).slice(2)}`;
-const agent = new HttpAgent({ url: `${base}/v1/ag-ui`, threadId });
+const agent = new HttpAgent({
+  url: `${base}/v1/ag-ui`,
+  threadId,
+  initialState: scenario === "context" ? { todos: [{ title: "call Ana", done: false }] } : undefined,
+});
 const out = { threadId };
 
 async function run(options = {}) {
@@ -62,6 +67,17 @@ if (scenario === "text") {
     resume: [{ interruptId: interrupt.id, status: "resolved", payload: { decision: "approve" } }],
   });
   out.secondTypes = second.types;
+  out.messages = agent.messages;
+} else if (scenario === "context") {
+  // What a CopilotKit page sends besides its messages: readables as context, shared state, properties.
+  user("what is left to do?");
+  const first = await run({
+    context: [{ description: "The user's todo list", value: JSON.stringify([{ title: "call Ana" }]) }],
+    forwardedProps: { parley: { delivery: "queue" }, somethingOfTheFramework: 1 },
+  });
+  out.types = first.types;
+  out.snapshot = first.events.find((e) => e.type === "STATE_SNAPSHOT")?.snapshot ?? null;
+  out.state = agent.state;
   out.messages = agent.messages;
 } else {
   throw new Error(`unknown scenario ${scenario}`);
