@@ -1,12 +1,12 @@
 """What a session's next model call would send (GET /v1/sessions/{session_id}/context, docs/context.md):
-the history planned as a turn plans it, with the summary in force, and no summary written."""
+the active path's history planned as a turn plans it, with that path's summary, and no summary written."""
 
 from __future__ import annotations
 
 from app.llm.gateway import ModelGateway
 from app.protocol.schemas import ContextPolicyOut, ContextSummaryOut, SessionContext
 from app.settings import Settings
-from app.storage import compaction, repository
+from app.storage import compaction, repository, turn_tree
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.turns.context.compactor import FIRST_SCALE, budget_of, resolve_policy
@@ -18,8 +18,11 @@ async def next_call(
     settings: Settings, database: Database, models: ModelGateway, session: ChatSessionRow
 ) -> SessionContext:
     async with database.read() as db:
-        rows = await repository.list_messages(db, session.id)
-        found = await compaction.summary_for(db, session.id, {r.turn_id for r in rows})
+        # The active path only: the next turn follows the head, and another branch's turns (and their
+        # summaries) are none of its prompt.
+        head = await turn_tree.head(db, session.id)
+        rows = await repository.list_messages(db, session.id, through_turn=head) if head is not None else []
+        found = await compaction.summary_for(db, session.id, [r.turn_id for r in rows])
     turns: list[tuple[str, ...]] = []
     messages = rebuild(rows, session.system_prompt, turns)
     policy = resolve_policy(session.context, settings)

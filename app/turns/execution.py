@@ -80,7 +80,7 @@ class AgentFactory:
             summary = None
             if may_need_summary(policy, model.context_window, messages):
                 async with self._database.read() as db:
-                    found = await compaction.summary_for(db, session.id, {r.turn_id for r in rows})
+                    found = await compaction.summary_for(db, session.id, [r.turn_id for r in rows])
                 summary = _summary(found)
             compactor = Compactor(
                 policy,

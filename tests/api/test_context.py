@@ -254,7 +254,7 @@ async def test_a_stop_during_summarisation_leaves_no_half_summary(
         history = await _history(client, sid)
     assert reader.of_type("context_compacted") == []
     assert context["summary"] is None and context["compaction_due"] is True
-    turn_ids = {m["turn_id"] for m in history if m["type"] == "turn_start"}
+    turn_ids = [m["turn_id"] for m in history if m["type"] == "turn_start"]
     database = Database(configured.database_url)
     try:
         async with database.read() as db:
