@@ -1291,6 +1291,11 @@ export interface components {
          */
         ContextCompacted: {
             /**
+             * Elided File Ids
+             * @description Attached files (images, documents) sent as a placeholder that names them, oldest first.
+             */
+            elided_file_ids: string[];
+            /**
              * Elided Tool Call Ids
              * @description Tool calls whose results are sent as a placeholder (the call itself is kept).
              */
@@ -3067,6 +3072,11 @@ export interface components {
              * @description The turn's model calls that sent a compacted view.
              */
             calls: number;
+            /**
+             * Elided File Ids
+             * @description Every attached file one of them sent as a placeholder.
+             */
+            elided_file_ids: string[];
             /**
              * Elided Tool Call Ids
              * @description Every call whose result one of them sent as a placeholder.

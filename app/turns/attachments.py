@@ -25,8 +25,15 @@ def label(file: dict[str, Any]) -> str:
     return f"[Attached file: {file['name']} ({size})]"
 
 
-async def with_files(database: Database, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`messages` with every FILE_PART replaced by the file's parts (the list is changed in place)."""
+async def with_files(
+    database: Database,
+    messages: list[dict[str, Any]],
+    attached: list[dict[int, dict[str, Any]]] | None = None,
+) -> list[dict[str, Any]]:
+    """`messages` with every FILE_PART replaced by the file's parts (the list is changed in place).
+    `attached`, when given, is filled aligned with `messages`: for each, its image and document parts by
+    their index in its content, with the file each is (its id, name and media type): the context planner
+    names a file it leaves out of a prompt (turns.context)."""
     wanted = {
         part["file"]["file_id"]: part["file"]
         for message in messages
@@ -34,20 +41,22 @@ async def with_files(database: Database, messages: list[dict[str, Any]]) -> list
         for part in message["content"]
         if part.get("type") == FILE_PART
     }
-    if not wanted:
-        return messages
-    loaded = await _load(database, list(wanted))
+    loaded = await _load(database, list(wanted)) if wanted else {}
     for message in messages:
-        if message["role"] == "user" and isinstance(message["content"], list):
-            message["content"] = [
-                converted
-                for part in message["content"]
-                for converted in (
-                    _parts(part["file"], loaded.get(part["file"]["file_id"]))
-                    if part.get("type") == FILE_PART
-                    else [part]
-                )
-            ]
+        found: dict[int, dict[str, Any]] = {}
+        if wanted and message["role"] == "user" and isinstance(message["content"], list):
+            content: list[dict[str, Any]] = []
+            for part in message["content"]:
+                if part.get("type") != FILE_PART:
+                    content.append(part)
+                    continue
+                for converted in _parts(part["file"], loaded.get(part["file"]["file_id"])):
+                    if converted["type"] in ("image_url", "file"):
+                        found[len(content)] = part["file"]
+                    content.append(converted)
+            message["content"] = content
+        if attached is not None:
+            attached.append(found)
     return messages
 
 

@@ -65,12 +65,14 @@ class AgentFactory:
                 rows = await repository.list_messages(db, session.id, through_turn=turn_id)
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
         turns: list[tuple[str, ...]] = []
-        messages = await with_files(self._database, rebuild(rows, session.system_prompt, turns))
+        attached: list[dict[int, dict[str, Any]]] = []
+        messages = await with_files(self._database, rebuild(rows, session.system_prompt, turns), attached)
         if plan is not None:
             # The round's results enter the history when it ends, in call order.
             while messages and messages[-1]["role"] == "tool":
                 messages.pop()
                 turns.pop()
+                attached.pop()
         client_tools = turn_client_tools(session, rows, turn_id)
         model = await self._models.resolve(session.model)
         adapter = await self._models.observed_adapter(model)
@@ -89,6 +91,7 @@ class AgentFactory:
                 await self._summariser(model, adapter),
                 summary=summary,
                 scale=session.context_scale,
+                files=attached,
             )
         settings = self._settings
         return AgentRun(
