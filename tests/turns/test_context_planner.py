@@ -266,6 +266,29 @@ def test_an_old_image_goes_first_as_a_placeholder_naming_the_file() -> None:
     assert validate_history(view.messages) == []
 
 
+@settings(max_examples=200, deadline=None)
+@given(spec=_turns, budget=st.integers(300, 12_000), keep=st.integers(1, 5), photos=st.integers(1, 3))
+def test_views_of_a_history_with_images_are_valid_and_name_every_image_they_leave_out(
+    spec: list[Spec], budget: int, keep: int, photos: int
+) -> None:
+    history, owners = _history(spec, True)
+    files: list[dict[int, Any]] = [{} for _ in history]
+    users = [i for i, m in enumerate(history) if m["role"] == "user"]
+    for n, index in enumerate(users[::photos]):
+        parts: list[Message] = [{"type": "text", "text": history[index]["content"]}]
+        parts += [{"type": "text", "text": "[Attached file: p.png]"}, {"type": "image_url", "image_url": {}}]
+        history[index] = {"role": "user", "content": parts}
+        files[index] = {2: {"file_id": f"f_{n}", "name": "p.png", "media_type": "image/png"}}
+    before = copy.deepcopy(history)
+    view = plan(history, owners, budget=budget, policy=Policy("auto", keep, 0), may_fold=False, files=files)
+    assert history == before
+    _check(view, history, budget, 1.0, 0)
+    sent = json.dumps(view.messages)
+    for file_id in (f["file_id"] for named in files for f in named.values()):
+        assert (f"file {file_id})" in sent) == (file_id in view.elided_file_ids)
+    assert sent.count('"type": "image_url"') == sum(map(len, files)) - len(view.elided_file_ids)
+
+
 def test_the_running_turns_image_is_sent_and_older_turns_fold_instead() -> None:
     history, owners, files = _with_photo(6)
     # The photo moves to the running turn (the last, its answer not written yet).

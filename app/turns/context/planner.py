@@ -23,7 +23,7 @@ prompt over the estimate of the same prompt (1.0 without one).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from app.llm import tokens
@@ -259,16 +259,7 @@ def _fold(prompt: _Prompt, start: int, summary: Summary | None, foldable: list[B
         rest -= _scaled(sum(prompt.sizes[block.start : block.end]), prompt.scale)
         if rest + room <= target:
             break
-    view = _view(prompt, start, summary, budget)
-    return View(
-        view.messages,
-        view.tokens,
-        False,
-        summary,
-        view.elided_tool_call_ids,
-        view.elided_file_ids,
-        tuple(fold),
-    )
+    return replace(_view(prompt, start, summary, budget), fits=False, fold=tuple(fold))
 
 
 def _view(prompt: _Prompt, start: int, summary: Summary | None, budget: int) -> View:
