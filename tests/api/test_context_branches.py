@@ -23,7 +23,7 @@ from tests.api.test_context import WINDOW, Conversation
 from tests.fakes.upstream import FakeUpstream, RecordedRequest, Script, validate_history
 from tests.support.server import LiveServer, live_server
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 MODEL = "openai/fake-model"
 LONG = "tell me more about it " * 60

@@ -22,7 +22,7 @@ from tests.api.test_context import SUMMARY, WINDOW, Conversation
 from tests.fakes.upstream import FakeUpstream, RecordedRequest, Script, validate_history
 from tests.support.process import ServerProcess
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.processes]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.processes, pytest.mark.both_backends]
 
 MODEL = "openai/small-window"
 LONG = "tell me more about it " * 60
