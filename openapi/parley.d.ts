@@ -2439,6 +2439,11 @@ export interface components {
             compaction_due: boolean;
             /** Context Window */
             context_window: number | null;
+            /**
+             * Elided File Ids
+             * @description The attached files (images, documents) that would be sent as a placeholder naming them.
+             */
+            elided_file_ids: string[];
             /** Elided Tool Call Ids */
             elided_tool_call_ids: string[];
             /**
@@ -2448,7 +2453,7 @@ export interface components {
             history_tokens: number;
             /**
              * Messages
-             * @description The prompt in OpenAI chat format: the system message (with the summary) and the verbatim tail, elided tool results as their placeholders.
+             * @description The prompt in OpenAI chat format: the system message (with the summary) and the verbatim tail, elided tool results and files as their placeholders; an image or a document that is sent is shown by its file's URL (/v1/files/{file_id}/content), not its bytes.
              */
             messages: {
                 [key: string]: unknown;

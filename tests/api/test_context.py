@@ -400,13 +400,24 @@ async def test_an_image_far_back_is_sent_as_a_placeholder_that_names_it(
             posted = await client.post(f"/v1/sessions/{sid}/messages", json=first)
             assert posted.status_code == 202, posted.text
             await reader.wait_type("turn_done", timeout=30)
-            for n in range(8):
+            shown = (await client.get(f"/v1/sessions/{sid}/context")).json()
+            # Until a call sent the placeholder, and the next one would too (GET .../context).
+            for n in range(10):
                 await _turns(client, sid, [f"Turn {n}: {long}"], reader)
-                if any(c["elided_file_ids"] for c in reader.of_type("context_compacted")):
+                later = (await client.get(f"/v1/sessions/{sid}/context")).json()
+                if later["elided_file_ids"] and any(
+                    c["elided_file_ids"] for c in reader.of_type("context_compacted")
+                ):
                     break
         history = await _history(client, sid)
         turns = (await client.get(f"/v1/sessions/{sid}/turns", params={"limit": 100})).json()["turns"]
 
+    # GET .../context shows the photo by its URL while it is sent, then the placeholder; never its bytes.
+    url = f"/v1/files/{file['id']}/content"
+    assert shown["elided_file_ids"] == [] and url in json.dumps(shown["messages"])
+    assert later["elided_file_ids"] == [file["id"]] and url not in json.dumps(later["messages"])
+    assert "Parley elided the attached file beach.png" in json.dumps(later["messages"])
+    assert encoded not in json.dumps(shown) + json.dumps(later)
     assert all(d["status"] == "completed" for d in reader.of_type("turn_done"))
     [compacted, *_] = [c for c in reader.of_type("context_compacted") if c["elided_file_ids"]]
     assert compacted["elided_file_ids"] == [file["id"]] and compacted["summary_id"] is None
