@@ -1291,6 +1291,11 @@ export interface components {
          */
         ContextCompacted: {
             /**
+             * Elided File Ids
+             * @description Attached files (images, documents) sent as a placeholder that names them, oldest first.
+             */
+            elided_file_ids: string[];
+            /**
              * Elided Tool Call Ids
              * @description Tool calls whose results are sent as a placeholder (the call itself is kept).
              */
@@ -2466,6 +2471,11 @@ export interface components {
             compaction_due: boolean;
             /** Context Window */
             context_window: number | null;
+            /**
+             * Elided File Ids
+             * @description The attached files (images, documents) that would be sent as a placeholder naming them.
+             */
+            elided_file_ids: string[];
             /** Elided Tool Call Ids */
             elided_tool_call_ids: string[];
             /**
@@ -2475,7 +2485,7 @@ export interface components {
             history_tokens: number;
             /**
              * Messages
-             * @description The prompt in OpenAI chat format: the system message (with the summary) and the verbatim tail, elided tool results as their placeholders.
+             * @description The prompt in OpenAI chat format: the system message (with the summary) and the verbatim tail, elided tool results and files as their placeholders; an image or a document that is sent is shown by its file's URL (/v1/files/{file_id}/content), not its bytes.
              */
             messages: {
                 [key: string]: unknown;
@@ -3099,6 +3109,11 @@ export interface components {
              * @description The turn's model calls that sent a compacted view.
              */
             calls: number;
+            /**
+             * Elided File Ids
+             * @description Every attached file one of them sent as a placeholder.
+             */
+            elided_file_ids: string[];
             /**
              * Elided Tool Call Ids
              * @description Every call whose result one of them sent as a placeholder.

@@ -239,6 +239,39 @@ def test_0167_adds_chat_bindings_and_keeps_every_row(config: Config, engine: Eng
         assert connection.execute(text("SELECT id FROM chat_sessions")).all() == [("s_kept",)]
 
 
+def test_0168_keeps_every_context_view_and_gives_it_no_elided_files(config: Config, engine: Engine) -> None:
+    command.upgrade(config, "0167")
+    at = "2026-11-29T00:00:00.000+00:00"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO chat_sessions (id, principal, model, tools, status, created_at, updated_at,"
+                " total_tokens, context_used)"
+                " VALUES ('s_kept', 'alice', 'parley/demo', '[]', 'active', :at, :at, 0, 0)"
+            ),
+            {"at": at},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO context_views (session_id, turn_id, summary_id, summarized_turn_ids,"
+                " elided_tool_call_ids, tokens_before, tokens_after, created_at)"
+                " VALUES ('s_kept', 't_1', NULL, '[]', '[\"call_1\"]', 900, 400, :at)"
+            ),
+            {"at": at},
+        )
+    command.upgrade(config, "0168")
+    with engine.connect() as connection:
+        [(calls, files)] = connection.execute(
+            text("SELECT elided_tool_call_ids, elided_file_ids FROM context_views")
+        ).all()
+        loaded = [json.loads(v) if isinstance(v, str) else v for v in (calls, files)]
+        assert loaded == [["call_1"], []]
+    command.downgrade(config, "0167")
+    with engine.connect() as connection:
+        kept = connection.execute(text("SELECT turn_id, tokens_after FROM context_views")).all()
+        assert kept == [("t_1", 400)]
+
+
 @pytest.mark.processes
 def test_replicas_migrating_at_once_take_turns(backend: str, sync_url: str, engine: Engine) -> None:
     """N replicas started together each run `alembic upgrade head` (as `python -m app` does): on PostgreSQL

@@ -1,14 +1,18 @@
 """What a session's next model call would send (GET /v1/sessions/{session_id}/context, docs/context.md):
-the history planned as a turn plans it, with the summary in force, and no summary written."""
+the active path's history planned as a turn plans it, with that path's summary, and no summary written;
+an image or a document is shown by its file's URL, not its bytes (turns.attachments, by_reference)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from app.llm.gateway import ModelGateway
 from app.protocol.schemas import ContextPolicyOut, ContextSummaryOut, SessionContext
 from app.settings import Settings
-from app.storage import compaction, repository
+from app.storage import compaction, repository, turn_tree
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
+from app.turns.attachments import with_files
 from app.turns.context.compactor import FIRST_SCALE, budget_of, resolve_policy
 from app.turns.context.planner import Policy, Summary, blocks, plan
 from app.turns.prompt import rebuild
@@ -18,10 +22,15 @@ async def next_call(
     settings: Settings, database: Database, models: ModelGateway, session: ChatSessionRow
 ) -> SessionContext:
     async with database.read() as db:
-        rows = await repository.list_messages(db, session.id)
-        found = await compaction.summary_for(db, session.id, {r.turn_id for r in rows})
+        # The active path only: the next turn follows the head, and another branch's turns (and their
+        # summaries) are none of its prompt.
+        head = await turn_tree.head(db, session.id)
+        rows = await repository.list_messages(db, session.id, through_turn=head) if head is not None else []
+        found = await compaction.summary_for(db, session.id, [r.turn_id for r in rows])
     turns: list[tuple[str, ...]] = []
-    messages = rebuild(rows, session.system_prompt, turns)
+    attached: list[dict[int, dict[str, Any]]] = []
+    prompt = rebuild(rows, session.system_prompt, turns)
+    messages = await with_files(database, prompt, attached, by_reference=True)
     policy = resolve_policy(session.context, settings)
     window = (await models.resolve(session.model)).context_window
     budget = budget_of(policy, window)
@@ -35,6 +44,7 @@ async def next_call(
         policy=policy,
         summary=summary if policy.strategy == "auto" else None,
         scale=scale,
+        files=attached,
     )
     summarized = set(view.summarized_turn_ids)
     has_system = bool(messages) and messages[0].get("role") == "system"
@@ -59,6 +69,7 @@ async def next_call(
         if found is not None and view.summary is not None
         else None,
         elided_tool_call_ids=list(view.elided_tool_call_ids),
+        elided_file_ids=list(view.elided_file_ids),
         verbatim_turn_ids=[b.key for b in cut if b.key not in summarized],
         messages=view.messages,
     )

@@ -132,11 +132,13 @@ def _compaction(views: Sequence[ContextViewRow]) -> TurnCompaction | None:
         return None
     last = views[-1]
     elided = list(dict.fromkeys(call for view in views for call in view.elided_tool_call_ids))
+    files = list(dict.fromkeys(file for view in views for file in view.elided_file_ids))
     return TurnCompaction(
         calls=len(views),
         summary_id=last.summary_id,
         summarized_turn_ids=list(last.summarized_turn_ids),
         elided_tool_call_ids=elided,
+        elided_file_ids=files,
         tokens_before=last.tokens_before,
         tokens_after=last.tokens_after,
     )

@@ -250,6 +250,9 @@ class ContextCompacted(_Event):
     elided_tool_call_ids: list[str] = Field(
         description="Tool calls whose results are sent as a placeholder (the call itself is kept)."
     )
+    elided_file_ids: list[str] = Field(
+        description="Attached files (images, documents) sent as a placeholder that names them, oldest first."
+    )
     summary_id: str | None = Field(description="The summary sent (GET .../context shows it); null: none.")
     summary_written: bool = Field(description="The summary was written for this call.")
 

@@ -227,10 +227,14 @@ class SessionContext(BaseModel):
     )
     summary: ContextSummaryOut | None
     elided_tool_call_ids: list[str]
+    elided_file_ids: list[str] = Field(
+        description="The attached files (images, documents) that would be sent as a placeholder naming them."
+    )
     verbatim_turn_ids: list[str] = Field(description="The turns sent as they are, oldest first.")
     messages: list[dict[str, Any]] = Field(
         description="The prompt in OpenAI chat format: the system message (with the summary) and the "
-        "verbatim tail, elided tool results as their placeholders."
+        "verbatim tail, elided tool results and files as their placeholders; an image or a document that is "
+        "sent is shown by its file's URL (/v1/files/{file_id}/content), not its bytes."
     )
 
 

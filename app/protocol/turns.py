@@ -91,6 +91,7 @@ class TurnCompaction(BaseModel):
     elided_tool_call_ids: list[str] = Field(
         description="Every call whose result one of them sent as a placeholder."
     )
+    elided_file_ids: list[str] = Field(description="Every attached file one of them sent as a placeholder.")
     tokens_before: int = Field(description="The last one's estimate of the whole history, in tokens.")
     tokens_after: int = Field(description="The last one's estimate of what it sent.")
 

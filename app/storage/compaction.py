@@ -3,7 +3,7 @@ session's calibration. Functions take a database session and never commit: calle
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import update
 from sqlmodel import col, select
@@ -25,11 +25,13 @@ async def insert_view(db: AsyncSession, row: ContextViewRow) -> None:
     await db.flush()
 
 
-async def summary_for(
-    db: AsyncSession, session_id: str, turn_ids: Collection[str]
-) -> ContextSummaryRow | None:
-    """The newest summary of the session whose last summarised turn is one of `turn_ids` (the path the
-    history now follows): a summary of turns no longer in the history never applies."""
+async def summary_for(db: AsyncSession, session_id: str, path: Sequence[str]) -> ContextSummaryRow | None:
+    """The summary of the path the history now follows (`path`: its turn ids in history order, once a turn
+    or once a message): of the session's summaries whose last summarised turn is on it, the one reaching
+    furthest along it (the newest of those ending on one turn). A summary of turns no longer in the
+    history never applies. One written on another branch applies only when it ends on a turn this path
+    shares (it summarises this path's turns, then) and reaches further than this path's own: never a
+    newer but shorter one."""
     rows: Sequence[ContextSummaryRow] = (
         await db.exec(
             select(ContextSummaryRow)
@@ -38,7 +40,10 @@ async def summary_for(
             .limit(_RECENT_SUMMARIES)
         )
     ).all()
-    return next((row for row in rows if row.through_turn_id in turn_ids), None)
+    depth = {turn_id: index for index, turn_id in enumerate(path)}
+    found = [row for row in rows if row.through_turn_id in depth]
+    # max keeps the first of equals: rows come newest first.
+    return max(found, key=lambda row: depth[row.through_turn_id], default=None)
 
 
 async def views_of_turns(db: AsyncSession, turn_ids: Sequence[str]) -> list[ContextViewRow]:

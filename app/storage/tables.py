@@ -333,6 +333,10 @@ class ContextViewRow(SQLModel, table=True):
     summary_id: str | None = Field(default=None, max_length=40)
     summarized_turn_ids: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     elided_tool_call_ids: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    # The attached files it sent as a placeholder (their ids).
+    elided_file_ids: list[str] = Field(
+        default_factory=list, sa_column=Column(JSON, nullable=False, server_default=text("'[]'"))
+    )
     tokens_before: int
     tokens_after: int
     created_at: str

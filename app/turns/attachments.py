@@ -25,8 +25,19 @@ def label(file: dict[str, Any]) -> str:
     return f"[Attached file: {file['name']} ({size})]"
 
 
-async def with_files(database: Database, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`messages` with every FILE_PART replaced by the file's parts (the list is changed in place)."""
+async def with_files(
+    database: Database,
+    messages: list[dict[str, Any]],
+    attached: list[dict[int, dict[str, Any]]] | None = None,
+    *,
+    by_reference: bool = False,
+) -> list[dict[str, Any]]:
+    """`messages` with every FILE_PART replaced by the file's parts (the list is changed in place).
+    `attached`, when given, is filled aligned with `messages`: for each, its image and document parts by
+    their index in its content, with the file each is (its id, name and media type): the context planner
+    names a file it leaves out of a prompt (turns.context). `by_reference`: an image's or a document's
+    part names the file's URL in this API instead of carrying its bytes, which are not read (what a
+    call would send, shown without the data: GET .../context); a text file is read and sent whole."""
     wanted = {
         part["file"]["file_id"]: part["file"]
         for message in messages
@@ -34,21 +45,44 @@ async def with_files(database: Database, messages: list[dict[str, Any]]) -> list
         for part in message["content"]
         if part.get("type") == FILE_PART
     }
-    if not wanted:
-        return messages
-    loaded = await _load(database, list(wanted))
+    read = [f for f, file in wanted.items() if not by_reference or _is_text(str(file["media_type"]))]
+    loaded = await _load(database, read) if read else {}
     for message in messages:
-        if message["role"] == "user" and isinstance(message["content"], list):
-            message["content"] = [
-                converted
-                for part in message["content"]
-                for converted in (
-                    _parts(part["file"], loaded.get(part["file"]["file_id"]))
-                    if part.get("type") == FILE_PART
-                    else [part]
+        found: dict[int, dict[str, Any]] = {}
+        if wanted and message["role"] == "user" and isinstance(message["content"], list):
+            content: list[dict[str, Any]] = []
+            for part in message["content"]:
+                if part.get("type") != FILE_PART:
+                    content.append(part)
+                    continue
+                file = part["file"]
+                data = loaded.get(file["file_id"])
+                converted_parts = (
+                    _referenced(file)
+                    if by_reference and not _is_text(str(file["media_type"]))
+                    else _parts(file, data)
                 )
-            ]
+                for converted in converted_parts:
+                    if converted["type"] in ("image_url", "file"):
+                        found[len(content)] = file
+                    content.append(converted)
+            message["content"] = content
+        if attached is not None:
+            attached.append(found)
     return messages
+
+
+def _is_text(media_type: str) -> bool:
+    return media_type.startswith("text/") or media_type == "application/json"
+
+
+def _referenced(file: dict[str, Any]) -> list[dict[str, Any]]:
+    """An image's or document's parts with the file's URL in this API where the call sends its data."""
+    url = f"/v1/files/{file['file_id']}/content"
+    if str(file["media_type"]).startswith("image/"):
+        return [{"type": "text", "text": label(file)}, {"type": "image_url", "image_url": {"url": url}}]
+    document = {"filename": file["name"], "file_data": url}
+    return [{"type": "text", "text": label(file)}, {"type": "file", "file": document}]
 
 
 async def _load(database: Database, file_ids: Sequence[str]) -> dict[str, bytes]:
@@ -71,7 +105,7 @@ def _parts(file: dict[str, Any], data: bytes | None) -> list[dict[str, Any]]:
     media_type = str(file["media_type"])
     if data is None:  # cannot happen while a message links it; said plainly rather than failing the turn
         return [{"type": "text", "text": f"{label(file)} [its content is no longer stored]"}]
-    if media_type.startswith("text/") or media_type == "application/json":
+    if _is_text(media_type):
         text = data.decode("utf-8", "replace")
         return [{"type": "text", "text": f"{label(file)}\n{text}"}]
     url = f"data:{media_type};base64,{base64.b64encode(data).decode()}"

@@ -68,12 +68,14 @@ class AgentFactory:
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
         turns: list[tuple[str, ...]] = []
         system = "\n\n".join(part for part in (session.system_prompt, note) if part) or None
-        messages = await with_files(self._database, rebuild(rows, system, turns))
+        attached: list[dict[int, dict[str, Any]]] = []
+        messages = await with_files(self._database, rebuild(rows, system, turns), attached)
         if plan is not None:
             # The round's results enter the history when it ends, in call order.
             while messages and messages[-1]["role"] == "tool":
                 messages.pop()
                 turns.pop()
+                attached.pop()
         client_tools = turn_client_tools(session, rows, turn_id)
         model = await self._models.resolve(session.model)
         adapter = await self._models.observed_adapter(model)
@@ -83,7 +85,7 @@ class AgentFactory:
             summary = None
             if may_need_summary(policy, model.context_window, messages):
                 async with self._database.read() as db:
-                    found = await compaction.summary_for(db, session.id, {r.turn_id for r in rows})
+                    found = await compaction.summary_for(db, session.id, [r.turn_id for r in rows])
                 summary = _summary(found)
             compactor = Compactor(
                 policy,
@@ -92,6 +94,7 @@ class AgentFactory:
                 await self._summariser(model, adapter),
                 summary=summary,
                 scale=session.context_scale,
+                files=attached,
             )
         settings = self._settings
         return AgentRun(

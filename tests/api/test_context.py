@@ -6,6 +6,7 @@ validation, GET .../context, a stop during summarisation and the offline `parley
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import threading
@@ -23,6 +24,7 @@ from app.storage.engine import Database
 from app.tools.context import ToolContext, ToolOutcome
 from app.tools.external import ExternalTool
 from app.tools.registry import ToolRegistry, build_default_registry
+from tests.api.test_files import image, upload
 from tests.fakes.upstream import FakeUpstream, RecordedRequest, Script, validate_history
 from tests.support.server import LiveServer, live_server
 from tests.support.sse import EventReader
@@ -95,7 +97,8 @@ def upstream(conversation: Conversation) -> Iterator[FakeUpstream]:
 @pytest.fixture
 def configured(settings: Settings, upstream: FakeUpstream, tmp_path: Path) -> Settings:
     path = tmp_path / "models.json"
-    models = {"fake": {"api_base": upstream.base_url, "models": {MODEL: {"context_window": WINDOW}}}}
+    model = {"context_window": WINDOW, "vision": True}
+    models = {"fake": {"api_base": upstream.base_url, "models": {MODEL: model}}}
     path.write_text(json.dumps({"providers": models}))
     return settings.model_copy(update={"models_file": path, "default_model": MODEL})
 
@@ -254,7 +257,7 @@ async def test_a_stop_during_summarisation_leaves_no_half_summary(
         history = await _history(client, sid)
     assert reader.of_type("context_compacted") == []
     assert context["summary"] is None and context["compaction_due"] is True
-    turn_ids = {m["turn_id"] for m in history if m["type"] == "turn_start"}
+    turn_ids = [m["turn_id"] for m in history if m["type"] == "turn_start"]
     database = Database(configured.database_url)
     try:
         async with database.read() as db:
@@ -381,3 +384,55 @@ async def test_a_steer_mid_turn_in_a_compacted_session_keeps_every_request_valid
     users = [m["content"] for m in history if m["type"] == "text" and m["role"] == "user"]
     assert users[-2:] == ["fetch 4000 now", "Also: " + long]
     assert reader.of_type("context_compacted")
+
+
+async def test_an_image_far_back_is_sent_as_a_placeholder_that_names_it(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    photo = image(size=(64, 48), color="blue")
+    encoded = base64.b64encode(photo).decode()
+    long = "tell me more about it " * 40
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        file = (await upload(client, "beach.png", photo, "image/png")).json()
+        sid = (await client.post("/v1/sessions", json={"context": {"keep_turns": 2}})).json()["id"]
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+            first = {"content": "Look at this photo.", "attachments": [{"file_id": file["id"]}]}
+            posted = await client.post(f"/v1/sessions/{sid}/messages", json=first)
+            assert posted.status_code == 202, posted.text
+            await reader.wait_type("turn_done", timeout=30)
+            shown = (await client.get(f"/v1/sessions/{sid}/context")).json()
+            # Until a call sent the placeholder, and the next one would too (GET .../context).
+            for n in range(10):
+                await _turns(client, sid, [f"Turn {n}: {long}"], reader)
+                later = (await client.get(f"/v1/sessions/{sid}/context")).json()
+                if later["elided_file_ids"] and any(
+                    c["elided_file_ids"] for c in reader.of_type("context_compacted")
+                ):
+                    break
+        history = await _history(client, sid)
+        turns = (await client.get(f"/v1/sessions/{sid}/turns", params={"limit": 100})).json()["turns"]
+
+    # GET .../context shows the photo by its URL while it is sent, then the placeholder; never its bytes.
+    url = f"/v1/files/{file['id']}/content"
+    assert shown["elided_file_ids"] == [] and url in json.dumps(shown["messages"])
+    assert later["elided_file_ids"] == [file["id"]] and url not in json.dumps(later["messages"])
+    assert "Parley elided the attached file beach.png" in json.dumps(later["messages"])
+    assert encoded not in json.dumps(shown) + json.dumps(later)
+    assert all(d["status"] == "completed" for d in reader.of_type("turn_done"))
+    [compacted, *_] = [c for c in reader.of_type("context_compacted") if c["elided_file_ids"]]
+    assert compacted["elided_file_ids"] == [file["id"]] and compacted["summary_id"] is None
+    # The first calls sent the photo itself; from the compaction on, a placeholder that names it.
+    sent = [json.dumps(r.body["messages"]) for r in upstream.requests]
+    assert encoded in sent[0]
+    elided = [s for s in sent if "Parley elided the attached file beach.png" in s]
+    assert elided and sent[-1] == elided[-1]
+    for text in elided:
+        assert encoded not in text and "image/png" in text and file["id"] in text
+    for request in upstream.requests:
+        assert request.problems == [], request.problems
+        assert validate_history(request.body["messages"]) == []
+    # The record is whole: the first message still has its photo; the turn view names the elision.
+    [user, *_] = [m for m in history if m["type"] == "text" and m["role"] == "user"]
+    assert [a["file_id"] for a in user["attachments"]] == [file["id"]]
+    marked = {t["turn_id"]: t["compaction"] for t in turns if t["compaction"] is not None}
+    assert file["id"] in marked[compacted["turn_id"]]["elided_file_ids"]

@@ -52,14 +52,28 @@ async def _seed(database: Database, turns: int) -> ChatSessionRow:
     rows = []
     for n in range(turns):
         turn = f"t_{n:012x}"
+        rows.append(_start(f"m_s{n:010x}", turn, f"t_{n - 1:012x}" if n else None))
         rows.append(_message(f"m_u{n:010x}", turn, "user", f"question {n} " + "word " * 200))
         rows.append(_message(f"m_a{n:010x}", turn, "assistant", f"answer {n} " + "word " * 100))
+    # A regenerate of the last turn, before it: another branch, not the active path (the head is the
+    # last turn's).
+    rows[-3:-3] = [
+        _start("m_sbranch00", "t_branch", f"t_{turns - 2:012x}"),
+        _message("m_ubranch00", "t_branch", "user", f"question {turns - 1} " + "word " * 200),
+        _message("m_abranch00", "t_branch", "assistant", "another branch's answer"),
+    ]
     async with database.session() as db:
         db.add(session)
         await db.flush()
         db.add_all(rows)
         await db.commit()
     return session
+
+
+def _start(message_id: str, turn: str, parent: str | None) -> ChatMessageRow:
+    return ChatMessageRow(
+        id=message_id, session_id=SID, turn_id=turn, type="turn_start", parent_turn_id=parent, timestamp=T0
+    )
 
 
 def _message(message_id: str, turn: str, role: str, content: str) -> ChatMessageRow:
@@ -109,3 +123,5 @@ async def test_the_paths_own_summary_and_the_verbatim_tail(
     assert after.messages[1] == {"role": "user", "content": "question 9 " + "word " * 200}
     assert after.sent_tokens <= (after.budget_tokens or 0) and after.compaction_due is False
     assert after.history_tokens == before.history_tokens  # the history itself is unchanged
+    # The active path only: the other branch's turn is in neither the messages nor the tail.
+    assert "another branch's answer" not in str(after.messages) and "t_branch" not in after.verbatim_turn_ids

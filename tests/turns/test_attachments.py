@@ -139,3 +139,41 @@ async def test_a_prompt_without_files_reads_nothing(database: Database) -> None:
     messages = rebuild([user(1, "plain")], None)
     await database.dispose()  # a read would fail now
     assert await with_files(database, messages) == [{"role": "user", "content": "plain"}]
+
+
+async def test_image_and_document_parts_are_named_and_by_reference_not_read(
+    database: Database,
+) -> None:
+    png = await put(database, PNG, "image/png")
+    pdf = await put(database, b"%PDF-1.7 a document", "application/pdf")
+    text = await put(database, b"notes", "text/plain")
+    shown = [
+        attachment(png, "a.png", "image/png", len(PNG), 4),
+        attachment(text, "n.txt", "text/plain", 5),
+        attachment(pdf, "p.pdf", "application/pdf", 19),
+    ]
+    attached: list[dict[int, dict[str, Any]]] = []
+    messages = await with_files(database, rebuild([user(1, "what?", shown)], "be brief"), attached)
+    # The system message has none; the user's image at part 2 and document at part 5 (after their labels).
+    assert attached == [{}, {2: shown[0], 5: shown[2]}]
+    assert [p["type"] for p in messages[1]["content"]] == [
+        "text",
+        "text",
+        "image_url",
+        "text",
+        "text",
+        "file",
+    ]
+    # By reference: the same parts, the image's and document's data the file's URL; the text file read.
+    referenced: list[dict[int, dict[str, Any]]] = []
+    again = await with_files(
+        database, rebuild([user(1, "what?", shown)], None), referenced, by_reference=True
+    )
+    assert referenced == [{2: shown[0], 5: shown[2]}]
+    content = again[0]["content"]
+    assert content[2] == {"type": "image_url", "image_url": {"url": f"/v1/files/{png}/content"}}
+    assert content[3] == {"type": "text", "text": label(shown[1]) + "\nnotes"}
+    assert content[5] == {
+        "type": "file",
+        "file": {"filename": "p.pdf", "file_data": f"/v1/files/{pdf}/content"},
+    }

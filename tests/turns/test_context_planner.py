@@ -222,6 +222,86 @@ def test_a_running_turn_too_big_for_the_window_has_its_results_elided_last_resor
     assert validate_history(view.messages) == []
 
 
+PHOTO = {"file_id": "file_photo", "name": "beach.png", "media_type": "image/png", "size": 9000}
+DATA = "data:image/png;base64," + "iVBORw0KGgo" * 800
+
+
+def _with_photo(turns: int) -> tuple[list[Message], list[tuple[str, ...]], list[dict[int, Any]]]:
+    """A history whose first user message has a photo (as turns.attachments sends it: a label, then the
+    image part), and the file of that part named as with_files names it."""
+    spec: list[Spec] = [(f"question {n} " + "word " * 100, [], "answer " * 60, None) for n in range(turns)]
+    history, owners = _history(spec, False)
+    label = {"type": "text", "text": "[Attached file: beach.png (image/png, 9000 bytes)]"}
+    history[0] = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": spec[0][0]},
+            label,
+            {"type": "image_url", "image_url": {"url": DATA}},
+        ],
+    }
+    files: list[dict[int, Any]] = [{} for _ in history]
+    files[0] = {2: PHOTO}
+    return history, owners, files
+
+
+def test_an_old_image_goes_first_as_a_placeholder_naming_the_file() -> None:
+    history, owners, files = _with_photo(4)
+    before = copy.deepcopy(history)
+    whole = plan(history, owners, budget=10**6, policy=Policy("auto", 2, 0), files=files)
+    assert whole.messages == history and whole.elided_file_ids == ()
+    # The image alone is what does not fit: it goes, and nothing else does.
+    budget = whole.tokens - tokens.ATTACHMENT_TOKENS + 50
+    view = plan(history, owners, budget=budget, policy=Policy("auto", 2, 0), files=files)
+    assert history == before
+    assert view.fits and view.fold == () and view.summary is None
+    assert (view.elided_file_ids, view.elided_tool_call_ids) == (("file_photo",), ())
+    first = view.messages[0]["content"]
+    assert [part["type"] for part in first] == ["text", "text", "text"]
+    placeholder = first[2]["text"]
+    assert placeholder.startswith("[Parley elided the attached file beach.png")
+    assert "image/png" in placeholder and "file_photo" in placeholder
+    assert DATA not in json.dumps(view.messages)
+    assert view.messages[1:] == history[1:]
+    assert validate_history(view.messages) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=_turns, budget=st.integers(300, 12_000), keep=st.integers(1, 5), photos=st.integers(1, 3))
+def test_views_of_a_history_with_images_are_valid_and_name_every_image_they_leave_out(
+    spec: list[Spec], budget: int, keep: int, photos: int
+) -> None:
+    history, owners = _history(spec, True)
+    files: list[dict[int, Any]] = [{} for _ in history]
+    users = [i for i, m in enumerate(history) if m["role"] == "user"]
+    for n, index in enumerate(users[::photos]):
+        parts: list[Message] = [{"type": "text", "text": history[index]["content"]}]
+        parts += [{"type": "text", "text": "[Attached file: p.png]"}, {"type": "image_url", "image_url": {}}]
+        history[index] = {"role": "user", "content": parts}
+        files[index] = {2: {"file_id": f"f_{n}", "name": "p.png", "media_type": "image/png"}}
+    before = copy.deepcopy(history)
+    view = plan(history, owners, budget=budget, policy=Policy("auto", keep, 0), may_fold=False, files=files)
+    assert history == before
+    _check(view, history, budget, 1.0, 0)
+    sent = json.dumps(view.messages)
+    for file_id in (f["file_id"] for named in files for f in named.values()):
+        assert (f"file {file_id})" in sent) == (file_id in view.elided_file_ids)
+    assert sent.count('"type": "image_url"') == sum(map(len, files)) - len(view.elided_file_ids)
+
+
+def test_the_running_turns_image_is_sent_and_older_turns_fold_instead() -> None:
+    history, owners, files = _with_photo(6)
+    # The photo moves to the running turn (the last, its answer not written yet).
+    history[0], history[-2] = history[-2], history[0]
+    files[0], files[-2] = files[-2], files[0]
+    history.pop()
+    files.pop()
+    whole = plan(history, owners, budget=10**6, policy=Policy("auto", 2, 0), files=files)
+    view = plan(history, owners, budget=whole.tokens - 300, policy=Policy("auto", 2, 0), files=files)
+    assert view.fold and view.elided_file_ids == ()
+    assert DATA in json.dumps(view.messages)
+
+
 def _row(turn: str, role: str, content: str) -> ChatMessageRow:
     n = next(_rows)
     return ChatMessageRow(

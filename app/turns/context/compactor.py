@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +79,7 @@ class ContextCompacted:
     summary: Summary | None
     written: bool
     elided_tool_call_ids: tuple[str, ...]
+    elided_file_ids: tuple[str, ...] = ()
     # When written: the summary it extends, and the model that wrote it.
     previous_summary_id: str | None = None
     summary_model: str = ""
@@ -120,17 +121,21 @@ class Compactor:
         *,
         summary: Summary | None = None,
         scale: float | None = None,
+        files: Sequence[Mapping[int, Mapping[str, Any]]] = (),
     ) -> None:
+        """`turns` and `files` are aligned with the turn's messages as `plan` takes them."""
         self.policy = policy
         self.window = window
         self.turns = list(turns)
+        self.files = list(files)
         self.summariser = summariser
         self.summary = summary
         self.scale = scale if scale is not None else FIRST_SCALE
         self._overhead = 0
-        self._announced: tuple[str | None, tuple[str, ...]] | None = None
+        self._announced: tuple[str | None, tuple[str, ...], tuple[str, ...]] | None = None
         # The raw estimate of the last view sent: a reported prompt count calibrates the scale by it.
         self.sent_estimate: int | None = None
+        self._sent_attachments = False
 
     @property
     def budget(self) -> int | None:
@@ -160,8 +165,15 @@ class Compactor:
             chosen = self._plan(messages, policy, budget, may_fold=False)
         full = self._plan(messages, Policy("off"), None, may_fold=False)
         self.sent_estimate = tokens.prompt_tokens(chosen.messages) + self._overhead
-        state = (chosen.summary.id if chosen.summary else None, chosen.elided_tool_call_ids)
-        compacted = chosen.summary is not None or bool(chosen.elided_tool_call_ids)
+        # Providers count an image by its pixels and a document by its pages, which the estimate does not
+        # know: a prompt that sends one calibrates nothing (else the text's scale would follow its error).
+        self._sent_attachments = _attaches(chosen.messages)
+        state = (
+            chosen.summary.id if chosen.summary else None,
+            chosen.elided_tool_call_ids,
+            chosen.elided_file_ids,
+        )
+        compacted = any(state)
         if (compacted or self._announced is not None) and state != self._announced:
             self._announced = state
             yield ContextCompacted(
@@ -170,6 +182,7 @@ class Compactor:
                 summary=chosen.summary,
                 written=written,
                 elided_tool_call_ids=chosen.elided_tool_call_ids,
+                elided_file_ids=chosen.elided_file_ids,
                 previous_summary_id=previous if written else None,
                 summary_model=self.summariser.model.name,
             )
@@ -178,7 +191,7 @@ class Compactor:
     def calibrate(self, reported_prompt_tokens: int) -> float | None:
         """The provider's count of what was sent over the estimate of it: later views plan with it. The
         new scale when it moved by more than RECALIBRATE (the session keeps it), else None."""
-        if not self.sent_estimate or reported_prompt_tokens <= 0:
+        if not self.sent_estimate or reported_prompt_tokens <= 0 or self._sent_attachments:
             return None
         scale = min(4.0, max(0.5, reported_prompt_tokens / self.sent_estimate))
         if abs(scale - self.scale) <= RECALIBRATE * self.scale:
@@ -198,6 +211,7 @@ class Compactor:
             scale=self.scale,
             overhead=self._overhead,
             may_fold=may_fold,
+            files=self.files,
         )
 
     async def _summarise(self, messages: list[dict[str, Any]], fold: Sequence[Block]) -> Summary:
@@ -220,6 +234,16 @@ class Compactor:
         (SUMMARY_ROOM), in characters, with room for a count above the estimate."""
         window = self.summariser.model.context_window or self.window or 8192
         return max(1000, int((window - SUMMARY_ROOM) * tokens.CHARS_PER_TOKEN / 1.5))
+
+
+def _attaches(messages: list[dict[str, Any]]) -> bool:
+    return any(
+        tokens.part_tokens(part)
+        for message in messages
+        if message.get("role") == "user" and isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict)
+    )
 
 
 def _line(message: dict[str, Any], limit: int) -> str:

@@ -6,7 +6,8 @@ the agent did until the next turn's user message; a steer taken mid-turn stays i
 an assistant message is never separated from its tool calls and their results. Cheapest first:
 
 1. a summary already written applies: the blocks it covers are replaced by it (in the system message);
-2. old, bulky tool results are replaced by a placeholder that keeps the call id;
+2. old, bulky tool results are replaced by a placeholder that keeps the call id, and old attached images
+   and documents by a placeholder that names the file;
 3. the oldest whole blocks are folded into the summary: the plan names them, the caller has them
    summarised and plans again with the new summary;
 4. the last `keep_turns` blocks are never folded. Their tool results are sent verbatim, except when the
@@ -21,8 +22,8 @@ prompt over the estimate of the same prompt (1.0 without one).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from app.llm import tokens
@@ -83,6 +84,7 @@ class View:
     fits: bool
     summary: Summary | None = None
     elided_tool_call_ids: tuple[str, ...] = ()
+    elided_file_ids: tuple[str, ...] = ()
     # Blocks to fold into a new summary before this call; empty when the view is final.
     fold: tuple[Block, ...] = ()
 
@@ -100,7 +102,12 @@ class _Prompt:
     sizes: list[int]
     scale: float
     overhead: int
+    # Each message's attached images and documents, by their index in its content (aligned with body).
+    files: Sequence[Mapping[int, Mapping[str, Any]]] = ()
     elided: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # What the elisions left out: a tool result's call id, or an attachment's file ids, by message.
+    calls: dict[int, str] = field(default_factory=dict)
+    file_ids: dict[int, list[str]] = field(default_factory=dict)
 
     def tokens(self, start: int, summary: Summary | None) -> int:
         system = _system(self.system, summary)
@@ -109,11 +116,30 @@ class _Prompt:
             raw += tokens.prompt_tokens([system]) - tokens.PROMPT_OVERHEAD
         return _scaled(raw, self.scale)
 
-    def elide(self, index: int, name: str) -> None:
-        message = self.body[index]
-        placeholder = dict(message, content=elision(name, str(message.get("tool_call_id")), message))
+    def elide(self, index: int, part: int | None) -> None:
+        """Leaves out a tool result (`part` None) or one attachment of a message (its content's `part`)."""
+        message = self.elided.get(index, self.body[index])
+        if part is None:
+            call_id = str(message.get("tool_call_id"))
+            placeholder = dict(message, content=elision(_call_name(self.body, index), call_id, message))
+            self.calls[index] = call_id
+        else:
+            file = self.files[index][part]
+            content = list(message["content"])
+            content[part] = {"type": "text", "text": file_elision(file)}
+            placeholder = dict(message, content=content)
+            self.file_ids.setdefault(index, []).append(str(file.get("file_id")))
         self.elided[index] = placeholder
         self.sizes[index] = _size(placeholder)
+
+    def attachments(self, index: int) -> list[int]:
+        """The parts of a message that are attachments still sent."""
+        if index >= len(self.files) or not self.files[index]:
+            return []
+        content = self.elided.get(index, self.body[index]).get("content")
+        if not isinstance(content, list):
+            return []
+        return [p for p in sorted(self.files[index]) if p < len(content) and content[p].get("type") != "text"]
 
     def messages(self, start: int, summary: Summary | None) -> list[dict[str, Any]]:
         system = _system(self.system, summary)
@@ -121,7 +147,10 @@ class _Prompt:
         return head + [self.elided.get(i, self.body[i]) for i in range(start, len(self.body))]
 
     def elided_ids(self, start: int) -> tuple[str, ...]:
-        return tuple(str(self.body[i].get("tool_call_id")) for i in sorted(self.elided) if i >= start)
+        return tuple(self.calls[i] for i in sorted(self.calls) if i >= start)
+
+    def elided_files(self, start: int) -> tuple[str, ...]:
+        return tuple(f for i in sorted(self.file_ids) if i >= start for f in self.file_ids[i])
 
 
 def blocks(body: Sequence[dict[str, Any]], turns: Sequence[tuple[str, ...]]) -> list[Block]:
@@ -150,16 +179,19 @@ def plan(
     scale: float = 1.0,
     overhead: int = 0,
     may_fold: bool = True,
+    files: Sequence[Mapping[int, Mapping[str, Any]]] = (),
 ) -> View:
     """The view to send. `turns` names each message's turns (aligned with `messages`; messages past its
     end belong to the running turn, whose id is not needed: it is always kept). `budget`: the window
     minus the reserve (None: unknown, everything is sent). With `may_fold` false, no new summary is asked
-    for: whatever does not fit is elided, down to the last resort."""
+    for: whatever does not fit is elided, down to the last resort. `files` names each message's attached
+    images and documents by their index in its content (turns.attachments; aligned as `turns` is)."""
     has_system = bool(messages) and messages[0].get("role") == "system"
     system = dict(messages[0]) if has_system else None
     body = list(messages[1:] if has_system else messages)
     body_turns = list(turns[1:] if has_system else turns)
-    prompt = _Prompt(system, body, [_size(m) for m in body], scale, overhead)
+    body_files = files[1:] if has_system else files
+    prompt = _Prompt(system, body, [_size(m) for m in body], scale, overhead, body_files)
     if policy.strategy == "off" or budget is None:
         return View(list(messages), prompt.tokens(0, None), True)
     cut = blocks(body, body_turns)
@@ -189,12 +221,13 @@ def plan(
 
 
 def _elide_until(prompt: _Prompt, where: list[Block], threshold: int, done: Callable[[], bool]) -> bool:
-    """Elides the results past `threshold` of `where`, oldest first, until `done`; whether it is."""
+    """Elides the results and attachments past `threshold` of `where`, oldest first, until `done`; whether
+    it is."""
     for block in where:
-        for index in _bulky(prompt, block, threshold):
+        for index, part in _bulky(prompt, block, threshold):
             if done():
                 return True
-            prompt.elide(index, _call_name(prompt.body, index))
+            prompt.elide(index, part)
     return done()
 
 
@@ -226,21 +259,34 @@ def _fold(prompt: _Prompt, start: int, summary: Summary | None, foldable: list[B
         rest -= _scaled(sum(prompt.sizes[block.start : block.end]), prompt.scale)
         if rest + room <= target:
             break
-    view = _view(prompt, start, summary, budget)
-    return View(view.messages, view.tokens, False, summary, view.elided_tool_call_ids, tuple(fold))
+    return replace(_view(prompt, start, summary, budget), fits=False, fold=tuple(fold))
 
 
 def _view(prompt: _Prompt, start: int, summary: Summary | None, budget: int) -> View:
     used = prompt.tokens(start, summary)
-    return View(prompt.messages(start, summary), used, used <= budget, summary, prompt.elided_ids(start))
+    return View(
+        prompt.messages(start, summary),
+        used,
+        used <= budget,
+        summary,
+        prompt.elided_ids(start),
+        prompt.elided_files(start),
+    )
 
 
-def _bulky(prompt: _Prompt, block: Block, threshold: int) -> list[int]:
-    return [
-        i
-        for i in range(block.start, block.end)
-        if prompt.body[i].get("role") == "tool" and i not in prompt.elided and prompt.sizes[i] > threshold
-    ]
+def _bulky(prompt: _Prompt, block: Block, threshold: int) -> list[tuple[int, int | None]]:
+    """A block's tool results and attachments past `threshold`, in history order: (message, None) for a
+    result, (message, part) for an attachment."""
+    found: list[tuple[int, int | None]] = []
+    for i in range(block.start, block.end):
+        role = prompt.body[i].get("role")
+        if role == "tool":
+            if i not in prompt.calls and prompt.sizes[i] > threshold:
+                found.append((i, None))
+        elif role == "user" and i < len(prompt.files) and prompt.files[i]:
+            content = prompt.elided.get(i, prompt.body[i])["content"]
+            found.extend((i, p) for p in prompt.attachments(i) if tokens.part_tokens(content[p]) > threshold)
+    return found
 
 
 def _call_name(body: Sequence[dict[str, Any]], index: int) -> str:
@@ -258,6 +304,14 @@ def elision(name: str, call_id: str, message: dict[str, Any]) -> str:
     return (
         f"[Parley elided this result of {name} (call {call_id}, {size} characters) to fit the context "
         "window; it is kept in the session's history.]"
+    )
+
+
+def file_elision(file: Mapping[str, Any]) -> str:
+    """The placeholder of an elided attachment: which file it was, and that the history still has it."""
+    return (
+        f"[Parley elided the attached file {file.get('name')} ({file.get('media_type')}, file "
+        f"{file.get('file_id')}) to fit the context window; it is kept in the session's history.]"
     )
 
 

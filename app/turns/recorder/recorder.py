@@ -340,6 +340,7 @@ class TurnRecorder:
                 summary_id=summary.id if summary is not None else None,
                 summarized_turn_ids=summarized,
                 elided_tool_call_ids=list(event.elided_tool_call_ids),
+                elided_file_ids=list(event.elided_file_ids),
                 tokens_before=event.tokens_before,
                 tokens_after=event.tokens_after,
                 created_at=at,
@@ -352,6 +353,7 @@ class TurnRecorder:
                 tokens_after=event.tokens_after,
                 summarized_turn_ids=summarized,
                 elided_tool_call_ids=list(event.elided_tool_call_ids),
+                elided_file_ids=list(event.elided_file_ids),
                 summary_id=summary.id if summary is not None else None,
                 summary_written=event.written,
             )

@@ -94,6 +94,7 @@ describe("context_compacted", () => {
       tokens_after: 2000,
       summarized_turn_ids: ["t_0"],
       elided_tool_call_ids: ["call_1"],
+      elided_file_ids: ["file_1"],
       summary_id: "cs_1",
       summary_written: true,
     } as ParleyEvent;
@@ -104,6 +105,7 @@ describe("context_compacted", () => {
       tokens_after: 2000,
       summarized_turn_ids: ["t_0"],
       elided_tool_call_ids: ["call_1"],
+      elided_file_ids: ["file_1"],
       summary_id: "cs_1",
       summary_written: true,
     });
