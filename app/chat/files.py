@@ -11,7 +11,7 @@ import hashlib
 import re
 import tempfile
 import warnings
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -27,6 +27,7 @@ from app.protocol.files import Attachment, AttachmentRef, DataUrlAttachment, Fil
 from app.protocol.ids import new_file_id
 from app.settings import Settings
 from app.storage import files as store
+from app.storage.blobs import Blobs
 from app.storage.engine import Database
 from app.storage.tables import FileRow
 
@@ -269,10 +270,11 @@ class Checked:
 
 
 class Files:
-    def __init__(self, settings: Settings, database: Database, models: ModelGateway) -> None:
+    def __init__(self, settings: Settings, database: Database, models: ModelGateway, blobs: Blobs) -> None:
         self._settings = settings
         self._database = database
         self._models = models
+        self._blobs = blobs
 
     # --- uploads -------------------------------------------------------------------------------------
 
@@ -357,12 +359,13 @@ class Files:
     async def _store(self, principal: str, checked: Checked) -> FileRow:
         received = checked.received
         sha256 = received.sha256
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             found = await store.file_by_content(db, principal, sha256)
-            if found is not None:
-                return found
-            if not await store.has_blob(db, sha256):
-                await store.insert_chunks(db, sha256, self._parts(received.spool))
+        if found is not None:
+            return found
+        # The bytes first, then the row that names them: a row never names bytes that are not stored.
+        await self._blobs.put(sha256, received.size, received.spool)
+        async with self._database.session() as db:
             while True:
                 row = FileRow(
                     id=new_file_id(),
@@ -382,12 +385,6 @@ class Files:
                 break
             await db.commit()
         return stored
-
-    def _parts(self, spool: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-        part = 0
-        while data := spool.read(self._settings.files_chunk_bytes):
-            yield part, data
-            part += 1
 
     # --- reading and deleting ------------------------------------------------------------------------
 
@@ -415,21 +412,9 @@ class Files:
         return FilePage(files=[to_out(r) for r in rows], next_cursor=rows[-1].id if more and rows else None)
 
     async def content(self, principal: str, file_id: str) -> tuple[FileOut, AsyncIterator[bytes]]:
-        """The file and its bytes, read a part at a time, each in its own short read (none is held while
-        the client takes the previous part)."""
+        """The file and its bytes, read from the blob store a part at a time as they are sent."""
         row = await self._owned(principal, file_id)
-
-        async def parts() -> AsyncIterator[bytes]:
-            part = 0
-            while True:
-                async with self._database.read() as db:
-                    data = await store.read_part(db, row.sha256, part)
-                if data is None:
-                    return
-                yield data
-                part += 1
-
-        return to_out(row), parts()
+        return to_out(row), self._blobs.read(row.sha256)
 
     async def delete(self, principal: str, file_id: str) -> None:
         async with self._database.session() as db:
@@ -441,8 +426,9 @@ class Files:
                     f"File {file_id!r} is attached to a message; it goes when its session is deleted.",
                     details={"file_id": file_id},
                 )
-            await store.delete_files(db, [row])
+            freed = await store.delete_files(db, [row])
             await db.commit()
+        await self._blobs.forget(freed)
 
     # --- attachments ---------------------------------------------------------------------------------
 
@@ -536,5 +522,6 @@ class Files:
         if not file_ids:
             return
         async with self._database.session() as db:
-            await store.delete_unlinked(db, file_ids)
+            freed = await store.delete_unlinked(db, file_ids)
             await db.commit()
+        await self._blobs.forget(freed)

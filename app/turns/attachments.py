@@ -3,7 +3,8 @@ an image as an `image_url` part with a data URL, a PDF as a `file` part with its
 text with its name; each after a line that names the file. The Anthropic reader turns them into its own
 image and document blocks (llm.anthropic), LiteLLM into its providers'.
 
-Read at a turn's start, in one short read, before the model is called.
+Read at a turn's start, before the model is called: the rows in one short read, then each file's bytes
+from the blob store (app.storage.blobs).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.storage import files
+from app.storage.blobs import Blobs
 from app.storage.engine import Database
 from app.turns.prompt import FILE_PART
 
@@ -25,7 +27,9 @@ def label(file: dict[str, Any]) -> str:
     return f"[Attached file: {file['name']} ({size})]"
 
 
-async def with_files(database: Database, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def with_files(
+    database: Database, blobs: Blobs, messages: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """`messages` with every FILE_PART replaced by the file's parts (the list is changed in place)."""
     wanted = {
         part["file"]["file_id"]: part["file"]
@@ -36,7 +40,7 @@ async def with_files(database: Database, messages: list[dict[str, Any]]) -> list
     }
     if not wanted:
         return messages
-    loaded = await _load(database, list(wanted))
+    loaded = await _load(database, blobs, list(wanted))
     for message in messages:
         if message["role"] == "user" and isinstance(message["content"], list):
             message["content"] = [
@@ -51,19 +55,14 @@ async def with_files(database: Database, messages: list[dict[str, Any]]) -> list
     return messages
 
 
-async def _load(database: Database, file_ids: Sequence[str]) -> dict[str, bytes]:
-    found: dict[str, bytes] = {}
+async def _load(database: Database, blobs: Blobs, file_ids: Sequence[str]) -> dict[str, bytes]:
     async with database.read() as db:
-        for file_id in file_ids:
-            row = await files.any_file(db, file_id)
-            if row is None:
-                continue
-            chunks: list[bytes] = []
-            part = 0
-            while (data := await files.read_part(db, row.sha256, part)) is not None:
-                chunks.append(data)
-                part += 1
-            found[file_id] = b"".join(chunks)
+        rows = [row for file_id in file_ids if (row := await files.any_file(db, file_id)) is not None]
+    found: dict[str, bytes] = {}
+    for row in rows:
+        chunks = [data async for data in blobs.read(row.sha256)]
+        if chunks or row.size == 0:
+            found[row.id] = b"".join(chunks)
     return found
 
 

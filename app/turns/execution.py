@@ -15,6 +15,7 @@ from app.llm.gateway import ModelGateway
 from app.llm.types import ModelAdapter, ResolvedModel
 from app.settings import Settings
 from app.storage import compaction, repository
+from app.storage.blobs import Blobs
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, ContextSummaryRow
 from app.tools.registry import ToolRegistry
@@ -35,10 +36,16 @@ class AgentFactory:
     """Builds a turn's agent: the session's history as the model's prompt, its model and its tools."""
 
     def __init__(
-        self, settings: Settings, database: Database, models: ModelGateway, tools: ToolRegistry
+        self,
+        settings: Settings,
+        database: Database,
+        models: ModelGateway,
+        tools: ToolRegistry,
+        blobs: Blobs,
     ) -> None:
         self._settings = settings
         self._database = database
+        self._blobs = blobs
         self._models = models
         self._tools = tools
 
@@ -65,7 +72,7 @@ class AgentFactory:
                 rows = await repository.list_messages(db, session.id, through_turn=turn_id)
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
         turns: list[tuple[str, ...]] = []
-        messages = await with_files(self._database, rebuild(rows, session.system_prompt, turns))
+        messages = await with_files(self._database, self._blobs, rebuild(rows, session.system_prompt, turns))
         if plan is not None:
             # The round's results enter the history when it ends, in call order.
             while messages and messages[-1]["role"] == "tool":
