@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = load_settings()
     if settings is None:
         return EXIT_CONFIG
-    problem = settings.replica_problem()
+    problem = settings.replica_problem() or files_store_problem(settings)
     if problem is not None:
         print(f"parley: {problem}", file=sys.stderr)
         return EXIT_CONFIG
@@ -149,6 +149,21 @@ def migrate_data(argv: Sequence[str]) -> int:
         return 1
     print("identical: every row of every table is the same in both databases")
     return 0
+
+
+def files_store_problem(settings: Settings) -> str | None:
+    """Why PARLEY_FILES_URL's object store cannot be used as configured (its AWS variables); None if it can
+    or the files stay in the database."""
+    if not settings.files_url:
+        return None
+    # Imported here: a service that keeps its files in the database never loads the object store.
+    from app.storage.object_store import S3Location
+
+    try:
+        S3Location.from_env(settings.files_url)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def check_access(settings: Settings, host: str) -> int | None:
