@@ -9,7 +9,10 @@ it, and forgotten after the last row that named it went (`forget` checks that no
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
 from typing import IO, Protocol
 
 from sqlalchemy import delete, exists
@@ -23,6 +26,8 @@ from app.storage.tables import FileChunkRow, FileRow
 
 class Blobs(Protocol):
     """Content-addressed bytes: `put` once, `read` a range at a time, `forget` when no file holds them."""
+
+    async def has(self, sha256: str) -> bool: ...
 
     async def put(self, sha256: str, size: int, spool: IO[bytes]) -> None:
         """Stores `size` bytes read from `spool` (at its start) under `sha256`, unless they are there."""
@@ -47,6 +52,10 @@ class DatabaseBlobs:
     def __init__(self, database: Database, chunk_bytes: int) -> None:
         self._database = database
         self._chunk = chunk_bytes
+
+    async def has(self, sha256: str) -> bool:
+        async with self._database.read() as db:
+            return await files.has_blob(db, sha256)
 
     async def put(self, sha256: str, size: int, spool: IO[bytes]) -> None:
         async with self._database.session() as db:
@@ -95,6 +104,39 @@ class DatabaseBlobs:
 
     async def close(self) -> None:
         return None
+
+
+@dataclass
+class BlobCopy:
+    blobs: int = 0
+    copied: int = 0
+    bytes: int = 0
+    missing: list[str] = field(default_factory=list)
+
+
+async def copy_blobs(database: Database, source: Blobs, target: Blobs) -> BlobCopy:
+    """Every blob a file row of `database` holds, from `source` into `target` (`python -m app migrate-files`):
+    one at a time, spooled to disk past 1 MiB and checked against its hash on the way; a blob the target
+    holds already is left as it is, so a copy that stopped is finished by running it again."""
+    async with database.read() as db:
+        held = await files.blob_sizes(db)
+    done = BlobCopy(blobs=len(held))
+    for sha256, size in held:
+        if await target.has(sha256):
+            continue
+        digest = hashlib.sha256()
+        with tempfile.SpooledTemporaryFile(1024 * 1024) as spool:
+            async for data in source.read(sha256):
+                digest.update(data)
+                spool.write(data)
+            if digest.hexdigest() != sha256 or spool.tell() != size:
+                done.missing.append(sha256)
+                continue
+            spool.seek(0)
+            await target.put(sha256, size, spool)
+        done.copied += 1
+        done.bytes += size
+    return done
 
 
 def open_blobs(files_url: str | None, database: Database, chunk_bytes: int) -> Blobs:

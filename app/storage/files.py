@@ -146,3 +146,13 @@ async def session_blobs(db: AsyncSession, session_id: str) -> list[str]:
         .distinct()
     )
     return list((await db.exec(query)).all())
+
+
+async def blob_sizes(db: AsyncSession) -> list[tuple[str, int]]:
+    """Every blob a file row holds, with its size: what a copy of the blobs copies."""
+    query = (
+        select(FileRow.sha256, func.max(FileRow.size))
+        .group_by(col(FileRow.sha256))
+        .order_by(col(FileRow.sha256))
+    )
+    return [(sha256, int(size)) for sha256, size in (await db.exec(query)).all()]
