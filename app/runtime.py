@@ -340,7 +340,7 @@ def _services(
     messages = Messages(settings, database, sessions, turns, broker, idempotency, files)
     message_rate, streams = _limits(settings)
     answers = ToolAnswers(database, sessions, turns)
-    branches = Branches(settings, database, sessions, turns, models, idempotency)
+    branches = Branches(settings, database, sessions, turns, models, idempotency, files)
     return Services(
         settings=settings,
         sessions=sessions,

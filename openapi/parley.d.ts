@@ -1499,6 +1499,11 @@ export interface components {
          */
         EditRequest: {
             /**
+             * Attachments
+             * @description The edited message's files, as a posted message's (docs/files.md): `{file_id}` or `{url}` with a data URL. The original message's files are not carried over: name them again to keep them. More than PARLEY_FILES_MAX_ATTACHMENTS: 413; a file the session's model cannot take: 422 `unsupported_attachment`, before anything is stored.
+             */
+            attachments?: (components["schemas"]["FileAttachment"] | components["schemas"]["DataUrlAttachment"])[] | null;
+            /**
              * Client Message Id
              * @description The sender's own id for the message, echoed on its user_message event and history.
              */
@@ -1698,7 +1703,8 @@ export interface components {
         /**
          * FilePart
          * @description A file the kit attached (`convertFileListToFileUIParts` makes data URLs): taken as an attachment of
-         *     the message, checked and stored as an upload is (docs/files.md).
+         *     the message, checked and stored as an upload is (docs/files.md); or one the history gave back, at
+         *     Parley's content route (an edited message keeps its files so).
          */
         FilePart: {
             /** Filename */
@@ -1712,7 +1718,7 @@ export interface components {
             type: "file";
             /**
              * Url
-             * @description `data:<media type>;base64,<bytes>`.
+             * @description `data:<media type>;base64,<bytes>`, or a file of the caller at `/v1/files/{file_id}/content`.
              */
             url: string;
         } & {

@@ -460,7 +460,7 @@ class Files:
                     raise NotFound(f"No file {ref.file_id!r}.", details={"file_id": ref.file_id})
                 else:
                     kinds.append(owned[ref.file_id].media_type)
-            await self._check_model(model, kinds)
+            await self.check_model(model, kinds)
             attachments: list[Attachment] = []
             created: list[str] = []
             for n, ref in enumerate(refs):
@@ -500,7 +500,8 @@ class Files:
             received.close()
             raise
 
-    async def _check_model(self, model: str, kinds: Sequence[str]) -> None:
+    async def check_model(self, model: str, kinds: Sequence[str]) -> None:
+        """422 `unsupported_attachment` when `model` cannot take files of these media types."""
         images = sorted({k for k in kinds if k.startswith("image/")})
         documents = sorted({k for k in kinds if k == "application/pdf"})
         if not images and not documents:
