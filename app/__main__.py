@@ -209,8 +209,13 @@ def migrate_files(argv: Sequence[str]) -> int:
 
 
 def files_store_problem(settings: Settings) -> str | None:
-    """Why PARLEY_FILES_URL's object store cannot be used as configured (its AWS variables); None if it can
-    or the files stay in the database."""
+    """Why the files' settings cannot be used: PARLEY_FILES_URL's object store as configured (its AWS
+    variables), PARLEY_FILES_PDF_TEXT without pypdf; None if they can."""
+    if settings.files_pdf_text:
+        from app.turns.pdf_text import available
+
+        if not available():
+            return "PARLEY_FILES_PDF_TEXT needs the pypdf package: pip install pypdf (or unset it)"
     if not settings.files_url:
         return None
     # Imported here: a service that keeps its files in the database never loads the object store.

@@ -204,6 +204,11 @@ class Settings(BaseSettings):
         "variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL). Unset: in the "
         "database.",
     )
+    files_pdf_text: bool = Field(
+        False,
+        description="A PDF attached for a model that does not read documents is sent as its text (extracted "
+        "with pypdf, at most max_message_chars characters) instead of being refused with 422.",
+    )
     files_chunk_bytes: int = Field(
         262_144,
         ge=4096,

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.util import find_spec
 from pathlib import Path
 
 import httpx
@@ -151,6 +152,16 @@ def test_an_object_store_without_its_aws_keys_is_one_line_before_anything_listen
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         "parley: PARLEY_FILES_URL names an S3 bucket: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    ]
+
+
+def test_pdf_text_without_pypdf_is_one_line_before_anything_listens(database_url: str) -> None:
+    if find_spec("pypdf") is not None:
+        pytest.skip("pypdf is installed: PARLEY_FILES_PDF_TEXT can be used")
+    done = _run_on_a_taken_port(_env(database_url, PARLEY_FILES_PDF_TEXT="true"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "parley: PARLEY_FILES_PDF_TEXT needs the pypdf package: pip install pypdf (or unset it)"
     ]
 
 

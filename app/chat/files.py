@@ -512,7 +512,7 @@ class Files:
                 f"The session's model {model!r} does not take images ({', '.join(images)}).",
                 details={"model": model, "media_types": images},
             )
-        if documents and not takes_documents:
+        if documents and not takes_documents and not self._settings.files_pdf_text:
             raise UnsupportedAttachment(
                 f"The session's model {model!r} does not take PDF documents.",
                 details={"model": model, "media_types": documents},

@@ -1,7 +1,8 @@
 """A prompt's attached files in the form models take (docs/files.md, To the model), OpenAI's content parts:
-an image as an `image_url` part with a data URL, a PDF as a `file` part with its data, a text-like file as
-text with its name; each after a line that names the file. The Anthropic reader turns them into its own
-image and document blocks (llm.anthropic), LiteLLM into its providers'.
+an image as an `image_url` part with a data URL, a PDF as a `file` part with its data (or as its text, for
+a model that does not read documents, with PARLEY_FILES_PDF_TEXT), a text-like file as text with its name;
+each after a line that names the file. The Anthropic reader turns them into its own image and document
+blocks (llm.anthropic), LiteLLM into its providers'.
 
 Read at a turn's start, before the model is called: the rows in one short read, then each file's bytes
 from the blob store (app.storage.blobs).
@@ -16,6 +17,7 @@ from typing import Any
 from app.storage import files
 from app.storage.blobs import Blobs
 from app.storage.engine import Database
+from app.turns.pdf_text import pdf_text
 from app.turns.prompt import FILE_PART
 
 
@@ -28,9 +30,11 @@ def label(file: dict[str, Any]) -> str:
 
 
 async def with_files(
-    database: Database, blobs: Blobs, messages: list[dict[str, Any]]
+    database: Database, blobs: Blobs, messages: list[dict[str, Any]], *, pdf_text_limit: int | None = None
 ) -> list[dict[str, Any]]:
-    """`messages` with every FILE_PART replaced by the file's parts (the list is changed in place)."""
+    """`messages` with every FILE_PART replaced by the file's parts (the list is changed in place).
+    `pdf_text_limit`: a PDF goes as its text, at most that many characters (a model that does not read
+    documents, with PARLEY_FILES_PDF_TEXT); None: as a file part."""
     wanted = {
         part["file"]["file_id"]: part["file"]
         for message in messages
@@ -47,7 +51,7 @@ async def with_files(
                 converted
                 for part in message["content"]
                 for converted in (
-                    _parts(part["file"], loaded.get(part["file"]["file_id"]))
+                    _parts(part["file"], loaded.get(part["file"]["file_id"]), pdf_text_limit)
                     if part.get("type") == FILE_PART
                     else [part]
                 )
@@ -66,13 +70,18 @@ async def _load(database: Database, blobs: Blobs, file_ids: Sequence[str]) -> di
     return found
 
 
-def _parts(file: dict[str, Any], data: bytes | None) -> list[dict[str, Any]]:
+def _parts(file: dict[str, Any], data: bytes | None, pdf_text_limit: int | None) -> list[dict[str, Any]]:
     media_type = str(file["media_type"])
     if data is None:  # cannot happen while a message links it; said plainly rather than failing the turn
         return [{"type": "text", "text": f"{label(file)} [its content is no longer stored]"}]
     if media_type.startswith("text/") or media_type == "application/json":
         text = data.decode("utf-8", "replace")
         return [{"type": "text", "text": f"{label(file)}\n{text}"}]
+    if media_type == "application/pdf" and pdf_text_limit is not None:
+        extracted = pdf_text(data, pdf_text_limit)
+        if extracted is None:
+            return [{"type": "text", "text": f"{label(file)} [its text could not be read]"}]
+        return [{"type": "text", "text": f"{label(file)} [its text, extracted]\n{extracted}"}]
     url = f"data:{media_type};base64,{base64.b64encode(data).decode()}"
     if media_type.startswith("image/"):
         return [{"type": "text", "text": label(file)}, {"type": "image_url", "image_url": {"url": url}}]

@@ -72,7 +72,12 @@ class AgentFactory:
                 rows = await repository.list_messages(db, session.id, through_turn=turn_id)
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
         turns: list[tuple[str, ...]] = []
-        messages = await with_files(self._database, self._blobs, rebuild(rows, session.system_prompt, turns))
+        pdf_text_limit = None
+        if self._settings.files_pdf_text and not (await self._models.takes_files(session.model))[1]:
+            # A model that does not read documents is sent a PDF's text (docs/files.md, To the model).
+            pdf_text_limit = self._settings.max_message_chars
+        prompt = rebuild(rows, session.system_prompt, turns)
+        messages = await with_files(self._database, self._blobs, prompt, pdf_text_limit=pdf_text_limit)
         if plan is not None:
             # The round's results enter the history when it ends, in call order.
             while messages and messages[-1]["role"] == "tool":
