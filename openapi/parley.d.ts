@@ -186,7 +186,7 @@ export interface paths {
         };
         /**
          * Get File Content
-         * @description A file's bytes, read from storage a part at a time as they are sent.
+         * @description A file's bytes, or the range asked for, read from storage a part at a time as they are sent.
          */
         get: operations["get_file_content_v1_files__file_id__content_get"];
         put?: never;
@@ -4434,7 +4434,10 @@ export interface operations {
     get_file_content_v1_files__file_id__content_get: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description `bytes=first-last`, `bytes=first-` or `bytes=-suffix`: part of the file (206). */
+                range?: string;
+            };
             path: {
                 file_id: string;
             };
@@ -4445,8 +4448,32 @@ export interface operations {
             /** @description The bytes, streamed, with the file's media type; never rendered as another type (`X-Content-Type-Options: nosniff`), and a download unless an image. */
             200: {
                 headers: {
+                    "Accept-Ranges"?: "bytes";
                     /** @description `inline` (images) or `attachment`, with `filename*` (RFC 5987). */
                     "Content-Disposition"?: string;
+                    "X-Content-Type-Options"?: "nosniff";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": string;
+                    "application/pdf": string;
+                    "image/gif": string;
+                    "image/jpeg": string;
+                    "image/png": string;
+                    "image/webp": string;
+                    "text/csv": string;
+                    "text/markdown": string;
+                    "text/plain": string;
+                };
+            };
+            /** @description The range `Range: bytes=first-last` (or `first-`, or `-suffix`) asked for: those bytes only. Several ranges, or another unit, are answered with the whole file (200). */
+            206: {
+                headers: {
+                    "Accept-Ranges"?: "bytes";
+                    /** @description `inline` (images) or `attachment`, with `filename*` (RFC 5987). */
+                    "Content-Disposition"?: string;
+                    /** @description `bytes first-last/size`. */
+                    "Content-Range"?: string;
                     "X-Content-Type-Options"?: "nosniff";
                     [name: string]: unknown;
                 };
@@ -4494,6 +4521,17 @@ export interface operations {
             /** @description Not found */
             404: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Range not satisfiable: it starts past the file's end (`Content-Range: bytes *\/<size>`) */
+            416: {
+                headers: {
+                    /** @description `bytes *\/<size>`: the file's size. */
+                    "Content-Range"?: string;
                     [name: string]: unknown;
                 };
                 content: {

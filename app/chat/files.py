@@ -19,7 +19,13 @@ from PIL import Image, UnidentifiedImageError
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from app.chat.errors import FileInUse, InvalidCursor, UnsupportedAttachment, UnsupportedMediaType
+from app.chat.errors import (
+    FileInUse,
+    InvalidCursor,
+    RangeNotSatisfiable,
+    UnsupportedAttachment,
+    UnsupportedMediaType,
+)
 from app.errors import InvalidRequest, NotFound, PayloadTooLarge
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
@@ -84,6 +90,37 @@ def sniff(head: bytes, name: str, declared: str | None, *, text: bool) -> str | 
         return by_name
     declared = (declared or "").split(";", 1)[0].strip().lower()
     return declared if declared in _TEXT_TYPES else None
+
+
+_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The one range of `Range: bytes=first-last`, `bytes=first-` or `bytes=-suffix` (RFC 9110 §14.1.2) as
+    (first, last) within `size`; None for no header, or one this server answers with the whole file (several
+    ranges, another unit, a malformed one: a server may ignore a Range). A range that starts past the end,
+    or an empty suffix, is 416."""
+    found = _RANGE.match(header or "")
+    if found is None or (not found[1] and not found[2]):
+        return None
+    if not found[1]:  # the last `suffix` bytes
+        suffix = int(found[2])
+        if suffix == 0 or size == 0:
+            raise _unsatisfiable(header or "", size)
+        return max(0, size - suffix), size - 1
+    first = int(found[1])
+    last = int(found[2]) if found[2] else max(first, size - 1)
+    if last < first:  # malformed (a server ignores it)
+        return None
+    if first >= size:
+        raise _unsatisfiable(header or "", size)
+    return first, min(last, size - 1)
+
+
+def _unsatisfiable(header: str, size: int) -> RangeNotSatisfiable:
+    return RangeNotSatisfiable(
+        f"The range {header.strip()!r} starts past the file's end ({size} bytes).", details={"size": size}
+    )
 
 
 def clean_name(name: str | None, media_type: str | None = None) -> str:
@@ -411,10 +448,17 @@ class Files:
         rows = rows[:limit]
         return FilePage(files=[to_out(r) for r in rows], next_cursor=rows[-1].id if more and rows else None)
 
-    async def content(self, principal: str, file_id: str) -> tuple[FileOut, AsyncIterator[bytes]]:
-        """The file and its bytes, read from the blob store a part at a time as they are sent."""
+    async def content(
+        self, principal: str, file_id: str, range_header: str | None = None
+    ) -> tuple[FileOut, tuple[int, int] | None, AsyncIterator[bytes]]:
+        """The file, the span of it asked for (`Range: bytes=...`; None: all of it) as (first, last) byte,
+        and those bytes, read from the blob store a part at a time as they are sent."""
         row = await self._owned(principal, file_id)
-        return to_out(row), self._blobs.read(row.sha256)
+        span = byte_range(range_header, row.size)
+        if span is None:
+            return to_out(row), None, self._blobs.read(row.sha256)
+        first, last = span
+        return to_out(row), span, self._blobs.read(row.sha256, first, last + 1)
 
     async def delete(self, principal: str, file_id: str) -> None:
         async with self._database.session() as db:
