@@ -400,7 +400,7 @@ class Files:
             found = await store.file_by_content(db, principal, sha256)
         if found is not None:
             return found
-        # The bytes first, then the row that names them: a row never names bytes that are not stored.
+        # The bytes first, then the row that names them, then a check that they are still there.
         await self._blobs.put(sha256, received.size, received.spool)
         async with self._database.session() as db:
             while True:
@@ -421,6 +421,12 @@ class Files:
                     continue
                 break
             await db.commit()
+        # A deletion that found no row holding these bytes may have forgotten them between the put and
+        # this commit (another principal's last file with the same bytes): now this row holds them, so
+        # any later deletion keeps them; if they went meanwhile, they are stored again.
+        if not await self._blobs.has(sha256):
+            received.spool.seek(0)
+            await self._blobs.put(sha256, received.size, received.spool)
         return stored
 
     # --- reading and deleting ------------------------------------------------------------------------
