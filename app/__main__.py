@@ -13,7 +13,9 @@ is wrong, not a traceback; every model routable by LiteLLM, without importing it
 brings the database to the latest migration (PARLEY_MIGRATE, app.storage.schema) and logs one line that
 says what runs: a configuration that cannot serve never listens. Logs go out in the human or the JSON
 format (observability/logs.py), the service's own loggers included.
-`python -m app migrate-data --from URL --to URL` copies a database into another instead (app.storage.copy).
+`python -m app migrate-data --from URL --to URL` copies a database into another instead (app.storage.copy);
+`python -m app migrate-files --to s3://bucket/prefix` (or `--from`) copies files' bytes between the database
+and an object store (app.storage.blobs.copy_blobs).
 
 And it loads the app before uvicorn runs, with the garbage collector paused (`load_app`): part of a cold
 start that /healthz waits for.
@@ -59,12 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["migrate-data"]:
         return migrate_data(given[1:])
+    if given[:1] == ["migrate-files"]:
+        return migrate_files(given[1:])
     args = parse_args(given)
     load_env_file()
     settings = load_settings()
     if settings is None:
         return EXIT_CONFIG
-    problem = settings.replica_problem()
+    problem = settings.replica_problem() or files_store_problem(settings)
     if problem is not None:
         print(f"parley: {problem}", file=sys.stderr)
         return EXIT_CONFIG
@@ -149,6 +153,74 @@ def migrate_data(argv: Sequence[str]) -> int:
         return 1
     print("identical: every row of every table is the same in both databases")
     return 0
+
+
+def migrate_files(argv: Sequence[str]) -> int:
+    """`python -m app migrate-files --to s3://bucket/prefix` (or `--from`): copies the bytes of every file of
+    the database (PARLEY_DATABASE_URL) from where they are to where PARLEY_FILES_URL is to name next: from the
+    database into the bucket, or back. Idempotent; the AWS variables as the server reads them."""
+    parser = argparse.ArgumentParser(
+        prog="python -m app migrate-files",
+        description="Copy files' bytes between the database and an S3-compatible object store.",
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to", dest="target", help="s3://bucket/prefix: from the database into the bucket")
+    where.add_argument("--from", dest="source", help="s3://bucket/prefix: from the bucket into the database")
+    args = parser.parse_args(argv)
+    load_env_file()
+    settings = load_settings()
+    if settings is None:
+        return EXIT_CONFIG
+    url = args.target or args.source
+    problem = files_store_problem(settings.model_copy(update={"files_url": url}))
+    if problem is not None:
+        print(f"parley: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    # Imported here: serving never needs the copy.
+    import asyncio
+
+    from app.storage import blobs, schema
+    from app.storage.engine import Database
+
+    found = schema.revisions(settings.database_url)
+    if not found.at_head:
+        print(
+            f"parley: the database is at migration {found.current}, not {found.head}: migrate it first",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+
+    async def run() -> blobs.BlobCopy:
+        database = Database(settings.database_url)
+        in_database = blobs.DatabaseBlobs(database, settings.files_chunk_bytes)
+        in_bucket = blobs.open_blobs(url, database, settings.files_chunk_bytes)
+        try:
+            source, target = (in_database, in_bucket) if args.target else (in_bucket, in_database)
+            return await blobs.copy_blobs(database, source, target)
+        finally:
+            await in_bucket.close()
+            await database.dispose()
+
+    done = asyncio.run(run())
+    print(f"files' blobs: {done.blobs} held by files, {done.copied} copied ({done.bytes} bytes)")
+    for sha256 in done.missing:
+        print(f"parley: blob {sha256}: absent or not its bytes at the source", file=sys.stderr)
+    return 1 if done.missing else 0
+
+
+def files_store_problem(settings: Settings) -> str | None:
+    """Why the files' settings cannot be used: PARLEY_FILES_URL's object store as configured (its AWS
+    variables); None if they can."""
+    if not settings.files_url:
+        return None
+    # Imported here: a service that keeps its files in the database never loads the object store.
+    from app.storage.object_store import S3Location
+
+    try:
+        S3Location.from_env(settings.files_url)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def check_access(settings: Settings, host: str) -> int | None:

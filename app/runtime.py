@@ -46,6 +46,7 @@ from app.observability.monitor import DebugStats
 from app.observability.setup import start_observability, stop_observability
 from app.settings import Settings
 from app.storage import event_log, leases
+from app.storage.blobs import Blobs, open_blobs
 from app.storage.engine import Database, pool_options
 from app.streaming.broker import RING_SIZE, Broker, OnGap, OnWatch
 from app.streaming.frames import Frame
@@ -120,13 +121,18 @@ async def build_runtime(settings: Settings, keys: KeyRing, catalog: ToolCatalog)
         stack.push_async_callback(database.dispose)
         models = ModelGateway(settings)
         stack.push_async_callback(models.stop)
+        # Files' bytes: in the database, or in the object store PARLEY_FILES_URL names.
+        blobs = open_blobs(settings.files_url, database, settings.files_chunk_bytes)
+        stack.push_async_callback(blobs.close)
         # The one place the mode is decided.
         build = _replicated if settings.multi_replica else _single
-        mode = build(settings, database, models, catalog)
+        mode = build(settings, database, models, catalog, blobs)
         tokens = _jwt_verifier(settings, keys)
         if tokens is not None:
             stack.push_async_callback(tokens.close)
-        services = _services(settings, database, mode.control, models, catalog, mode.broker, keys, tokens)
+        services = _services(
+            settings, database, mode.control, models, catalog, mode.broker, keys, tokens, blobs
+        )
         drain = Drain(mode.runner, mode.writer, mode.broker, timeout=settings.shutdown_timeout)
         # Stopped in the reverse order of these pushes (the module's docstring).
         stack.push_async_callback(services.streams.close)
@@ -147,17 +153,21 @@ async def build_runtime(settings: Settings, keys: KeyRing, catalog: ToolCatalog)
         yield Runtime(services=services, drain=drain, debug_stats=debug_stats, metrics=exported)
 
 
-def _single(settings: Settings, database: Database, models: ModelGateway, catalog: ToolCatalog) -> _Mode:
+def _single(
+    settings: Settings, database: Database, models: ModelGateway, catalog: ToolCatalog, blobs: Blobs
+) -> _Mode:
     """One process owns every session: what a crash left is repaired before any client can ask (a replica
     repairs only what no live lease holds: `_replicated`)."""
     writer, broker, _ = build_event_log(settings, database)
     live = LocalLiveStatus()
-    runner = Runner(settings, database, writer, models, catalog.registry, live, broker)
+    runner = Runner(settings, database, writer, models, catalog.registry, live, broker, blobs=blobs)
     repair = StartupRepair(database, writer, live, runner)
     return _Mode(writer, broker, runner, runner, start=repair.start, stop_repair=repair.stop)
 
 
-def _replicated(settings: Settings, database: Database, models: ModelGateway, catalog: ToolCatalog) -> _Mode:
+def _replicated(
+    settings: Settings, database: Database, models: ModelGateway, catalog: ToolCatalog, blobs: Blobs
+) -> _Mode:
     """One replica of several: turns owned through leases and fenced, the Redis relay as the notifier,
     requests reaching the replica whose turn it is over the control bus (turns.replicas.turns)."""
     # Imported only here: a single server never loads the Redis client (its memory, its import).
@@ -173,7 +183,16 @@ def _replicated(settings: Settings, database: Database, models: ModelGateway, ca
         return LeasedOwnership(settings, database, fence, turns)
 
     runner = Runner(
-        settings, database, writer, models, catalog.registry, live, broker, ownership=leased, notifier=relay
+        settings,
+        database,
+        writer,
+        models,
+        catalog.registry,
+        live,
+        broker,
+        ownership=leased,
+        notifier=relay,
+        blobs=blobs,
     )
     keeper = cast(LeasedOwnership, runner.ownership).keeper
     sweeper = Sweeper(database, writer, live, runner, keeper)
@@ -307,6 +326,7 @@ def _services(
     broker: Broker,
     keys: KeyRing,
     tokens: JwtVerifier | None,
+    blobs: Blobs,
 ) -> Services:
     """The use cases the routes call, and what the routes' dependencies read."""
     # Several replicas: a racing attempt with the same key may run on another one; wait for its answer.
@@ -315,12 +335,14 @@ def _services(
         database, ttl_seconds=settings.idempotency_ttl_hours * 3600, race_wait=race_wait
     )
     stream_tokens = StreamTokens(settings, database)
-    sessions = Sessions(settings, database, turns, models, catalog.registry, idempotency, stream_tokens)
-    files = Files(settings, database, models)
+    sessions = Sessions(
+        settings, database, turns, models, catalog.registry, idempotency, stream_tokens, blobs
+    )
+    files = Files(settings, database, models, blobs)
     messages = Messages(settings, database, sessions, turns, broker, idempotency, files)
     message_rate, streams = _limits(settings)
     answers = ToolAnswers(database, sessions, turns)
-    branches = Branches(settings, database, sessions, turns, models, idempotency)
+    branches = Branches(settings, database, sessions, turns, models, idempotency, files)
     return Services(
         settings=settings,
         sessions=sessions,

@@ -197,6 +197,18 @@ class Settings(BaseSettings):
     files_max_attachments: int = Field(
         10, ge=0, le=20, description="Attachments one message may carry (at most 20); more get 413."
     )
+    files_url: str | None = Field(
+        None,
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+        description="s3://bucket/prefix: files' bytes in that S3-compatible object store, with the AWS "
+        "variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL). Unset: in the "
+        "database.",
+    )
+    files_pdf_text: bool = Field(
+        False,
+        description="A PDF attached for a model that does not read documents is sent as its text (extracted "
+        "with pypdf, at most max_message_chars characters) instead of being refused with 422.",
+    )
     files_chunk_bytes: int = Field(
         262_144,
         ge=4096,

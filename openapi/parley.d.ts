@@ -186,7 +186,7 @@ export interface paths {
         };
         /**
          * Get File Content
-         * @description A file's bytes, read from storage a part at a time as they are sent.
+         * @description A file's bytes, or the range asked for, read from storage a part at a time as they are sent.
          */
         get: operations["get_file_content_v1_files__file_id__content_get"];
         put?: never;
@@ -1504,6 +1504,11 @@ export interface components {
          */
         EditRequest: {
             /**
+             * Attachments
+             * @description The edited message's files, as a posted message's (docs/files.md): `{file_id}` or `{url}` with a data URL. The original message's files are not carried over: name them again to keep them. More than PARLEY_FILES_MAX_ATTACHMENTS: 413; a file the session's model cannot take: 422 `unsupported_attachment`, before anything is stored.
+             */
+            attachments?: (components["schemas"]["FileAttachment"] | components["schemas"]["DataUrlAttachment"])[] | null;
+            /**
              * Client Message Id
              * @description The sender's own id for the message, echoed on its user_message event and history.
              */
@@ -1703,7 +1708,8 @@ export interface components {
         /**
          * FilePart
          * @description A file the kit attached (`convertFileListToFileUIParts` makes data URLs): taken as an attachment of
-         *     the message, checked and stored as an upload is (docs/files.md).
+         *     the message, checked and stored as an upload is (docs/files.md); or one the history gave back, at
+         *     Parley's content route (an edited message keeps its files so).
          */
         FilePart: {
             /** Filename */
@@ -1717,7 +1723,7 @@ export interface components {
             type: "file";
             /**
              * Url
-             * @description `data:<media type>;base64,<bytes>`.
+             * @description `data:<media type>;base64,<bytes>`, or a file of the caller at `/v1/files/{file_id}/content`.
              */
             url: string;
         } & {
@@ -4477,7 +4483,10 @@ export interface operations {
     get_file_content_v1_files__file_id__content_get: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description `bytes=first-last`, `bytes=first-` or `bytes=-suffix`: part of the file (206). */
+                range?: string;
+            };
             path: {
                 file_id: string;
             };
@@ -4488,8 +4497,32 @@ export interface operations {
             /** @description The bytes, streamed, with the file's media type; never rendered as another type (`X-Content-Type-Options: nosniff`), and a download unless an image. */
             200: {
                 headers: {
+                    "Accept-Ranges"?: "bytes";
                     /** @description `inline` (images) or `attachment`, with `filename*` (RFC 5987). */
                     "Content-Disposition"?: string;
+                    "X-Content-Type-Options"?: "nosniff";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": string;
+                    "application/pdf": string;
+                    "image/gif": string;
+                    "image/jpeg": string;
+                    "image/png": string;
+                    "image/webp": string;
+                    "text/csv": string;
+                    "text/markdown": string;
+                    "text/plain": string;
+                };
+            };
+            /** @description The range `Range: bytes=first-last` (or `first-`, or `-suffix`) asked for: those bytes only. Several ranges, or another unit, are answered with the whole file (200). */
+            206: {
+                headers: {
+                    "Accept-Ranges"?: "bytes";
+                    /** @description `inline` (images) or `attachment`, with `filename*` (RFC 5987). */
+                    "Content-Disposition"?: string;
+                    /** @description `bytes first-last/size`. */
+                    "Content-Range"?: string;
                     "X-Content-Type-Options"?: "nosniff";
                     [name: string]: unknown;
                 };
@@ -4537,6 +4570,17 @@ export interface operations {
             /** @description Not found */
             404: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Range not satisfiable: it starts past the file's end (`Content-Range: bytes *\/<size>`) */
+            416: {
+                headers: {
+                    /** @description `bytes *\/<size>`: the file's size. */
+                    "Content-Range"?: string;
                     [name: string]: unknown;
                 };
                 content: {

@@ -141,6 +141,19 @@ def test_a_setting_that_cannot_be_used_is_one_line_naming_it_before_anything_lis
     assert secret not in done.stderr
 
 
+def test_an_object_store_without_its_aws_keys_is_one_line_before_anything_listens(database_url: str) -> None:
+    env = {
+        k: v
+        for k, v in _env(database_url, PARLEY_FILES_URL="s3://bucket/x").items()
+        if not k.startswith("AWS_")
+    }
+    done = _run_on_a_taken_port(env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "parley: PARLEY_FILES_URL names an S3 bucket: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    ]
+
+
 def test_an_unset_key_variable_is_a_warning_or_by_setting_an_error(database_url: str, tmp_path: Path) -> None:
     provider = {
         "api_base": "http://127.0.0.1:9/v1",

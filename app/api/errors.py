@@ -45,6 +45,7 @@ STATUS: dict[str, int] = {
     "not_found": 404,
     "payload_too_large": 413,
     "unsupported_media_type": 415,
+    "range_not_satisfiable": 416,
     # The request conflicts with the state of what it names.
     "conflict": 409,
     "turn_running": 409,
@@ -87,6 +88,8 @@ def http_status(error: DomainError) -> int:
 def http_headers(error: DomainError) -> dict[str, str] | None:
     """The headers that go with the error's status: Retry-After when it names a wait."""
     found = dict(_CODE_HEADERS.get(error.code, {}))
+    if error.code == "range_not_satisfiable" and isinstance(error.details, dict):
+        found["Content-Range"] = f"bytes */{error.details.get('size')}"  # RFC 9110 §15.5.17
     if error.retry_after is not None:
         found["Retry-After"] = str(error.retry_after)
     return found or None

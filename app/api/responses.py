@@ -15,6 +15,7 @@ _DESCRIPTIONS = {
     410: "Gone: the call's wait expired, or the session an Idempotency-Key created was deleted",
     413: "Payload too large",
     415: "Unsupported media type",
+    416: "Range not satisfiable: it starts past the file's end (`Content-Range: bytes */<size>`)",
     422: "Validation error",
     429: "Too many requests: wait for Retry-After seconds",
     431: "Request headers larger than PARLEY_MAX_HEADER_BYTES (`request_header_fields_too_large`)",
@@ -26,6 +27,12 @@ _HEADERS: dict[int, dict[str, Any]] = {
     401: {
         "WWW-Authenticate": {
             "description": "`Bearer`: send the key as `Authorization: Bearer <key>`.",
+            "schema": {"type": "string"},
+        }
+    },
+    416: {
+        "Content-Range": {
+            "description": "`bytes */<size>`: the file's size.",
             "schema": {"type": "string"},
         }
     },

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from app.chat.errors import TurnInProgress, UnknownModel
+from app.chat.files import Files
 from app.chat.idempotency import IdempotencyStore, fingerprint
 from app.chat.sessions import Sessions
 from app.chat.tool_rules import check_client_tools
@@ -23,6 +24,7 @@ from app.protocol.branches import (
     RegenerateRequest,
 )
 from app.protocol.clock import now_iso
+from app.protocol.files import Attachment
 from app.protocol.ids import new_message_id, new_session_id, new_turn_id
 from app.protocol.schemas import QueuedMessage, SessionOut, metadata_text
 from app.protocol.tool_requests import ClientTool
@@ -42,6 +44,7 @@ class Branches:
         turns: TurnControl,
         models: ModelGateway,
         idempotency: IdempotencyStore,
+        files: Files,
     ) -> None:
         self._settings = settings
         self._database = database
@@ -49,6 +52,7 @@ class Branches:
         self._turns = turns
         self._models = models
         self._idempotency = idempotency
+        self._files = files
 
     # --- regenerate and edit: a new turn beside another --------------------------------------------------
 
@@ -76,6 +80,10 @@ class Branches:
             async with self._database.read() as db:
                 rows = await repository.turn_messages(db, turn_id)
             messages = [_again(row) for row in rows if row.type == "text" and row.role == "user"]
+            # Its files go again, to a model that may be another one: it must take them (422 otherwise).
+            await self._files.check_model(
+                session.model, [a.media_type for m in messages for a in m.attachments or []]
+            )
             return await self._branch(session, turn_id, parent, messages, new_id, body.delivery, "regenerate")
 
         path = f"/v1/sessions/{session_id}/turns/{turn_id}/regenerate"
@@ -103,6 +111,11 @@ class Branches:
         parent = await self._parent(session_id, turn_id)
 
         async def create(new_id: str) -> BranchTurn:
+            # Checked as a posted message's are, before anything is stored (chat.messages); data URLs
+            # become files, taken back if the edit is refused after all.
+            attachments, created = await self._files.attach(
+                session.principal, session.model, body.attachments or []
+            )
             message = QueuedMessage(
                 id=new_message_id(),
                 content=body.content,
@@ -111,10 +124,19 @@ class Branches:
                 timestamp=now_iso(),
                 delivery="steer",
                 client_tools=body.client_tools,
+                attachments=attachments or None,
             )
-            return await self._branch(session, turn_id, parent, [message], new_id, body.delivery, "edit")
+            try:
+                return await self._branch(session, turn_id, parent, [message], new_id, body.delivery, "edit")
+            except BaseException:
+                await self._files.discard(session.principal, created)
+                raise
 
-        absent = {name for name in ("client_message_id", "client_tools") if getattr(body, name) is None}
+        absent = {
+            name
+            for name in ("client_message_id", "client_tools", "attachments")
+            if getattr(body, name) is None
+        }
         request = body.model_dump(mode="json", exclude=absent)
         path = f"/v1/sessions/{session_id}/turns/{turn_id}/edit"
         return await self._once(principal, idempotency_key, path, request, session_id, turn_id, create)
@@ -337,8 +359,9 @@ def _running(exc: TurnRunning) -> TurnInProgress:
 
 def _again(row: ChatMessageRow) -> QueuedMessage:
     """A user message of the regenerated turn, asked again: its content, sender, time, client message id
-    (a kit finds its message by it on every branch) and client tools."""
+    (a kit finds its message by it on every branch), client tools and files."""
     tools = [ClientTool.model_validate(t) for t in row.client_tools] if row.client_tools else None
+    files = [Attachment.model_validate(a) for a in row.attachments] if row.attachments else None
     return QueuedMessage(
         id=new_message_id(),
         content=row.content or "",
@@ -347,6 +370,7 @@ def _again(row: ChatMessageRow) -> QueuedMessage:
         timestamp=row.timestamp,
         delivery="steer",
         client_tools=tools,
+        attachments=files,
     )
 
 

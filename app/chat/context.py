@@ -10,6 +10,7 @@ from app.llm.gateway import ModelGateway
 from app.protocol.schemas import ContextPolicyOut, ContextSummaryOut, SessionContext
 from app.settings import Settings
 from app.storage import compaction, repository, turn_tree
+from app.storage.blobs import Blobs
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.turns.attachments import with_files
@@ -19,7 +20,7 @@ from app.turns.prompt import rebuild
 
 
 async def next_call(
-    settings: Settings, database: Database, models: ModelGateway, session: ChatSessionRow
+    settings: Settings, database: Database, blobs: Blobs, models: ModelGateway, session: ChatSessionRow
 ) -> SessionContext:
     async with database.read() as db:
         # The active path only: the next turn follows the head, and another branch's turns (and their
@@ -30,7 +31,12 @@ async def next_call(
     turns: list[tuple[str, ...]] = []
     attached: list[dict[int, dict[str, Any]]] = []
     prompt = rebuild(rows, session.system_prompt, turns)
-    messages = await with_files(database, prompt, attached, by_reference=True)
+    pdf_text_limit = None
+    if settings.files_pdf_text and not (await models.takes_files(session.model))[1]:
+        pdf_text_limit = settings.max_message_chars  # as the turn sends it (turns.execution)
+    messages = await with_files(
+        database, blobs, prompt, attached, by_reference=True, pdf_text_limit=pdf_text_limit
+    )
     policy = resolve_policy(session.context, settings)
     window = (await models.resolve(session.model)).context_window
     budget = budget_of(policy, window)

@@ -55,6 +55,12 @@ class FileInUse(DomainError):
     code = "file_in_use"
 
 
+class RangeNotSatisfiable(DomainError):
+    """A `Range` that starts past a file's end: `details.size` is the file's (sent as `Content-Range`)."""
+
+    code = "range_not_satisfiable"
+
+
 class UnsupportedAttachment(DomainError):
     """An attachment the session's model cannot take (an image for a model without vision, a PDF for one
     without documents)."""

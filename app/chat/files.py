@@ -11,7 +11,7 @@ import hashlib
 import re
 import tempfile
 import warnings
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -19,7 +19,13 @@ from PIL import Image, UnidentifiedImageError
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from app.chat.errors import FileInUse, InvalidCursor, UnsupportedAttachment, UnsupportedMediaType
+from app.chat.errors import (
+    FileInUse,
+    InvalidCursor,
+    RangeNotSatisfiable,
+    UnsupportedAttachment,
+    UnsupportedMediaType,
+)
 from app.errors import InvalidRequest, NotFound, PayloadTooLarge
 from app.llm.gateway import ModelGateway
 from app.protocol.clock import now_iso
@@ -27,6 +33,7 @@ from app.protocol.files import Attachment, AttachmentRef, DataUrlAttachment, Fil
 from app.protocol.ids import new_file_id
 from app.settings import Settings
 from app.storage import files as store
+from app.storage.blobs import Blobs
 from app.storage.engine import Database
 from app.storage.tables import FileRow
 
@@ -83,6 +90,37 @@ def sniff(head: bytes, name: str, declared: str | None, *, text: bool) -> str | 
         return by_name
     declared = (declared or "").split(";", 1)[0].strip().lower()
     return declared if declared in _TEXT_TYPES else None
+
+
+_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The one range of `Range: bytes=first-last`, `bytes=first-` or `bytes=-suffix` (RFC 9110 §14.1.2) as
+    (first, last) within `size`; None for no header, or one this server answers with the whole file (several
+    ranges, another unit, a malformed one: a server may ignore a Range). A range that starts past the end,
+    or an empty suffix, is 416."""
+    found = _RANGE.match(header or "")
+    if found is None or (not found[1] and not found[2]):
+        return None
+    if not found[1]:  # the last `suffix` bytes
+        suffix = int(found[2])
+        if suffix == 0 or size == 0:
+            raise _unsatisfiable(header or "", size)
+        return max(0, size - suffix), size - 1
+    first = int(found[1])
+    last = int(found[2]) if found[2] else max(first, size - 1)
+    if last < first:  # malformed (a server ignores it)
+        return None
+    if first >= size:
+        raise _unsatisfiable(header or "", size)
+    return first, min(last, size - 1)
+
+
+def _unsatisfiable(header: str, size: int) -> RangeNotSatisfiable:
+    return RangeNotSatisfiable(
+        f"The range {header.strip()!r} starts past the file's end ({size} bytes).", details={"size": size}
+    )
 
 
 def clean_name(name: str | None, media_type: str | None = None) -> str:
@@ -269,10 +307,11 @@ class Checked:
 
 
 class Files:
-    def __init__(self, settings: Settings, database: Database, models: ModelGateway) -> None:
+    def __init__(self, settings: Settings, database: Database, models: ModelGateway, blobs: Blobs) -> None:
         self._settings = settings
         self._database = database
         self._models = models
+        self._blobs = blobs
 
     # --- uploads -------------------------------------------------------------------------------------
 
@@ -357,12 +396,13 @@ class Files:
     async def _store(self, principal: str, checked: Checked) -> FileRow:
         received = checked.received
         sha256 = received.sha256
-        async with self._database.session() as db:
+        async with self._database.read() as db:
             found = await store.file_by_content(db, principal, sha256)
-            if found is not None:
-                return found
-            if not await store.has_blob(db, sha256):
-                await store.insert_chunks(db, sha256, self._parts(received.spool))
+        if found is not None:
+            return found
+        # The bytes first, then the row that names them, then a check that they are still there.
+        await self._blobs.put(sha256, received.size, received.spool)
+        async with self._database.session() as db:
             while True:
                 row = FileRow(
                     id=new_file_id(),
@@ -381,13 +421,13 @@ class Files:
                     continue
                 break
             await db.commit()
+        # A deletion that found no row holding these bytes may have forgotten them between the put and
+        # this commit (another principal's last file with the same bytes): now this row holds them, so
+        # any later deletion keeps them; if they went meanwhile, they are stored again.
+        if not await self._blobs.has(sha256):
+            received.spool.seek(0)
+            await self._blobs.put(sha256, received.size, received.spool)
         return stored
-
-    def _parts(self, spool: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-        part = 0
-        while data := spool.read(self._settings.files_chunk_bytes):
-            yield part, data
-            part += 1
 
     # --- reading and deleting ------------------------------------------------------------------------
 
@@ -414,22 +454,17 @@ class Files:
         rows = rows[:limit]
         return FilePage(files=[to_out(r) for r in rows], next_cursor=rows[-1].id if more and rows else None)
 
-    async def content(self, principal: str, file_id: str) -> tuple[FileOut, AsyncIterator[bytes]]:
-        """The file and its bytes, read a part at a time, each in its own short read (none is held while
-        the client takes the previous part)."""
+    async def content(
+        self, principal: str, file_id: str, range_header: str | None = None
+    ) -> tuple[FileOut, tuple[int, int] | None, AsyncIterator[bytes]]:
+        """The file, the span of it asked for (`Range: bytes=...`; None: all of it) as (first, last) byte,
+        and those bytes, read from the blob store a part at a time as they are sent."""
         row = await self._owned(principal, file_id)
-
-        async def parts() -> AsyncIterator[bytes]:
-            part = 0
-            while True:
-                async with self._database.read() as db:
-                    data = await store.read_part(db, row.sha256, part)
-                if data is None:
-                    return
-                yield data
-                part += 1
-
-        return to_out(row), parts()
+        span = byte_range(range_header, row.size)
+        if span is None:
+            return to_out(row), None, self._blobs.read(row.sha256)
+        first, last = span
+        return to_out(row), span, self._blobs.read(row.sha256, first, last + 1)
 
     async def delete(self, principal: str, file_id: str) -> None:
         async with self._database.session() as db:
@@ -441,8 +476,9 @@ class Files:
                     f"File {file_id!r} is attached to a message; it goes when its session is deleted.",
                     details={"file_id": file_id},
                 )
-            await store.delete_files(db, [row])
+            freed = await store.delete_files(db, [row])
             await db.commit()
+        await self._blobs.forget(freed)
 
     # --- attachments ---------------------------------------------------------------------------------
 
@@ -474,7 +510,7 @@ class Files:
                     raise NotFound(f"No file {ref.file_id!r}.", details={"file_id": ref.file_id})
                 else:
                     kinds.append(owned[ref.file_id].media_type)
-            await self._check_model(model, kinds)
+            await self.check_model(model, kinds)
             attachments: list[Attachment] = []
             created: list[str] = []
             for n, ref in enumerate(refs):
@@ -514,7 +550,8 @@ class Files:
             received.close()
             raise
 
-    async def _check_model(self, model: str, kinds: Sequence[str]) -> None:
+    async def check_model(self, model: str, kinds: Sequence[str]) -> None:
+        """422 `unsupported_attachment` when `model` cannot take files of these media types."""
         images = sorted({k for k in kinds if k.startswith("image/")})
         documents = sorted({k for k in kinds if k == "application/pdf"})
         if not images and not documents:
@@ -525,7 +562,7 @@ class Files:
                 f"The session's model {model!r} does not take images ({', '.join(images)}).",
                 details={"model": model, "media_types": images},
             )
-        if documents and not takes_documents:
+        if documents and not takes_documents and not self._settings.files_pdf_text:
             raise UnsupportedAttachment(
                 f"The session's model {model!r} does not take PDF documents.",
                 details={"model": model, "media_types": documents},
@@ -536,5 +573,6 @@ class Files:
         if not file_ids:
             return
         async with self._database.session() as db:
-            await store.delete_unlinked(db, file_ids)
+            freed = await store.delete_unlinked(db, file_ids)
             await db.commit()
+        await self._blobs.forget(freed)

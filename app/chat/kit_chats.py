@@ -259,10 +259,18 @@ class KitChats:
         return turn.turn_id
 
     async def edit(
-        self, principal: str, session_id: str, turn_id: str, text: str, *, client_message_id: str | None
+        self,
+        principal: str,
+        session_id: str,
+        turn_id: str,
+        text: str,
+        *,
+        client_message_id: str | None,
+        attachments: list[AttachmentRef] | None = None,
     ) -> str:
-        """A sibling of `turn_id` whose user message is `text` (chat.branches); the new turn's id."""
-        body = EditRequest(content=text, client_message_id=client_message_id)
+        """A sibling of `turn_id` whose user message is `text` with `attachments` (chat.branches); the new
+        turn's id."""
+        body = EditRequest(content=text, client_message_id=client_message_id, attachments=attachments or None)
         turn, _ = await self._branches.edit(principal, session_id, turn_id, body)
         return turn.turn_id
 

@@ -34,6 +34,7 @@ from app.protocol.schemas import (
 from app.protocol.tool_requests import ClientTool, approval_names
 from app.settings import Settings
 from app.storage import repository
+from app.storage.blobs import Blobs
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.tools.registry import ToolRegistry
@@ -56,8 +57,10 @@ class Sessions:
         tools: ToolRegistry,
         idempotency: IdempotencyStore,
         stream_tokens: StreamTokens,
+        blobs: Blobs,
     ) -> None:
         self._stream_tokens = stream_tokens
+        self._blobs = blobs
         self._settings = settings
         self._database = database
         self._turns = turns
@@ -214,7 +217,7 @@ class Sessions:
     async def context(self, principal: str, session_id: str) -> SessionContext:
         """What the session's next model call would send (chat.context)."""
         row = await self.owned(principal, session_id)
-        return await next_call(self._settings, self._database, self._models, row)
+        return await next_call(self._settings, self._database, self._blobs, self._models, row)
 
     async def stream_token(self, principal: str, session_id: str) -> StreamToken:
         """A token that opens this session's event stream, for its owner (404 for anyone else)."""

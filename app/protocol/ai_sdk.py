@@ -8,11 +8,12 @@ Parley does not read (its own stored history is the truth)."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictInt, field_validator, model_validator
 
-from app.protocol.files import DATA_URL_PATTERN, DataUrlAttachment
+from app.protocol.files import DATA_URL_PATTERN, AttachmentRef, DataUrlAttachment, FileAttachment
 from app.protocol.tool_requests import ClientTool, unique_client_tools
 
 # The `ai` package's majors whose UI message stream Parley speaks; the current one is the default.
@@ -55,16 +56,33 @@ class TextPart(BaseModel):
     text: str = Field(max_length=10_000_000)
 
 
+# A file part the history gave back (`_file_part` in chat.adapters.ai_sdk): Parley's content route, as a
+# path or a full URL; the file it names is attached again as it is.
+CONTENT_URL_PATTERN = r"^(https?://[^/\s]+)?/v1/files/(f_[0-9a-f]{16})/content$"
+_FILE_URL_PATTERN = f"({DATA_URL_PATTERN})|({CONTENT_URL_PATTERN})"
+
+
 class FilePart(BaseModel):
     """A file the kit attached (`convertFileListToFileUIParts` makes data URLs): taken as an attachment of
-    the message, checked and stored as an upload is (docs/files.md)."""
+    the message, checked and stored as an upload is (docs/files.md); or one the history gave back, at
+    Parley's content route (an edited message keeps its files so)."""
 
     model_config = ConfigDict(extra="allow")
 
     type: Literal["file"]
     mediaType: str = Field(min_length=1, max_length=200)
-    url: str = Field(pattern=DATA_URL_PATTERN, description="`data:<media type>;base64,<bytes>`.")
+    url: str = Field(
+        pattern=_FILE_URL_PATTERN,
+        description="`data:<media type>;base64,<bytes>`, or a file of the caller at "
+        "`/v1/files/{file_id}/content`.",
+    )
     filename: str | None = Field(None, max_length=255)
+
+    def attachment(self) -> AttachmentRef:
+        found = re.match(CONTENT_URL_PATTERN, self.url)
+        if found is not None:
+            return FileAttachment(file_id=found[2])
+        return DataUrlAttachment(url=self.url)
 
 
 UserPart = Annotated[TextPart | FilePart, Field(discriminator="type")]
@@ -110,8 +128,8 @@ class UserUIMessage(BaseModel):
     def text(self) -> str:
         return "\n\n".join(p.text for p in self.parts if isinstance(p, TextPart) and p.text.strip())
 
-    def attachments(self) -> list[DataUrlAttachment]:
-        return [DataUrlAttachment(url=p.url) for p in self.parts if isinstance(p, FilePart)]
+    def attachments(self) -> list[AttachmentRef]:
+        return [p.attachment() for p in self.parts if isinstance(p, FilePart)]
 
 
 class OtherUIMessage(BaseModel):

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.protocol.files import MAX_ATTACHMENTS_SCHEMA, AttachmentRef
 from app.protocol.ids import TURN_ID_PATTERN
 from app.protocol.tool_requests import ClientTool, unique_client_tools
 
@@ -52,6 +53,14 @@ class EditRequest(_Strict):
     )
     client_tools: list[ClientTool] | None = Field(
         None, max_length=64, description="Client tools offered for the new turn only."
+    )
+    attachments: list[AttachmentRef] | None = Field(
+        None,
+        max_length=MAX_ATTACHMENTS_SCHEMA,
+        description="The edited message's files, as a posted message's (docs/files.md): `{file_id}` or "
+        "`{url}` with a data URL. The original message's files are not carried over: name them again to keep "
+        "them. More than PARLEY_FILES_MAX_ATTACHMENTS: 413; a file the session's model cannot take: 422 "
+        "`unsupported_attachment`, before anything is stored.",
     )
 
     _unique = field_validator("client_tools")(unique_client_tools)

@@ -4,7 +4,7 @@ transactions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import delete, exists, func
 from sqlmodel import col, select
@@ -53,13 +53,11 @@ async def has_blob(db: AsyncSession, sha256: str) -> bool:
     return (await db.exec(query)).first() is not None
 
 
-async def insert_chunks(db: AsyncSession, sha256: str, parts: Iterable[tuple[int, bytes]]) -> None:
-    """A blob's parts; parts another upload of the same bytes stored meanwhile are left as they are (the
-    same bytes under the same key)."""
-    insert = dialect_insert(db)
-    for part, data in parts:
-        statement = insert(FileChunkRow).values(sha256=sha256, part=part, data=data).on_conflict_do_nothing()
-        await db.exec(statement)
+async def unheld_blobs(db: AsyncSession, sha256s: Sequence[str]) -> list[str]:
+    """Of `sha256s`, those no file row holds (blobs an object store may delete)."""
+    query = select(FileRow.sha256).where(col(FileRow.sha256).in_(sha256s)).distinct()
+    held = set((await db.exec(query)).all())
+    return [sha256 for sha256 in sha256s if sha256 not in held]
 
 
 async def insert_file(db: AsyncSession, row: FileRow) -> FileRow:
@@ -93,14 +91,13 @@ async def file_in_use(db: AsyncSession, file_id: str) -> bool:
     return bool((await db.exec(query)).one())
 
 
-async def delete_files(db: AsyncSession, rows: Sequence[FileRow]) -> None:
-    """The files, and the blobs no other file holds."""
+async def delete_files(db: AsyncSession, rows: Sequence[FileRow]) -> list[str]:
+    """The files; the SHA-256 of their bytes, for the blob store to forget once this commits (it keeps the
+    blobs another file still holds: app.storage.blobs)."""
     if not rows:
-        return
+        return []
     await db.exec(delete(FileRow).where(col(FileRow.id).in_([r.id for r in rows])))
-    for sha256 in {r.sha256 for r in rows}:
-        held = exists().where(col(FileRow.sha256) == sha256)
-        await db.exec(delete(FileChunkRow).where(col(FileChunkRow.sha256) == sha256, ~held))
+    return sorted({r.sha256 for r in rows})
 
 
 async def link_messages(db: AsyncSession, links: Sequence[tuple[str, str, str]]) -> None:
@@ -124,15 +121,38 @@ async def session_files(db: AsyncSession, session_id: str) -> list[str]:
     return list((await db.exec(query)).all())
 
 
-async def delete_unlinked(db: AsyncSession, file_ids: Sequence[str]) -> None:
-    """Of `file_ids`, the files no message links any more (a deleted session's), with their blobs."""
+async def delete_unlinked(db: AsyncSession, file_ids: Sequence[str]) -> list[str]:
+    """Of `file_ids`, the files no message links any more (a deleted session's); the SHA-256 of their
+    bytes (delete_files)."""
     if not file_ids:
-        return
+        return []
     linked = exists().where(col(MessageFileRow.file_id) == col(FileRow.id))
     rows = (await db.exec(select(FileRow).where(col(FileRow.id).in_(file_ids), ~linked))).all()
-    await delete_files(db, rows)
+    return await delete_files(db, rows)
 
 
 async def any_file(db: AsyncSession, file_id: str) -> FileRow | None:
     """Whoever owns it: for the runner's own work (a turn reading its messages' files)."""
     return await db.get(FileRow, file_id)
+
+
+async def session_blobs(db: AsyncSession, session_id: str) -> list[str]:
+    """The SHA-256 of the files the session's messages use: the blobs to forget once it is deleted (those
+    another file still holds stay)."""
+    query = (
+        select(FileRow.sha256)
+        .join(MessageFileRow, col(MessageFileRow.file_id) == col(FileRow.id))
+        .where(col(MessageFileRow.session_id) == session_id)
+        .distinct()
+    )
+    return list((await db.exec(query)).all())
+
+
+async def blob_sizes(db: AsyncSession) -> list[tuple[str, int]]:
+    """Every blob a file row holds, with its size: what a copy of the blobs copies."""
+    query = (
+        select(FileRow.sha256, func.max(FileRow.size))
+        .group_by(col(FileRow.sha256))
+        .order_by(col(FileRow.sha256))
+    )
+    return [(sha256, int(size)) for sha256, size in (await db.exec(query)).all()]

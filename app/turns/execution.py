@@ -15,6 +15,7 @@ from app.llm.gateway import ModelGateway
 from app.llm.types import ModelAdapter, ResolvedModel
 from app.settings import Settings
 from app.storage import compaction, repository
+from app.storage.blobs import Blobs
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, ContextSummaryRow
 from app.tools.registry import ToolRegistry
@@ -35,10 +36,16 @@ class AgentFactory:
     """Builds a turn's agent: the session's history as the model's prompt, its model and its tools."""
 
     def __init__(
-        self, settings: Settings, database: Database, models: ModelGateway, tools: ToolRegistry
+        self,
+        settings: Settings,
+        database: Database,
+        models: ModelGateway,
+        tools: ToolRegistry,
+        blobs: Blobs,
     ) -> None:
         self._settings = settings
         self._database = database
+        self._blobs = blobs
         self._models = models
         self._tools = tools
 
@@ -68,8 +75,14 @@ class AgentFactory:
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
         turns: list[tuple[str, ...]] = []
         system = "\n\n".join(part for part in (session.system_prompt, note) if part) or None
+        pdf_text_limit = None
+        if self._settings.files_pdf_text and not (await self._models.takes_files(session.model))[1]:
+            # A model that does not read documents is sent a PDF's text (docs/files.md, To the model).
+            pdf_text_limit = self._settings.max_message_chars
         attached: list[dict[int, dict[str, Any]]] = []
-        messages = await with_files(self._database, rebuild(rows, system, turns), attached)
+        messages = await with_files(
+            self._database, self._blobs, rebuild(rows, system, turns), attached, pdf_text_limit=pdf_text_limit
+        )
         if plan is not None:
             # The round's results enter the history when it ends, in call order.
             while messages and messages[-1]["role"] == "tool":

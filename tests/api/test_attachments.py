@@ -19,6 +19,7 @@ import pytest
 from app.settings import Settings
 from tests.api.test_files import PDF, counts, image, upload
 from tests.fakes.upstream import FakeUpstream, Script
+from tests.support.pdf import make_pdf
 from tests.support.server import LiveServer, live_server
 from tests.support.sse import EventReader
 
@@ -211,6 +212,42 @@ async def test_a_model_without_vision_is_422_before_anything_is_stored(
     assert request.body["messages"][-1]["content"] == [
         {"type": "text", "text": "read it"},
         {"type": "text", "text": "[Attached file: a.txt (text/plain, 10 bytes)]\njust words"},
+    ]
+
+
+async def test_a_pdf_for_a_model_without_documents_is_422_unless_its_text_is_sent(
+    configured: Settings, upstream: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    pdf = make_pdf([["Quarterly report", "Revenue grew."], ["Costs fell."]], compress=True)
+    sid = await _session(client, OPENAI_BLIND)
+    refused = await client.post(
+        f"/v1/sessions/{sid}/messages",
+        json={"content": "summarise", "attachments": [{"url": _data_url("application/pdf", pdf)}]},
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "unsupported_attachment"
+    assert counts(configured) == (0, 0)
+
+
+async def test_with_pdf_text_a_model_without_documents_is_sent_the_pdfs_text(
+    configured: Settings, upstream: FakeUpstream
+) -> None:
+    pdf = make_pdf([["Quarterly report", "Revenue grew."], ["Costs fell."]], compress=True)
+    with live_server(configured.model_copy(update={"files_pdf_text": True})) as running:
+        async with httpx.AsyncClient(base_url=running.base_url, timeout=30) as client:
+            report = (await upload(client, "report.pdf", pdf)).json()
+            sid = await _session(client, OPENAI_BLIND)
+            upstream.enqueue(Script.text("Revenue up, costs down."))
+            await _turn(client, sid, {"content": "summarise", "attachments": [{"file_id": report["id"]}]})
+    [request] = upstream.requests
+    assert request.status == 200, request.problems
+    assert request.body["messages"][-1]["content"] == [
+        {"type": "text", "text": "summarise"},
+        {
+            "type": "text",
+            "text": f"[Attached file: report.pdf (application/pdf, {len(pdf)} bytes)] [its text, extracted]\n"
+            "Quarterly report\nRevenue grew.\n\nCosts fell.",
+        },
     ]
 
 

@@ -1,10 +1,13 @@
 """Branches over a real socket against the strict fake upstream (docs/protocol.md, Branches): regenerate,
-edit, activate and fork; the model is sent exactly the active path (the upstream's log), the history and
+edit (with attachments, checked as a posted message's), activate and fork; the model is sent exactly the
+active path (the upstream's log), the history and
 the turn view follow it, siblings and indexes, branch_changed on every open stream, a fork that goes on
 alone, 404 for another principal's ids, 409 while a turn runs, Idempotency-Key, and the metric."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -12,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from PIL import Image
 
 from app.settings import Settings
 from tests.fakes.upstream import FakeUpstream, Script, validate_history
@@ -41,7 +45,7 @@ def server(
     provider = {
         "api_base": upstream.base_url,
         "api_key_env": "PARLEY_TEST_FAKE_KEY",
-        "models": [MODEL, OTHER],
+        "models": {MODEL: {"vision": True}, OTHER: {"vision": False}},
     }
     models.write_text(json.dumps({"providers": {"fake": provider}}))
     configured = settings.model_copy(
@@ -183,6 +187,87 @@ async def test_regenerate_activate_and_edit_send_the_model_exactly_the_active_pa
     assert activated.json()["path_turn_ids"] == [t1, t2, t3]
     assert [t["turn_id"] for t in await _turns(alice, sid)] == [t1, t2, t3]
     assert len(upstream.requests) == 5
+
+
+def _png(color: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (3, 2), color).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _image_urls(upstream: FakeUpstream) -> list[str]:
+    """The data URLs of the images the last model request's user messages held."""
+    messages = upstream.requests[-1].body["messages"]
+    assert validate_history(messages) == []
+    return [
+        part["image_url"]["url"]
+        for m in messages
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for part in m["content"]
+        if part["type"] == "image_url"
+    ]
+
+
+async def _file_ids(client: httpx.AsyncClient) -> set[str]:
+    return {f["id"] for f in (await client.get("/v1/files")).json()["files"]}
+
+
+async def test_an_edit_carries_attachments_as_a_message_does_and_a_regenerate_sends_them_again(
+    alice: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    red, blue = _png("red"), _png("blue")
+    uploaded = await alice.post("/v1/files", files={"file": ("red.png", red, "image/png")})
+    assert uploaded.status_code == 201, uploaded.text
+    red_id = uploaded.json()["id"]
+    sid = await _session(alice)
+    upstream.enqueue(Script.text("a1"))
+    t1 = await _ask(alice, sid, "q1")
+
+    upstream.enqueue(Script.text("two pictures"))
+    blue_url = "data:image/png;base64," + base64.b64encode(blue).decode()
+    body = {"content": "what are these?", "attachments": [{"file_id": red_id}, {"url": blue_url}]}
+    edited = await alice.post(f"/v1/sessions/{sid}/turns/{t1}/edit", json=body)
+    assert edited.status_code == 202, edited.text
+    t1b = edited.json()["turn_id"]
+    turn = await _ended(alice, sid, t1b)
+    shown = turn["user_messages"][0]["attachments"]
+    assert [(a["name"], a["media_type"], a["size"]) for a in shown] == [
+        ("red.png", "image/png", len(red)),
+        ("attachment.png", "image/png", len(blue)),
+    ]
+    assert _image_urls(upstream) == ["data:image/png;base64," + base64.b64encode(red).decode(), blue_url]
+    page = (await alice.get(f"/v1/sessions/{sid}/messages")).json()["chat_messages"]
+    [user] = [m for m in page if m["type"] == "text" and m["role"] == "user"]
+    assert user["attachments"] == shown
+
+    # A regenerate asks the edited message again, with its files.
+    upstream.enqueue(Script.text("again"))
+    regenerated = await alice.post(f"/v1/sessions/{sid}/turns/{t1b}/regenerate")
+    assert regenerated.status_code == 202, regenerated.text
+    await _ended(alice, sid, regenerated.json()["turn_id"])
+    assert _image_urls(upstream) == ["data:image/png;base64," + base64.b64encode(red).decode(), blue_url]
+    requests, files = len(upstream.requests), await _file_ids(alice)
+
+    # A model without vision cannot take them: 422 before anything is stored, for an edit or a regenerate.
+    to_blind = await alice.post(f"/v1/sessions/{sid}/turns/{t1b}/regenerate", json={"model": OTHER})
+    assert to_blind.status_code == 422, to_blind.text
+    assert to_blind.json()["error"]["code"] == "unsupported_attachment"
+    blind = (await alice.post("/v1/sessions", json={"model": OTHER})).json()["id"]
+    upstream.enqueue(Script.text("b1"))
+    b1 = await _ask(alice, blind, "hello")
+    requests += 1
+    green = "data:image/png;base64," + base64.b64encode(_png("green")).decode()
+    refused = await alice.post(
+        f"/v1/sessions/{blind}/turns/{b1}/edit",
+        json={"content": "and this?", "attachments": [{"url": green}]},
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "unsupported_attachment"
+    assert len(upstream.requests) == requests
+    assert await _file_ids(alice) == files
+    assert [t["turn_id"] for t in await _turns(alice, blind)] == [b1]
+    too_many = {"content": "x", "attachments": [{"file_id": red_id}] * 11}
+    assert (await alice.post(f"/v1/sessions/{sid}/turns/{t1b}/edit", json=too_many)).status_code == 413
 
 
 async def test_branch_changed_reaches_every_open_stream(

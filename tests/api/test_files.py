@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import random
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 
@@ -265,6 +266,49 @@ async def test_content_is_served_in_parts_with_safe_headers(alice: httpx.AsyncCl
     assert served.headers["content-type"] == "text/markdown; charset=utf-8"
     assert served.headers["content-disposition"].startswith("attachment;")
     assert served.content == b"# hi"
+
+
+def noise(size: tuple[int, int] = (100, 60)) -> bytes:
+    """A PNG of random pixels: it does not compress, so it spans several stored parts."""
+    buffer = io.BytesIO()
+    Image.frombytes("RGB", size, random.Random(size[0]).randbytes(size[0] * size[1] * 3)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+async def assert_ranges_are_served(client: httpx.AsyncClient, file_id: str, data: bytes) -> None:
+    """`Range` answered with 206 and exactly those bytes (across stored parts), ignored when it is several
+    ranges or malformed (200, the whole file), and 416 when it starts past the end."""
+    size = len(data)
+    url = f"/v1/files/{file_id}/content"
+    for header, first, last in [
+        ("bytes=0-0", 0, 0),
+        ("bytes=4000-8999", 4000, 8999),
+        ("bytes=10000-", 10000, size - 1),
+        ("bytes=-100", size - 100, size - 1),
+        (f"bytes=5-{size + 1000}", 5, size - 1),
+        (f"bytes=-{size + 5}", 0, size - 1),
+    ]:
+        answer = await client.get(url, headers={"Range": header})
+        assert answer.status_code == 206, (header, answer.text)
+        assert answer.content == data[first : last + 1], header
+        assert answer.headers["content-range"] == f"bytes {first}-{last}/{size}"
+        assert answer.headers["content-length"] == str(last - first + 1)
+    for ignored in ["bytes=0-1,5-9", "items=0-5", "bytes=9-3", "bytes=x-"]:
+        whole = await client.get(url, headers={"Range": ignored})
+        assert (whole.status_code, whole.content) == (200, data), ignored
+        assert whole.headers["accept-ranges"] == "bytes"
+    for past in [f"bytes={size}-", "bytes=-0"]:
+        refused = await client.get(url, headers={"Range": past})
+        assert refused.status_code == 416, past
+        assert refused.json()["error"]["code"] == "range_not_satisfiable"
+        assert refused.headers["content-range"] == f"bytes */{size}"
+
+
+async def test_a_range_is_served_as_206_from_the_parts_that_hold_it(alice: httpx.AsyncClient) -> None:
+    data = noise()
+    assert len(data) > 4 * 4096  # parts of 4096 bytes (keyed)
+    created = (await upload(alice, "noise.png", data)).json()
+    await assert_ranges_are_served(alice, created["id"], data)
 
 
 async def test_the_list_pages_newest_first(alice: httpx.AsyncClient, bob: httpx.AsyncClient) -> None:

@@ -12,6 +12,7 @@ from app.llm.demo import DEMO_SMALL_MODEL
 from app.llm.gateway import ModelGateway
 from app.settings import Settings
 from app.storage import compaction
+from app.storage.blobs import DatabaseBlobs
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, ContextSummaryRow
 from tests.support.rows import T0
@@ -106,7 +107,9 @@ async def test_the_paths_own_summary_and_the_verbatim_tail(
     settings: Settings, database: Database, models: ModelGateway
 ) -> None:
     session = await _seed(database, 12)
-    before = await next_call(settings, database, models, session)
+    before = await next_call(
+        settings, database, DatabaseBlobs(database, settings.files_chunk_bytes), models, session
+    )
     assert before.summary is None and before.compaction_due is True
     assert before.history_tokens > (before.budget_tokens or 0)
     folded = [f"t_{n:012x}" for n in range(9)]
@@ -115,7 +118,9 @@ async def test_the_paths_own_summary_and_the_verbatim_tail(
         # Newer, but of another path (its last turn is not in this history): never applied.
         await compaction.insert_summary(db, _summary("cs_other", ["t_elsewhere"], "- Another branch."))
         await db.commit()
-    after = await next_call(settings, database, models, session)
+    after = await next_call(
+        settings, database, DatabaseBlobs(database, settings.files_chunk_bytes), models, session
+    )
     assert after.summary is not None and after.summary.id == "cs_mine"
     assert after.verbatim_turn_ids == [f"t_{n:012x}" for n in range(9, 12)]
     assert after.messages[0]["role"] == "system"

@@ -20,6 +20,7 @@ from app.chat.turn_view import Turns
 from app.errors import Conflict, NotFound, WaitTimeout
 from app.protocol.schemas import MessageCreate
 from app.settings import Settings
+from app.storage.blobs import DatabaseBlobs
 from app.storage.tables import ChatSessionRow
 from app.turns.runtime.runner import Runner
 from tests.support.runtime import Runtime, runtime
@@ -59,6 +60,7 @@ async def view(settings: Settings) -> AsyncIterator[View]:
     async with runtime(settings) as parts:
         idempotency = Idempotency(parts.database, ttl_seconds=60)
         stream_tokens = StreamTokens(parts.settings, parts.database)
+        blobs = DatabaseBlobs(parts.database, parts.settings.files_chunk_bytes)
         sessions = Sessions(
             parts.settings,
             parts.database,
@@ -67,8 +69,9 @@ async def view(settings: Settings) -> AsyncIterator[View]:
             parts.tools,
             idempotency,
             stream_tokens,
+            blobs,
         )
-        files = Files(parts.settings, parts.database, parts.models)
+        files = Files(parts.settings, parts.database, parts.models, blobs)
         messages = Messages(
             parts.settings, parts.database, sessions, parts.runner, parts.broker, idempotency, files
         )
@@ -117,7 +120,10 @@ class EndsNeverHeardOf(Runner):
 async def test_wait_returns_an_ended_turn_at_once(view: View) -> None:
     turn_id = await view.ended_turn()
     p = view.parts
-    deaf = EndsNeverHeardOf(p.settings, p.database, p.writer, p.models, p.tools, p.live, p.broker)
+    blobs = DatabaseBlobs(p.database, p.settings.files_chunk_bytes)
+    deaf = EndsNeverHeardOf(
+        p.settings, p.database, p.writer, p.models, p.tools, p.live, p.broker, blobs=blobs
+    )
     turns = view.turns_with(runner=deaf)
     async with asyncio.timeout(1):  # the ended turn is read, not waited for
         turn = await turns.wait(ALICE, SID, turn_id, timeout=None)

@@ -1,11 +1,13 @@
-"""app.storage.files against a real, migrated database, SQLite and PostgreSQL: blobs written and read back
-in parts, byte for byte; one file per principal and content, also when uploads race (ON CONFLICT); links
+"""app.storage.files against a real, migrated database, SQLite and PostgreSQL, with the blobs in the database
+(app.storage.blobs.DatabaseBlobs): blobs written and read back in parts, byte for byte, whole or a range;
+one file per principal and content, also when uploads race (ON CONFLICT); links
 that keep a file, and a deleted session that takes its files along unless another session links them."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 from collections.abc import AsyncIterator
 
 import pytest
@@ -14,6 +16,7 @@ from sqlmodel import select
 
 from app.protocol.ids import new_file_id
 from app.storage import files, repository
+from app.storage.blobs import DatabaseBlobs
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow, FileChunkRow, FileRow, MessageFileRow
 
@@ -42,21 +45,20 @@ def file_row(principal: str, sha256: str = SHA, size: int = len(DATA)) -> FileRo
     )
 
 
+def blobs(database: Database) -> DatabaseBlobs:
+    return DatabaseBlobs(database, 1000)
+
+
 async def store(database: Database, principal: str) -> FileRow:
+    await blobs(database).put(SHA, len(DATA), io.BytesIO(DATA))
     async with database.session() as db:
-        if not await files.has_blob(db, SHA):
-            await files.insert_chunks(db, SHA, ((n, DATA[n * 1000 : (n + 1) * 1000]) for n in range(26)))
         row = await files.insert_file(db, file_row(principal))
         await db.commit()
     return row
 
 
-async def read_back(database: Database, sha256: str) -> bytes:
-    parts: list[bytes] = []
-    async with database.read() as db:
-        while (part := await files.read_part(db, sha256, len(parts))) is not None:
-            parts.append(part)
-    return b"".join(parts)
+async def read_back(database: Database, sha256: str, start: int = 0, end: int | None = None) -> bytes:
+    return b"".join([part async for part in blobs(database).read(sha256, start, end)])
 
 
 async def count(database: Database, table: type[FileRow] | type[FileChunkRow] | type[MessageFileRow]) -> int:
@@ -68,6 +70,20 @@ async def test_a_blob_is_read_back_byte_for_byte(database: Database) -> None:
     row = await store(database, "alice")
     assert await read_back(database, row.sha256) == DATA
     assert await count(database, FileChunkRow) == 26
+
+
+@pytest.mark.parametrize(
+    ("start", "end"), [(0, 1), (999, 1001), (1000, 2000), (1500, None), (25_600, None), (7, 25_000)]
+)
+async def test_a_range_of_a_blob_is_read_from_the_parts_that_hold_it(
+    database: Database, start: int, end: int | None
+) -> None:
+    await store(database, "alice")
+    assert await read_back(database, SHA, start, end) == DATA[start:end]
+
+
+async def test_an_absent_blob_reads_as_nothing(database: Database) -> None:
+    assert await read_back(database, "0" * 64) == b""
 
 
 async def test_the_same_bytes_are_one_file_per_principal_even_when_racing(database: Database) -> None:
@@ -85,19 +101,22 @@ async def test_the_same_bytes_are_one_file_per_principal_even_when_racing(databa
 async def test_a_blob_goes_with_the_last_file_that_holds_it(database: Database) -> None:
     alice, bob = await store(database, "alice"), await store(database, "bob")
     async with database.session() as db:
-        await files.delete_files(db, [alice])
+        freed = await files.delete_files(db, [alice])
         await db.commit()
+    assert freed == [SHA]
+    await blobs(database).forget(freed)  # bob's file holds it still
     assert await read_back(database, SHA) == DATA
     async with database.session() as db:
-        await files.delete_files(db, [bob])
+        freed = await files.delete_files(db, [bob])
         await db.commit()
+    await blobs(database).forget(freed)
     assert await count(database, FileChunkRow) == 0
 
 
 async def test_a_deleted_session_takes_the_files_no_other_session_links(database: Database) -> None:
     shared = await store(database, "alice")
+    await blobs(database).put("b" * 64, 3, io.BytesIO(b"own"))
     async with database.session() as db:
-        await files.insert_chunks(db, "b" * 64, [(0, b"own")])
         own = await files.insert_file(db, file_row("alice", "b" * 64, 3))
         for sid in ("s_1", "s_2"):
             at = "2026-11-29T04:00:00.000+00:00"
@@ -114,16 +133,21 @@ async def test_a_deleted_session_takes_the_files_no_other_session_links(database
         assert await files.file_in_use(db, own.id)
         assert sorted(await files.session_files(db, "s_1")) == sorted([shared.id, own.id])
     async with database.session() as db:
+        held = await files.session_blobs(db, "s_1")
         await repository.delete_session(db, "s_1")
         await db.commit()
+    assert sorted(held) == sorted([SHA, "b" * 64])
+    await blobs(database).forget(held)
     async with database.read() as db:
         assert await files.any_file(db, own.id) is None
         assert await files.any_file(db, shared.id) is not None
         assert await files.read_part(db, "b" * 64, 0) is None
     assert await count(database, MessageFileRow) == 1
     async with database.session() as db:
+        held = await files.session_blobs(db, "s_2")
         await repository.delete_session(db, "s_2")
         await db.commit()
+    await blobs(database).forget(held)
     assert (await count(database, FileRow), await count(database, FileChunkRow)) == (0, 0)
 
 

@@ -17,6 +17,7 @@ from app.llm.gateway import ModelGateway
 from app.protocol.schemas import MessageAccepted
 from app.settings import DEMO_MODEL, Settings
 from app.storage import event_log, repository
+from app.storage.blobs import DatabaseBlobs
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
 from app.streaming.broker import Broker
@@ -79,7 +80,8 @@ async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
     broker = Broker(last_seq, settings.subscriber_queue_size, load_frames=load_frames)
     writer = WriteBehind(database, deliver=broker.deliver)
     models, tools, live = ModelGateway(settings), build_default_registry(), LocalLiveStatus()
-    runner = Runner(settings, database, writer, models, tools, live, broker)
+    blobs = DatabaseBlobs(database, settings.files_chunk_bytes)
+    runner = Runner(settings, database, writer, models, tools, live, broker, blobs=blobs)
     try:
         yield Runtime(settings, database, writer, broker, models, tools, live, runner)
     finally:

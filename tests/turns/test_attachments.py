@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from app.protocol.files import Attachment
 from app.storage import files
+from app.storage.blobs import DatabaseBlobs
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, FileRow
 from app.turns.attachments import label, with_files
@@ -66,8 +68,8 @@ async def put(database: Database, data: bytes, media_type: str) -> str:
         sha256=sha,
         created_at="2026-11-29T04:00:00.000+00:00",
     )
+    await DatabaseBlobs(database, 5).put(sha, len(data), io.BytesIO(data))  # in parts of 5 bytes
     async with database.session() as db:
-        await files.insert_chunks(db, sha, [(0, data[:5]), (1, data[5:])])
         await files.insert_file(db, row)
         await db.commit()
     return row.id
@@ -113,7 +115,9 @@ async def test_files_are_read_into_the_parts_models_take(database: Database) -> 
         attachment(text, "n.txt", "text/plain", 15),
         attachment("f_0000000000000000", "gone.png", "image/png", 1, 1),
     ]
-    messages = await with_files(database, rebuild([user(1, "what?", shown)], None))
+    messages = await with_files(
+        database, DatabaseBlobs(database, 5), rebuild([user(1, "what?", shown)], None)
+    )
     assert messages[0]["content"] == [
         {"type": "text", "text": "what?"},
         {"type": "text", "text": label(shown[0])},
@@ -138,7 +142,9 @@ async def test_files_are_read_into_the_parts_models_take(database: Database) -> 
 async def test_a_prompt_without_files_reads_nothing(database: Database) -> None:
     messages = rebuild([user(1, "plain")], None)
     await database.dispose()  # a read would fail now
-    assert await with_files(database, messages) == [{"role": "user", "content": "plain"}]
+    assert await with_files(database, DatabaseBlobs(database, 5), messages) == [
+        {"role": "user", "content": "plain"}
+    ]
 
 
 async def test_image_and_document_parts_are_named_and_by_reference_not_read(
@@ -153,7 +159,9 @@ async def test_image_and_document_parts_are_named_and_by_reference_not_read(
         attachment(pdf, "p.pdf", "application/pdf", 19),
     ]
     attached: list[dict[int, dict[str, Any]]] = []
-    messages = await with_files(database, rebuild([user(1, "what?", shown)], "be brief"), attached)
+    messages = await with_files(
+        database, DatabaseBlobs(database, 5), rebuild([user(1, "what?", shown)], "be brief"), attached
+    )
     # The system message has none; the user's image at part 2 and document at part 5 (after their labels).
     assert attached == [{}, {2: shown[0], 5: shown[2]}]
     assert [p["type"] for p in messages[1]["content"]] == [
@@ -167,7 +175,11 @@ async def test_image_and_document_parts_are_named_and_by_reference_not_read(
     # By reference: the same parts, the image's and document's data the file's URL; the text file read.
     referenced: list[dict[int, dict[str, Any]]] = []
     again = await with_files(
-        database, rebuild([user(1, "what?", shown)], None), referenced, by_reference=True
+        database,
+        DatabaseBlobs(database, 5),
+        rebuild([user(1, "what?", shown)], None),
+        referenced,
+        by_reference=True,
     )
     assert referenced == [{2: shown[0], 5: shown[2]}]
     content = again[0]["content"]

@@ -23,6 +23,7 @@ from app.llm.types import UsagePart
 from app.protocol.schemas import QueuedMessage
 from app.settings import DEMO_MODEL, Settings
 from app.storage import event_log, repository
+from app.storage.blobs import DatabaseBlobs
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.log.write_behind import WriteBehind
@@ -130,7 +131,8 @@ async def run_stopped(recorder: TurnRecorder, prepare: Coroutine[Any, Any, Agent
 
 async def test_a_turn_stopped_while_it_prepares_closes_as_cancelled(turn: Turn, settings: Settings) -> None:
     models = ModelGateway(settings)  # never started: the model layer is still loading
-    factory = AgentFactory(settings, turn.database, models, build_default_registry())
+    blobs = DatabaseBlobs(turn.database, settings.files_chunk_bytes)
+    factory = AgentFactory(settings, turn.database, models, build_default_registry(), blobs)
     await run_stopped(turn.recorder, factory.prepare(turn.session, TURN, should_pause=lambda: False))
 
     assert await turn.rows() == [("turn_start", None), ("text", None), ("turn_done", "cancelled")]

@@ -21,6 +21,7 @@ from app.observability.context import request_id_var
 from app.protocol.events import AgentStatus
 from app.settings import Settings
 from app.storage import event_log
+from app.storage.blobs import DatabaseBlobs
 from app.streaming.broker import Subscription
 from app.turns.runtime.runner import Runner
 from app.turns.runtime.shutdown import Drain, drain_on_signals
@@ -134,7 +135,14 @@ async def test_turns_whose_stop_fails_do_not_keep_the_streams_open(
     parts: Runtime, caplog: pytest.LogCaptureFixture
 ) -> None:
     broken = BrokenRunner(
-        parts.settings, parts.database, parts.writer, parts.models, parts.tools, parts.live, parts.broker
+        parts.settings,
+        parts.database,
+        parts.writer,
+        parts.models,
+        parts.tools,
+        parts.live,
+        parts.broker,
+        blobs=DatabaseBlobs(parts.database, parts.settings.files_chunk_bytes),
     )
     stream = await parts.broker.subscribe(SID, after=None)
     parts.writer.publisher(OTHER).emit(AgentStatus, status="thinking")

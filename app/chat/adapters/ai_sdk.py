@@ -16,7 +16,7 @@ from typing import Any
 from sse_starlette import ServerSentEvent
 
 from app.chat.kit_chats import KitChats, TurnFeed
-from app.errors import InvalidRequest, NotFound
+from app.errors import NotFound
 from app.protocol.ai_sdk import FINISH_REASONS, ChatRequest, UIPart, UserUIMessage, knows_chunk
 from app.protocol.files import Attachment
 from app.protocol.schemas import (
@@ -331,9 +331,6 @@ async def answer(
     if session_id is None:
         raise NotFound(f"No chat {body.id!r}.", details={"chat_id": body.id})
     edited = await kits.find_turn(principal, session_id, body.messageId) if edit else None
-    if edited is not None and isinstance(last, UserUIMessage) and last.attachments():
-        message = "An edit takes the edited text only: send files with a new message."
-        raise InvalidRequest("messages", message, "value_error")
     feed = await kits.open_feed(principal, session_id, None)
     try:
         if regenerate:
@@ -341,7 +338,14 @@ async def answer(
             new_turn = await kits.regenerate(principal, session_id, turn_id)
             return feed, UiMessageStream(version, session_id, turn_id=new_turn)
         if edited is not None and isinstance(last, UserUIMessage):
-            new_turn = await kits.edit(principal, session_id, edited, last.text(), client_message_id=last.id)
+            new_turn = await kits.edit(
+                principal,
+                session_id,
+                edited,
+                last.text(),
+                client_message_id=last.id,
+                attachments=list(last.attachments()),
+            )
             return feed, UiMessageStream(version, session_id, turn_id=new_turn)
         if isinstance(last, UserUIMessage):
             message_id = await kits.post_text(

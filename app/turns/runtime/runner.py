@@ -30,7 +30,8 @@ from app.protocol.ids import new_message_id, new_turn_id
 from app.protocol.schemas import CancelResult, Delivery, MessageAccepted, QueuedMessage
 from app.protocol.tool_requests import ClientTool, Resolution
 from app.settings import Settings
-from app.storage import repository, turn_queries, turn_tree
+from app.storage import files, repository, turn_queries, turn_tree
+from app.storage.blobs import Blobs
 from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow
 from app.streaming.broker import EventFanOut
@@ -74,6 +75,7 @@ class Runner:
         *,
         ownership: MakeOwnership = LocalOwnership,
         notifier: Notifier | None = None,
+        blobs: Blobs,
     ) -> None:
         """`ownership` makes who owns this process's turns (turns.runtime.ownership), handed this runner
         for what it asks back; `notifier` hears where turns run (turns.runtime.notifier)."""
@@ -83,7 +85,8 @@ class Runner:
         self._live = live
         self._fanout = fanout
         self._notifier = notifier or LocalNotifier()
-        self._agent = AgentFactory(settings, database, models, tools)
+        self._blobs = blobs
+        self._agent = AgentFactory(settings, database, models, tools, blobs)
         self.ownership = ownership(self)
         self._states: dict[str, SessionState] = {}
         # With leases the line is the table (other replicas add to it): a stale mirror keeps nothing alive.
@@ -543,8 +546,10 @@ class Runner:
         await self.cancel(session_id)
         self._writer.forget_session(session_id)
         async with self._database.session() as db:
+            held = await files.session_blobs(db, session_id)
             await repository.delete_session(db, session_id)
             await db.commit()
+        await self._blobs.forget(held)
         self.forget(session_id)
 
     def forget(self, session_id: str) -> None:

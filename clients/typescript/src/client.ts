@@ -174,22 +174,38 @@ export class ParleyClient {
     return { rows, lastEventId };
   }
 
-  /** POST /v1/files: uploads a file (multipart) for `attachments: [{file_id}]`; its type is read from its bytes. */
-  async uploadFile(file: Blob, name = "file"): Promise<FileOut> {
+  /**
+   * POST /v1/files: uploads a file (multipart) for `attachments: [{file_id}]`; its type is read from its bytes.
+   * `onProgress(sent, total)` hears the body's bytes as they leave: fetch reports none, so in a browser the
+   * upload then goes through XMLHttpRequest, whose upload progress events say it; elsewhere (Node) it is
+   * called once, when the body is sent.
+   */
+  async uploadFile(file: Blob, name = "file", options: UploadOptions = {}): Promise<FileOut> {
     const form = new FormData();
     form.append("file", file, file instanceof File ? file.name : name);
-    const headers: Record<string, string> = { accept: "application/json" };
-    if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
-    const response = await this.fetchImpl(`${this.baseUrl}/v1/files`, { method: "POST", headers, body: form });
+    const url = `${this.baseUrl}/v1/files`;
+    const { onProgress } = options;
+    const post = (credential: string | null): Promise<Response> => {
+      const headers: Record<string, string> = { accept: "application/json" };
+      if (credential) headers.authorization = `Bearer ${credential}`;
+      return onProgress && typeof XMLHttpRequest !== "undefined"
+        ? xhrPost(url, headers, form, onProgress)
+        : this.fetchImpl(url, { method: "POST", headers, body: form });
+    };
+    let response = await post(await this.credential());
+    if (response.status === 401 && this.tokenProvider !== null) response = await post(await this.credential(true));
     if (!response.ok) throw await httpError(response);
+    if (onProgress && typeof XMLHttpRequest === "undefined") onProgress(file.size, file.size);
     return (await response.json()) as FileOut;
   }
 
   /** GET /v1/files/{file_id}/content: the file's bytes (e.g. for a thumbnail's object URL). */
   async fileContent(fileId: string): Promise<Blob> {
-    const headers: Record<string, string> = {};
-    if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
-    const response = await this.fetchImpl(`${this.baseUrl}/v1/files/${encodeURIComponent(fileId)}/content`, { headers });
+    const url = `${this.baseUrl}/v1/files/${encodeURIComponent(fileId)}/content`;
+    const get = (credential: string | null): Promise<Response> =>
+      this.fetchImpl(url, { headers: credential ? { authorization: `Bearer ${credential}` } : {} });
+    let response = await get(await this.credential());
+    if (response.status === 401 && this.tokenProvider !== null) response = await get(await this.credential(true));
     if (!response.ok) throw await httpError(response);
     return await response.blob();
   }
@@ -260,4 +276,38 @@ export class ParleyClient {
   fork(sessionId: string, turnId: string, idempotencyKey?: string): Promise<Session> {
     return this.request("POST", `${this.session(sessionId)}/fork`, { turn_id: turnId }, this.keyed(idempotencyKey));
   }
+}
+
+export interface UploadOptions {
+  /** Bytes of the request body sent so far, of `total` (the multipart body: a little more than the file). */
+  onProgress?: (sent: number, total: number) => void;
+}
+
+/** A POST through XMLHttpRequest, answered as a fetch Response (so errors read the same), with the upload's
+ * progress events passed on. */
+function xhrPost(
+  url: string,
+  headers: Record<string, string>,
+  body: FormData,
+  onProgress: (sent: number, total: number) => void,
+): Promise<Response> {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("POST", url);
+    for (const [name, value] of Object.entries(headers)) xhr.setRequestHeader(name, value);
+    xhr.upload.onprogress = (event) => {
+      if (event.lengthComputable) onProgress(event.loaded, event.total);
+    };
+    xhr.onload = () => {
+      const responseHeaders = new Headers();
+      for (const line of xhr.getAllResponseHeaders().trim().split(/[\r\n]+/)) {
+        const at = line.indexOf(":");
+        if (at > 0) responseHeaders.append(line.slice(0, at).trim(), line.slice(at + 1).trim());
+      }
+      resolve(new Response(xhr.responseText, { status: xhr.status, headers: responseHeaders }));
+    };
+    xhr.onerror = () => reject(new TypeError("Network error while uploading the file"));
+    xhr.onabort = () => reject(new DOMException("The upload was aborted", "AbortError"));
+    xhr.send(body);
+  });
 }

@@ -1,4 +1,4 @@
-export { ParleyClient, TOKEN_REFRESH_MARGIN_MS, tokenExpiry, type ClientOptions, type TokenProvider } from "./client";
+export { ParleyClient, TOKEN_REFRESH_MARGIN_MS, tokenExpiry, type ClientOptions, type TokenProvider, type UploadOptions } from "./client";
 export { ParleyHttpError } from "./errors";
 export * from "./format";
 export * from "./reduce";

@@ -48,6 +48,29 @@ describe("token source", () => {
     expect(asked).toEqual([false, true]);
   });
 
+  it("uploads a file and reads its bytes with the token, asking again after a 401; progress once sent", async () => {
+    const [first, second] = [jwtWithExp(later(), "one"), jwtWithExp(later(), "two")];
+    const { source, asked } = provider([first, second]);
+    const stored = { id: "f_0123456789abcdef", name: "a.txt", media_type: "text/plain", size: 5 };
+    const { fetch, calls } = scriptedFetch([
+      () => errorResponse(401, "invalid_token", "The token has expired (`exp`)."),
+      () => new Response(JSON.stringify(stored), { status: 201, headers: { "content-type": "application/json" } }),
+      () => new Response("hello", { status: 200, headers: { "content-type": "text/plain" } }),
+    ]);
+    const client = new ParleyClient({ baseUrl: "http://parley.test", token: source, fetch });
+    const progress: [number, number][] = [];
+    const file = await client.uploadFile(new Blob(["hello"]), "a.txt", { onProgress: (sent, total) => progress.push([sent, total]) });
+    expect(file).toEqual(stored);
+    expect(progress).toEqual([[5, 5]]); // no XMLHttpRequest in Node: once, when sent
+    expect(await (await client.fileContent(file.id)).text()).toBe("hello");
+    expect(calls.map((c) => [c.url, c.headers.authorization])).toEqual([
+      ["http://parley.test/v1/files", `Bearer ${first}`],
+      ["http://parley.test/v1/files", `Bearer ${second}`],
+      [`http://parley.test/v1/files/${file.id}/content`, `Bearer ${second}`],
+    ]);
+    expect(asked).toEqual([false, true]);
+  });
+
   it("gives up after the renewed token is refused too", async () => {
     const { source, asked } = provider([jwtWithExp(later()), jwtWithExp(later())]);
     const { fetch, calls } = scriptedFetch([

@@ -611,14 +611,29 @@ function wireAttachments(): { take: () => { file_id: string }[]; uploading: () =
   // In the order they were added; file_id once uploaded.
   let entries: { file_id: string | null; chip: HTMLElement }[] = [];
   const add = async (file: File): Promise<void> => {
-    const chip = el("span", "attachment-chip uploading", `${file.name || "pasted image"} (uploading…)`);
+    const name = file.name || "pasted image";
+    const chip = el("span", "attachment-chip uploading");
+    const label = el("span", "label", `${name} (uploading…)`);
+    // How much of the upload has left, from XMLHttpRequest's progress events (fetch has none).
+    const bar = el("progress", "upload-progress") as HTMLProgressElement;
+    bar.max = 1;
+    bar.value = 0;
+    chip.dataset.progress = "0";
+    chip.append(label, bar);
     const entry: { file_id: string | null; chip: HTMLElement } = { file_id: null, chip };
     entries.push(entry);
     list.append(chip);
+    const onProgress = (sent: number, total: number): void => {
+      const done = total > 0 ? sent / total : 0;
+      bar.value = done;
+      chip.dataset.progress = done.toFixed(3);
+      label.textContent = `${name} (uploading… ${Math.floor(done * 100)}%)`;
+    };
     try {
-      const stored = await client.uploadFile(file, file.name || "pasted.png");
+      const stored = await client.uploadFile(file, file.name || "pasted.png", { onProgress });
       chip.textContent = stored.name;
       chip.classList.remove("uploading");
+      delete chip.dataset.progress;
       chip.dataset.fileId = stored.id;
       const remove = el("button", "remove", "×") as HTMLButtonElement;
       remove.type = "button";

@@ -384,3 +384,41 @@ async def test_a_file_part_is_an_attachment_the_model_receives_and_the_history_s
         assert part["type"] == "file" and part["mediaType"] == "image/png"
         content = await client.get(part["url"])
         assert content.status_code == 200 and content.content == base64.b64decode(PNG_2X1)
+
+
+@pytest.mark.both_backends
+async def test_an_edit_keeps_the_files_the_history_gave_back_and_takes_new_ones(server: LiveServer) -> None:
+    """What `sendMessage(editedMessage, {messageId})` posts after a reload: the edited message's file parts as
+    the history gave them (Parley's content route) with a new data URL beside them; the new turn's message
+    carries both, and the demo model describes both."""
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        image = {"type": "file", "mediaType": "image/png", "url": f"data:image/png;base64,{PNG_2X1}"}
+        user = {"id": "u-e", "role": "user", "parts": [image, {"type": "text", "text": "what is this?"}]}
+        await post_chat(client, {"id": "e-1", "messages": [user], "trigger": "submit-message"})
+        [kept, _] = (await client.get("/v1/ai-sdk/chat/e-1/messages")).json()[0]["parts"]
+        assert kept["url"].startswith("/v1/files/f_")
+        notes = {
+            "type": "file",
+            "mediaType": "text/plain",
+            "url": "data:text/plain;base64," + base64.b64encode(b"some notes").decode(),
+        }
+        edited = {"id": "u-e", "role": "user", "parts": [kept, notes, {"type": "text", "text": "and now?"}]}
+        chunks = await post_chat(
+            client, {"id": "e-1", "messages": [edited], "trigger": "submit-message", "messageId": "u-e"}
+        )
+        text = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+        assert "I received 2 files" in text and "text/plain, 10 bytes" in text, text
+        history = (await client.get("/v1/ai-sdk/chat/e-1/messages")).json()
+        assert [p["type"] for p in history[0]["parts"]] == ["file", "file", "text"]
+        assert history[0]["parts"][0]["url"] == kept["url"]
+        session_id = next(c for c in chunks if c["type"] == "data-parley-session")["data"]["sessionId"]
+        turns = (await client.get(f"/v1/sessions/{session_id}/turns")).json()["turns"]
+        assert len(turns) == 1 and len(turns[0]["siblings"]) == 2
+        # Another principal's file, or one that does not exist, is a 404 that stores nothing.
+        gone = {**kept, "url": "/v1/files/f_0000000000000000/content"}
+        missing = {"id": "u-e", "role": "user", "parts": [gone, {"type": "text", "text": "?"}]}
+        refused = await client.post(
+            "/v1/ai-sdk/chat",
+            json={"id": "e-1", "messages": [missing], "trigger": "submit-message", "messageId": "u-e"},
+        )
+        assert refused.status_code == 404, refused.text
