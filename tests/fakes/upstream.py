@@ -58,9 +58,10 @@ class FakeUpstream:
     `strict` validates every chat request's `messages` with `validate_history` and answers 400 on
     problems (a Script's `strict` overrides it). `api_key`, if set, makes a wrong bearer token a 401.
     `window`, if set, is a context window in tokens (`prompt_count`, the fake's own count): a chat request
-    over it gets OpenAI's 400 `context_length_exceeded`, and the usage of one within it reports its count.
-    `responder`, if set, picks a chat request's answer from its body (None: the queue, as without it), for
-    conversations whose requests a test cannot foresee in order.
+    over it gets OpenAI's 400 `context_length_exceeded` (on the Messages API, Anthropic's 400 "prompt is too
+    long"), and the usage of one within it reports its count.
+    `responder`, if set, picks a chat or Messages request's answer from its body (None: the queue, as
+    without it), for conversations whose requests a test cannot foresee in order.
     """
 
     def __init__(
@@ -326,7 +327,8 @@ class FakeUpstream:
         body: dict[str, Any] = rec.body if isinstance(rec.body, dict) else {}
         found = directive(body.get("messages"))
         rec.tag = found.get("tag")  # joins the benchmark's turns with these requests, as on /chat/completions
-        script = self._next_script(found)
+        chosen = self.responder(body) if self.responder is not None else None
+        script = chosen or self._next_script(found)
         if self.api_key is not None and rec.headers.get("x-api-key") != self.api_key:
             return self._anthropic_error(401, "invalid x-api-key")
         if not rec.headers.get("anthropic-version"):
@@ -334,6 +336,16 @@ class FakeUpstream:
         rec.problems = validate_messages_request(rec.body)
         if rec.problems:
             return self._anthropic_error(400, "; ".join(rec.problems))
+        if self.window is not None:
+            # Anthropic's count covers the system prompt too; its refusal names both figures.
+            count = prompt_count(body) + -(-len(json.dumps(body.get("system") or "")) // 4)
+            if count > self.window:
+                rec.problems.append(f"over the window: {count} > {self.window} tokens")
+                return self._anthropic_error(
+                    400, f"prompt is too long: {count} tokens > {self.window} maximum"
+                )
+            if script.usage is not None:
+                script = dataclasses.replace(script, usage=(count, script.usage[1]))
         if script.http_error is not None:
             error = script.http_error
             return answer.whole(error.status, error.payload(), error.headers, wait=script.hang_before_headers)
