@@ -62,7 +62,8 @@ _SIZE = {"type": "object", "properties": {"size": {"type": "integer"}}}
 
 class Conversation:
     """Answers by what a request holds: a summary request gets a summary; tool results an answer; a user
-    message with `fetch N` two parallel calls of N characters each; anything else a short answer."""
+    message with `fetch N` two parallel calls of N characters each, with `locate` a call of the browser's
+    `get_location`; anything else a short answer."""
 
     def __init__(self) -> None:
         self.ids = itertools.count(1)
@@ -76,6 +77,8 @@ class Conversation:
         if last["role"] == "tool":
             return Script.text("I read the pages.")
         words = str(last.get("content")).split()
+        if words[:1] == ["locate"]:  # the browser's tool (a client tool the session declares)
+            return Script.tool_calls([(f"call_{next(self.ids)}", "get_location", "{}")])
         if words[:1] == ["fetch"]:
             size = int(words[1])
             calls = [(f"call_{next(self.ids)}", "fetch_page", json.dumps({"size": size})) for _ in range(2)]
@@ -384,6 +387,56 @@ async def test_a_steer_mid_turn_in_a_compacted_session_keeps_every_request_valid
     users = [m["content"] for m in history if m["type"] == "text" and m["role"] == "user"]
     assert users[-2:] == ["fetch 4000 now", "Also: " + long]
     assert reader.of_type("context_compacted")
+
+
+LOCATION = {
+    "name": "get_location",
+    "description": "The user's city, from the browser.",
+    "parameters": {"type": "object", "properties": {}},
+}
+
+
+async def test_approvals_and_a_browser_tool_waiting_in_a_compacted_session_keep_every_request_valid(
+    server: LiveServer, upstream: FakeUpstream
+) -> None:
+    """Calls that wait for a person (approval) and for the browser (a client tool) in a session that has
+    outgrown its window: the calls after each answer send a compacted view that keeps the waiting round
+    whole (its assistant message with every call, then every result), within the window."""
+    long = "tell me more about it " * 40
+    body = {"tools": ["fetch_page"], "approval": ["fetch_page"], "client_tools": [LOCATION]}
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions", json=body)).json()["id"]
+        async with EventReader(client, f"/v1/sessions/{sid}/events") as reader:
+            await _turns(client, sid, [f"Turn {n}: {long}" for n in range(8)], reader)
+            before = len(reader.of_type("context_compacted"))
+            assert before, "the session did not outgrow its window"
+            posted = await client.post(f"/v1/sessions/{sid}/messages", json={"content": "fetch 2000 now"})
+            assert posted.status_code == 202
+            asked = await reader.wait_type("approval_requested", count=2, timeout=30)
+            decisions = [{"tool_call_id": e.data["tool_call_id"], "decision": "approve"} for e in asked]
+            approved = await client.post(f"/v1/sessions/{sid}/approvals", json={"decisions": decisions})
+            assert approved.status_code == 200, approved.text
+            await reader.wait_type("turn_done", count=9, timeout=30)
+            posted = await client.post(f"/v1/sessions/{sid}/messages", json={"content": "locate me"})
+            assert posted.status_code == 202
+            (wanted,) = await reader.wait_type("client_tool_requested", timeout=30)
+            answer = {"tool_call_id": wanted.data["tool_call_id"], "output": {"city": "Paris"}}
+            answered = await client.post(f"/v1/sessions/{sid}/tool_results", json={"results": [answer]})
+            assert answered.status_code == 200, answered.text
+            done = await reader.wait_type("turn_done", count=10, timeout=30)
+        history = await _history(client, sid)
+    assert [d.data["status"] for d in done] == ["completed"] * 10
+    for request in upstream.requests:
+        assert request.problems == [], request.problems
+        assert validate_history(request.body["messages"]) == []
+    # The calls after the approval and after the browser's answer were compacted views, and valid.
+    assert len(reader.of_type("context_compacted")) > before
+    last = upstream.requests[-1].body["messages"]
+    assert last[-1]["role"] == "tool" and "Paris" in last[-1]["content"]
+    results = [m for m in history if m["type"] == "tool_group"]
+    assert [m["decision"] for m in results[:2]] == ["approve", "approve"]
+    assert all(len(m["result"]) == 2000 for m in results[:2])
+    assert results[-1]["tool_name"] == "get_location"
 
 
 async def test_an_image_far_back_is_sent_as_a_placeholder_that_names_it(
