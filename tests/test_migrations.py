@@ -272,6 +272,45 @@ def test_0168_keeps_every_context_view_and_gives_it_no_elided_files(config: Conf
         assert kept == [("t_1", 400)]
 
 
+def test_0169_gives_messages_and_waiting_messages_a_note_and_keeps_every_row(
+    config: Config, engine: Engine
+) -> None:
+    command.upgrade(config, "0168")
+    at = "2026-11-29T00:00:00.000+00:00"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO chat_sessions (id, principal, model, tools, status, created_at, updated_at,"
+                " total_tokens, context_used)"
+                " VALUES ('s_kept', 'alice', 'parley/demo', '[]', 'active', :at, :at, 0, 0)"
+            ),
+            {"at": at},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO chat_messages (id, session_id, type, role, content, timestamp, turn_id)"
+                " VALUES ('m_old', 's_kept', 'text', 'user', 'hello', :at, 't_1')"
+            ),
+            {"at": at},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO queued_messages (id, session_id, content, sender, timestamp)"
+                " VALUES ('m_wait', 's_kept', 'later', 'User', :at)"
+            ),
+            {"at": at},
+        )
+    command.upgrade(config, "0169")
+    with engine.begin() as connection:
+        assert connection.execute(text("SELECT id, note FROM chat_messages")).all() == [("m_old", None)]
+        assert connection.execute(text("SELECT id, note FROM queued_messages")).all() == [("m_wait", None)]
+        connection.execute(text("UPDATE queued_messages SET note = 'the page: billing'"))
+    command.downgrade(config, "0168")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT id, content FROM chat_messages")).all() == [("m_old", "hello")]
+        assert connection.execute(text("SELECT id FROM queued_messages")).all() == [("m_wait",)]
+
+
 @pytest.mark.processes
 def test_replicas_migrating_at_once_take_turns(backend: str, sync_url: str, engine: Engine) -> None:
     """N replicas started together each run `alembic upgrade head` (as `python -m app` does): on PostgreSQL

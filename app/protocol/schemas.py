@@ -325,8 +325,7 @@ class QueuedMessage(BaseModel):
     client_tools: list[ClientTool] | None = Field(None, exclude=True)
     attachments: list[Attachment] | None = Field(None, exclude=True)
     # A note for the model from the frontend (AG-UI's context), joined to the system prompt of the turn
-    # that takes the message; never stored, so a message that waits in another replica's line, or a turn
-    # resumed after a restart, goes without it.
+    # that takes the message; stored with it (chat_messages.note), never shown.
     note: str | None = Field(None, exclude=True)
 
 

@@ -134,6 +134,9 @@ class ChatMessageRow(SQLModel, table=True):
     # A user message's files, as its events show them ({file_id, name, media_type, size, width?,
     # height?} each); the bytes stay in file_chunks, and message_files links them for their lifetime.
     attachments: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
+    # What the frontend told the model for the turn this user message starts (AG-UI's context), joined to
+    # that turn's system prompt; never shown in the history.
+    note: str | None = None
 
 
 def new_message(**fields: Any) -> ChatMessageRow:
@@ -192,6 +195,7 @@ class QueuedMessageRow(SQLModel, table=True):
     delivery: str = Field(default="steer", sa_column_kwargs={"server_default": "steer"})
     client_tools: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
     attachments: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
+    note: str | None = None
 
 
 class EventRow(SQLModel, table=True):

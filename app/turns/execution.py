@@ -58,14 +58,14 @@ class AgentFactory:
         inbox: Inbox | None = None,
         resuming: bool = False,
         history: list[ChatMessageRow] | None = None,
-        note: str | None = None,
     ) -> AgentRun:
         """`session` is the row the turn was started with, read just before (a deleted session stops its
         turn first, and an update between that read and this moment is not seen: the next turn sees it).
         `resuming`: the turn was suspended before a restart; its waiting round goes on first. `history`:
         the session's rows, when the turn holds them all already (the opening of a session's first turn
-        wrote them: TurnRows.history); else they are read. `note`: what the frontend tells the model for
-        this turn (AG-UI's context), after the system prompt, in this turn's prompt only."""
+        wrote them: TurnRows.history); else they are read. The notes of the user messages that started the
+        turn (what the frontend tells the model: AG-UI's context) follow the system prompt, in this turn's
+        prompt only."""
         plan = None
         if history is not None and not resuming:
             rows = history
@@ -74,7 +74,7 @@ class AgentFactory:
                 rows = await repository.list_messages(db, session.id, through_turn=turn_id)
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
         turns: list[tuple[str, ...]] = []
-        system = "\n\n".join(part for part in (session.system_prompt, note) if part) or None
+        system = "\n\n".join(p for p in (session.system_prompt, *_opening_notes(rows, turn_id)) if p) or None
         pdf_text_limit = None
         if self._settings.files_pdf_text and not (await self._models.takes_files(session.model))[1]:
             # A model that does not read documents is sent a PDF's text (docs/files.md, To the model).
@@ -183,3 +183,17 @@ async def _end_safely(recorder: TurnRecorder, end: Callable[[], Awaitable[None]]
         await recorder.end_durably(end)
     except Exception:
         log.exception("closing turn %s failed", recorder.turn_id)
+
+
+def _opening_notes(rows: list[ChatMessageRow], turn_id: str) -> list[str]:
+    """The notes of the user messages that started the turn (a message steered in later joins a prompt
+    built already, live or resumed, so its note is not read)."""
+    notes: list[str] = []
+    for row in rows:
+        if row.turn_id != turn_id or row.type == "turn_start":
+            continue
+        if row.role != "user":
+            break
+        if row.note:
+            notes.append(row.note)
+    return notes

@@ -25,11 +25,11 @@ from app.settings import DEMO_MODEL, Settings
 from app.storage import event_log, repository
 from app.storage.blobs import DatabaseBlobs
 from app.storage.engine import Database
-from app.storage.tables import ChatMessageRow, ChatSessionRow
+from app.storage.tables import ChatMessageRow, ChatSessionRow, new_message
 from app.streaming.log.write_behind import WriteBehind
 from app.tools.registry import build_default_registry
 from app.turns.agent import AgentRun, ResponseFinished, ResponseStarted, TextChunk
-from app.turns.execution import AgentFactory, run_turn
+from app.turns.execution import AgentFactory, _opening_notes, run_turn
 from app.turns.live import LocalLiveStatus
 from app.turns.prompt import rebuild
 from app.turns.recorder.recorder import TurnRecorder
@@ -332,3 +332,28 @@ async def test_a_sessions_first_opening_holds_its_whole_history_and_a_later_one_
     )
     await later.open([message])
     assert later.rows.take_history() is None  # the session held rows before: the turn reads them
+
+
+def test_the_turns_prompt_reads_the_notes_of_the_messages_that_started_it_only() -> None:
+    """A user message's stored note (AG-UI's context) joins the system prompt of the turn it starts, so a
+    turn resumed after a restart, or started on another replica from the waiting line, reads it too; a
+    message steered in later, and any other turn's message, is not read."""
+
+    def row(n: int, turn_id: str, type_: str, role: str | None, note: str | None = None) -> ChatMessageRow:
+        return new_message(
+            id=f"m_{n}", session_id="s_a", turn_id=turn_id, type=type_, role=role, timestamp=T0, note=note
+        )
+
+    rows = [
+        row(1, "t_old", "turn_start", None),
+        row(2, "t_old", "text", "user", "an older turn's note"),
+        row(3, "t_old", "text", "assistant"),
+        row(4, "t_new", "turn_start", None),
+        row(5, "t_new", "text", "user", "the page: billing"),
+        row(6, "t_new", "text", "user"),
+        row(7, "t_new", "text", "user", "the todo: call Ana"),
+        row(8, "t_new", "text", "assistant"),
+        row(9, "t_new", "text", "user", "a steered message's note"),
+    ]
+    assert _opening_notes(rows, "t_new") == ["the page: billing", "the todo: call Ana"]
+    assert _opening_notes(rows, "t_old") == ["an older turn's note"]

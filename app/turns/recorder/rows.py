@@ -121,6 +121,7 @@ class TurnRows:
                 client_message_id=m.client_message_id,
                 client_tools=[t.model_dump(mode="json") for t in m.client_tools] if m.client_tools else None,
                 attachments=[a.model_dump() for a in m.attachments] if m.attachments else None,
+                note=m.note,
             )
             for m in messages
         ]

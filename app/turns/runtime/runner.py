@@ -304,8 +304,7 @@ class Runner:
             raise
         for message_id in taken:
             state.waiting.pop(message_id, None)
-        notes = [m.note for m in messages if m.note]
-        self._run(session, state, recorder, note="\n\n".join(notes) or None)
+        self._run(session, state, recorder)
         state.resolve_takers(taken, turn_id)
         if not from_queue and not self.ownership.line_here:
             state.waiting.clear()  # the claim found the line empty; a stale mirror would pause the turn
@@ -333,11 +332,10 @@ class Runner:
         recorder: TurnRecorder,
         *,
         resuming: bool = False,
-        note: str | None = None,
     ) -> None:
         state.recorder, state.inbox = recorder, Inbox()
         state.task = recorder.task = asyncio.create_task(
-            self._turn_task(session, state, recorder, resuming, note), name=f"turn:{recorder.turn_id}"
+            self._turn_task(session, state, recorder, resuming), name=f"turn:{recorder.turn_id}"
         )
         self._notifier.running(session.id, True)
         # A task's callbacks run even when it is cancelled before it ever starts.
@@ -366,7 +364,6 @@ class Runner:
         state: SessionState,
         recorder: TurnRecorder,
         resuming: bool,
-        note: str | None,
     ) -> None:
         try:
             with observe_turn(session.id, recorder.turn_id, session.model) as observed:
@@ -377,7 +374,6 @@ class Runner:
                     inbox=state.inbox,
                     resuming=resuming,
                     history=recorder.rows.take_history(),
-                    note=note,
                 )
                 await run_turn(prepare, recorder)
                 observed.status = recorder.closed_status
@@ -445,9 +441,6 @@ class Runner:
         if session is None or not rows:
             return
         messages = [queued_message(r) for r in rows]
-        for message in messages:  # a note is never stored: the mirror of a message posted here has it
-            mirrored = state.waiting.get(message.id)
-            message.note = mirrored.note if mirrored is not None else None
         # TurnBusy (leased): the running turn's owner takes them when it ends (or a sweeper, if it dies).
         with suppress(TurnBusy):
             await self._start_turn(session, state, messages, from_queue=True)

@@ -62,6 +62,7 @@ async def enqueue(
         **message.model_dump(),
         client_tools=tools,
         attachments=[a.model_dump() for a in attachments] or None,
+        note=message.note,
     )
     events = writer.publisher(session.id)
     async with writer.transaction(session.id) as db:
