@@ -1,9 +1,9 @@
-"""examples/copilotkit against a live server with the demo model: the page's own code (src/parley.js,
+"""examples/ag-ui against a live server with the demo model: the page's own code (src/parley.js,
 AG-UI's HttpAgent) driven from Node, and the built page itself in Debian's chromium behind vite's
 preview server, which forwards /v1 to Parley as it does in development. Both chat, show the tool call,
 and leave the same session on Parley's own routes; a reloaded page attaches to its thread again.
 
-Without examples/copilotkit/node_modules (`make examples`) the module is skipped with one line;
+Without examples/ag-ui/node_modules (`make examples`) the module is skipped with one line;
 under CI=true that is a failure."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from app.settings import Settings
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.support.server import LiveServer, free_port, live_server
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "copilotkit"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ag-ui"
 VITE = EXAMPLE / "node_modules" / "vite" / "bin" / "vite.js"
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module", autouse=True)
 def _example_installed() -> None:
     if not VITE.is_file() or shutil.which("node") is None:
-        line = "example tests skipped: examples/copilotkit/node_modules is missing (make examples)"
+        line = "example tests skipped: examples/ag-ui/node_modules is missing (make examples)"
         if os.environ.get("CI") == "true":
             pytest.fail(line + "; CI=true makes that a failure")
         pytest.skip(line)
