@@ -1,6 +1,6 @@
 """examples/copilotkit, CopilotKit's own packages on Parley: its runtime (server.mjs, an HttpAgent on
 POST /v1/ag-ui) and its React `<CopilotChat>`, built and served by `vite preview`, in Debian's chromium
-against a live server with the demo model. The chat answers, shows the tool call, and leaves the same
+against a live server with the demo model and a key that only the runtime holds. The chat answers, shows the tool call, and leaves the same
 session on Parley's own routes; a page reloaded mid-answer gets the thread back from CopilotKit's runtime.
 
 Opt-in: CopilotKit's packages are ~800 MB that `make test` and CI do not install. It runs with
@@ -8,6 +8,7 @@ PARLEY_COPILOTKIT_TEST=1 after `make copilotkit-example`; otherwise it is skippe
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -27,6 +28,8 @@ from tests.support.server import LiveServer, free_port, live_server
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "copilotkit"
 VITE = EXAMPLE / "node_modules" / "vite" / "bin" / "vite.js"
 RUNTIME = EXAMPLE / "node_modules" / "@copilotkit" / "runtime" / "package.json"
+KEY = "copilotkit-test-key-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 pytestmark = [
     pytest.mark.slow,
@@ -84,8 +87,9 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
 
 @pytest.fixture
 def paced(database_url: str) -> Iterator[LiveServer]:
-    """The demo model at its default pace: a `[long]` answer lasts long enough to reload the page in it."""
-    with live_server(Settings(database_url=database_url)) as server:
+    """The demo model at its default pace: a `[long]` answer lasts long enough to reload the page in it. With
+    a key, which only the runtime holds (PARLEY_API_KEY)."""
+    with live_server(Settings(database_url=database_url, api_keys=f"copilotkit:{KEY}")) as server:
         yield server
 
 
@@ -104,7 +108,8 @@ def page_url(paced: LiveServer, spawn: Any, tmp_path: Path) -> str:
     )
     assert built.returncode == 0, built.stdout + built.stderr
     runtime, preview = free_port(), free_port()
-    spawn("runtime", ["server.mjs"], runtime, {"PORT": str(runtime), "PARLEY_URL": paced.base_url})
+    env = {"PORT": str(runtime), "PARLEY_URL": paced.base_url, "PARLEY_API_KEY": KEY}
+    spawn("runtime", ["server.mjs"], runtime, env)
     spawn(
         "preview",
         [str(VITE), "preview", "--outDir", str(dist), "--port", str(preview), "--host", "127.0.0.1"],
@@ -128,14 +133,14 @@ def chromium() -> Iterator[Any]:
 
 def _only_session(server: LiveServer) -> str:
     """The test's database is new, so the session Parley bound to CopilotKit's thread is its only one."""
-    sessions = httpx.get(f"{server.base_url}/v1/sessions", timeout=10).json()["sessions"]
+    sessions = httpx.get(f"{server.base_url}/v1/sessions", headers=AUTH, timeout=10).json()["sessions"]
     assert len(sessions) == 1, sessions
     session_id: str = sessions[0]["id"]
     return session_id
 
 
 def _history(server: LiveServer, session_id: str) -> list[dict[str, Any]]:
-    answer = httpx.get(f"{server.base_url}/v1/sessions/{session_id}/messages", timeout=10)
+    answer = httpx.get(f"{server.base_url}/v1/sessions/{session_id}/messages", headers=AUTH, timeout=10)
     assert answer.status_code == 200, answer.text
     rows: list[dict[str, Any]] = answer.json()["chat_messages"]
     return rows
@@ -160,6 +165,8 @@ def test_copilot_chat_answers_shows_the_tool_and_survives_a_reload(
     page = chromium.new_context().new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
+    sent: list[str] = []
+    page.on("request", lambda request: sent.append(json.dumps(request.headers) + (request.post_data or "")))
     with page.expect_response(lambda answer: answer.url.endswith("/agent/parley/connect")):
         page.goto(page_url)  # the chat sends once CopilotKit has connected to its runtime's agent
     try:
@@ -190,14 +197,14 @@ def test_copilot_chat_answers_shows_the_tool_and_survives_a_reload(
             f" return m.length > {before} && m[m.length - 1].textContent.length > 20; }}",
             timeout=30_000,
         )
-        running = httpx.get(f"{paced.base_url}/v1/sessions/{session_id}", timeout=10).json()
+        running = httpx.get(f"{paced.base_url}/v1/sessions/{session_id}", headers=AUTH, timeout=10).json()
         assert running["running_turn_id"] is not None  # ~400 tokens 20 ms apart: seconds to go
         page.reload()
         page.wait_for_selector(".copilotKitUserMessage:has-text('what time is it?')", timeout=30_000)
         stored = ""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            state = httpx.get(f"{paced.base_url}/v1/sessions/{session_id}", timeout=10).json()
+            state = httpx.get(f"{paced.base_url}/v1/sessions/{session_id}", headers=AUTH, timeout=10).json()
             if state["running_turn_id"] is None:
                 texts = [r for r in _history(paced, session_id) if r["type"] == "text"]
                 stored = texts[-1]["content"].strip()
@@ -212,6 +219,7 @@ def test_copilot_chat_answers_shows_the_tool_and_survives_a_reload(
         )
         assert _only_session(paced) == session_id
         assert not errors, errors
+        assert sent and not [line for line in sent if KEY in line]  # the key stays on the runtime's side
     except Exception:
         page.screenshot(path=str(tmp_path / "copilotkit.png"))
         (tmp_path / "copilotkit.html").write_text(page.content())
