@@ -1,7 +1,8 @@
 """examples/copilotkit, CopilotKit's own packages on Parley: its runtime (server.mjs, an HttpAgent on
 POST /v1/ag-ui) and its React `<CopilotChat>`, built and served by `vite preview`, in Debian's chromium
-against a live server with the demo model and a key that only the runtime holds. The chat answers, shows the tool call, and leaves the same
-session on Parley's own routes; a page reloaded mid-answer gets the thread back from CopilotKit's runtime.
+against a live server with the demo model and a key that only the runtime holds. The chat answers, shows
+the tool call, and leaves the same session on Parley's own routes; a page reloaded mid-answer gets the
+thread back from CopilotKit's runtime.
 
 Opt-in: CopilotKit's packages are ~800 MB that `make test` and CI do not install. It runs with
 PARLEY_COPILOTKIT_TEST=1 after `make copilotkit-example`; otherwise it is skipped with one line."""
