@@ -213,15 +213,22 @@ EXAMPLE_STAMP := $(EXAMPLE)/node_modules/.installed-$(shell sha256sum $(EXAMPLE_
 EXAMPLE_SRC   := $(wildcard $(EXAMPLE)/src/*) $(EXAMPLE)/index.html $(EXAMPLE)/vite.config.js $(EXAMPLE)/tsconfig.json
 EXAMPLE_DIST  := $(EXAMPLE)/dist/index.html
 
-# examples/copilotkit/ is a React page on Parley's AG-UI endpoint (its README); tests/kits drives its code and
-# builds its page into a temporary folder, so `make test` needs only its packages.
-COPILOT       := examples/copilotkit
-COPILOT_LOCK  := $(COPILOT)/package-lock.json
-COPILOT_STAMP := $(COPILOT)/node_modules/.installed-$(shell sha256sum $(COPILOT_LOCK) 2>/dev/null | cut -c1-16)
+# examples/ag-ui/ is a React page on Parley's AG-UI endpoint with AG-UI's HttpAgent (its README); tests/kits
+# drives its code and builds its page into a temporary folder, so `make test` needs only its packages.
+AG_UI         := examples/ag-ui
+AG_UI_LOCK    := $(AG_UI)/package-lock.json
+AG_UI_STAMP   := $(AG_UI)/node_modules/.installed-$(shell sha256sum $(AG_UI_LOCK) 2>/dev/null | cut -c1-16)
 
-.PHONY: examples copilotkit-example
+# examples/copilotkit/ is CopilotKit's own runtime and <CopilotChat> on Parley (its README): ~870 packages,
+# ~800 MB, so neither `make test` nor `make examples` installs it; its test is opt-in
+# (PARLEY_COPILOTKIT_TEST=1, tests/kits/test_copilotkit_example.py).
+COPILOTKIT       := examples/copilotkit
+COPILOTKIT_LOCK  := $(COPILOTKIT)/package-lock.json
+COPILOTKIT_STAMP := $(COPILOTKIT)/node_modules/.installed-$(shell sha256sum $(COPILOTKIT_LOCK) 2>/dev/null | cut -c1-16)
 
-examples: $(EXAMPLE_DIST) $(COPILOT_STAMP) ## Install both examples' pinned packages and build examples/ai-sdk-react into its dist/, if stale
+.PHONY: examples ag-ui-example copilotkit-example
+
+examples: $(EXAMPLE_DIST) $(AG_UI_STAMP) ## Install examples/ai-sdk-react's and examples/ag-ui's pinned packages and build examples/ai-sdk-react into its dist/, if stale
 
 $(EXAMPLE_STAMP): $(EXAMPLE_LOCK)
 	@command -v npm >/dev/null || { echo "npm not found: $(EXAMPLE) needs Node.js 20 with npm" >&2; exit 1; }
@@ -231,12 +238,20 @@ $(EXAMPLE_STAMP): $(EXAMPLE_LOCK)
 $(EXAMPLE_DIST): $(EXAMPLE_STAMP) $(EXAMPLE_SRC)
 	cd $(EXAMPLE) && npm run --silent build
 
-copilotkit-example: $(COPILOT_STAMP) ## Install examples/copilotkit (npm ci, if missing or stale) and build its page into its dist/
-	cd $(COPILOT) && npm run --silent build -- --logLevel warn
+ag-ui-example: $(AG_UI_STAMP) ## Install examples/ag-ui (npm ci, if missing or stale) and build its page into its dist/
+	cd $(AG_UI) && npm run --silent build -- --logLevel warn
 
-$(COPILOT_STAMP): $(COPILOT_LOCK)
-	@command -v npm >/dev/null || { echo "npm not found: $(COPILOT) needs Node.js 20.19+ with npm" >&2; exit 1; }
-	cd $(COPILOT) && npm ci --no-audit --no-fund --loglevel=error
+$(AG_UI_STAMP): $(AG_UI_LOCK)
+	@command -v npm >/dev/null || { echo "npm not found: $(AG_UI) needs Node.js 20.19+ with npm" >&2; exit 1; }
+	cd $(AG_UI) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+copilotkit-example: $(COPILOTKIT_STAMP) ## Install examples/copilotkit, CopilotKit's packages (npm ci, if missing or stale; ~800 MB), and build its page into its dist/
+	cd $(COPILOTKIT) && npm run --silent build -- --logLevel error
+
+$(COPILOTKIT_STAMP): $(COPILOTKIT_LOCK)
+	@command -v npm >/dev/null || { echo "npm not found: $(COPILOTKIT) needs Node.js 20.19+ with npm" >&2; exit 1; }
+	cd $(COPILOTKIT) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 browser-deps: ## Install Debian's chromium for tests/browser when missing (root + apt-get; else a one-line skip)

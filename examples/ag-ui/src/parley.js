@@ -1,6 +1,6 @@
 // What the page does with Parley, without React: an AG-UI HttpAgent on a Parley thread, a run per user
 // message, the thread attached again after a reload. scripts/chat.mjs drives the same code from Node
-// (tests/kits/test_copilotkit_example.py runs it against a live Parley).
+// (tests/kits/test_ag_ui_example.py runs it against a live Parley).
 import { HttpAgent } from "@ag-ui/client";
 
 // base: "" in the page (vite's dev and preview servers proxy /v1 to Parley), a full URL from Node.
