@@ -98,7 +98,7 @@ class AgentRun:
     # What each call sends when the history outgrows the window (turns.context); None: the whole history.
     compactor: Compactor | None = None
 
-    async def run(self) -> AsyncGenerator[AgentEvent, None]:
+    async def run(self) -> AsyncGenerator[AgentEvent, None]:  # noqa: C901 (the call inline: chunks pass here)
         schemas = [*self.tools.schemas(self.tool_names), *self.client_tools]
         if self.resume is not None:
             plan, self.resume = self.resume, None
@@ -111,13 +111,31 @@ class AgentRun:
         overhead = tokens.text_tokens(json.dumps(schemas)) if schemas else 0
         for _ in range(self.max_rounds):
             finished: ResponseFinished | None = None
-            # aclosing: when the consumer closes this generator at a yield, the inner generators (the
-            # provider stream, the running tools) must close now, not whenever the collector runs.
-            async with aclosing(self._call(schemas, overhead)) as responding:
-                async for event in responding:
-                    if isinstance(event, ResponseFinished):
-                        finished = event
-                    yield event
+            # One model call, of the view the compactor chooses; refused for the window (the provider
+            # counts otherwise than the estimate), it is compacted harder and made once more. Inline, not
+            # a generator of its own: every streamed chunk passes through here, and a layer costs each.
+            harder = streamed = False
+            while True:
+                sent, announced = await self._view(overhead, harder)
+                for item in announced:
+                    yield item
+                yield ResponseStarted()
+                try:
+                    # aclosing: when the consumer closes this generator at a yield, the inner generators
+                    # (the provider stream, the running tools) must close now, not at the next collection.
+                    async with aclosing(self._respond(schemas, sent)) as responding:
+                        async for event in responding:
+                            if isinstance(event, ResponseFinished):
+                                event = finished = self._calibrated(event)
+                            elif not streamed:
+                                streamed = isinstance(event, (TextChunk, ReasoningChunk))
+                            yield event
+                    break
+                except ProviderError as exc:
+                    refused = exc.code == "context_window_exceeded" and not streamed
+                    if not refused or self.compactor is None or harder:
+                        raise
+                    harder = True
             assert finished is not None
             self.messages.append(_assistant_message(finished))
             if not finished.calls:
@@ -133,34 +151,21 @@ class AgentRun:
             f"The agent stopped after {self.max_rounds} model calls without a final answer.",
         )
 
-    async def _call(self, schemas: list[dict[str, Any]], overhead: int) -> AsyncGenerator[AgentEvent, None]:
-        """One model call, of the view the compactor chooses; refused for the window (the provider counts
-        otherwise than the estimate), it is compacted harder and made once more."""
-        harder = streamed = False
-        while True:
-            sent: list[dict[str, Any]] = self.messages
-            if self.compactor is not None:
-                views = self.compactor.view(self.messages, overhead=overhead, harder=harder)
-                async with aclosing(views):
-                    async for item in views:
-                        if isinstance(item, View):
-                            sent = item.messages
-                        else:
-                            yield item
-            yield ResponseStarted()
-            try:
-                async with aclosing(self._respond(schemas, sent)) as responding:
-                    async for event in responding:
-                        if isinstance(event, ResponseFinished):
-                            event = self._calibrated(event)
-                        streamed = streamed or isinstance(event, TextChunk | ReasoningChunk)
-                        yield event
-                return
-            except ProviderError as exc:
-                refused = exc.code == "context_window_exceeded" and not streamed
-                if not refused or self.compactor is None or harder:
-                    raise
-                harder = True
+    async def _view(self, overhead: int, harder: bool) -> tuple[list[dict[str, Any]], list[AgentEvent]]:
+        """What the next call sends (the compactor's view, else the whole history) and what announces it
+        (the compactor's events come all at once, after any summary is written, just before its view)."""
+        if self.compactor is None:
+            return self.messages, []
+        sent = self.messages
+        announced: list[AgentEvent] = []
+        views = self.compactor.view(self.messages, overhead=overhead, harder=harder)
+        async with aclosing(views):
+            async for item in views:
+                if isinstance(item, View):
+                    sent = item.messages
+                else:
+                    announced.append(item)
+        return sent, announced
 
     def _calibrated(self, finished: ResponseFinished) -> ResponseFinished:
         """The response with the calibration its reported prompt count gives (kept by the recorder)."""
