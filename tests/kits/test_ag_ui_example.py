@@ -23,6 +23,7 @@ import pytest
 
 from app.settings import Settings
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.support.missing import missing
 from tests.support.server import LiveServer, free_port, live_server
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ag-ui"
@@ -34,10 +35,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module", autouse=True)
 def _example_installed() -> None:
     if not VITE.is_file() or shutil.which("node") is None:
-        line = "example tests skipped: examples/ag-ui/node_modules is missing (make examples)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(line + "; CI=true makes that a failure")
-        pytest.skip(line)
+        missing("example tests skipped: examples/ag-ui/node_modules is missing (make examples)")
 
 
 def history(server: LiveServer, session_id: str) -> list[dict[str, Any]]:
@@ -142,10 +140,7 @@ def page_url(paced: LiveServer, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def chromium() -> Iterator[Any]:
     if not CHROMIUM.exists():
-        line = f"browser test skipped: {CHROMIUM} is missing (make browser-deps installs it as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(line + "; CI=true makes that a failure")
-        pytest.skip(line)
+        missing(f"browser test skipped: {CHROMIUM} is missing (make browser-deps installs it as root)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
