@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import update
 from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from app.storage.tables import ChatSessionRow, ContextSummaryRow, ContextViewRow
+from app.storage.tables import ContextSummaryRow, ContextViewRow
 
 # Summaries looked at for a path's own: the newest of a session are nearly always its current path's.
 _RECENT_SUMMARIES = 20
@@ -56,9 +55,3 @@ async def views_of_turns(db: AsyncSession, turn_ids: Sequence[str]) -> list[Cont
         .order_by(col(ContextViewRow.position))
     )
     return list(rows.all())
-
-
-async def set_scale(db: AsyncSession, session_id: str, scale: float) -> None:
-    await db.exec(
-        update(ChatSessionRow).where(col(ChatSessionRow.id) == session_id).values(context_scale=scale)
-    )

@@ -450,10 +450,8 @@ class TurnRecorder:
                     completion=usage.completion_tokens,
                     window=self.context_window,
                     at=at,
-                    context_scale=event.context_scale,
+                    context_scale=event.context_scale,  # only ever set with a reported usage
                 )
-            elif event.context_scale is not None:
-                await compaction.set_scale(db, self.session_id, event.context_scale)
             self._announce_response(buffer, event, totals)
 
         if not event.calls:
