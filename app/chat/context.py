@@ -13,7 +13,7 @@ from app.storage import compaction, repository, turn_tree
 from app.storage.blobs import Blobs
 from app.storage.engine import Database
 from app.storage.tables import ChatSessionRow
-from app.turns.attachments import with_files
+from app.turns.attachments import pdf_text_limit, with_files
 from app.turns.context.compactor import FIRST_SCALE, budget_of, resolve_policy
 from app.turns.context.planner import Policy, Summary, blocks, plan
 from app.turns.prompt import rebuild
@@ -31,12 +31,8 @@ async def next_call(
     turns: list[tuple[str, ...]] = []
     attached: list[dict[int, dict[str, Any]]] = []
     prompt = rebuild(rows, session.system_prompt, turns)
-    pdf_text_limit = None
-    if settings.files_pdf_text and not (await models.takes_files(session.model))[1]:
-        pdf_text_limit = settings.max_message_chars  # as the turn sends it (turns.execution)
-    messages = await with_files(
-        database, blobs, prompt, attached, by_reference=True, pdf_text_limit=pdf_text_limit
-    )
+    limit = await pdf_text_limit(settings, models, session.model)  # as the turn sends it
+    messages = await with_files(database, blobs, prompt, attached, by_reference=True, pdf_text_limit=limit)
     policy = resolve_policy(session.context, settings)
     window = (await models.resolve(session.model)).context_window
     budget = budget_of(policy, window)

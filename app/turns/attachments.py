@@ -14,6 +14,8 @@ import base64
 from collections.abc import Sequence
 from typing import Any
 
+from app.llm.gateway import ModelGateway
+from app.settings import Settings
 from app.storage import files
 from app.storage.blobs import Blobs
 from app.storage.engine import Database
@@ -27,6 +29,14 @@ def label(file: dict[str, Any]) -> str:
     if file.get("width") and file.get("height"):
         size += f", {file['width']}x{file['height']} pixels"
     return f"[Attached file: {file['name']} ({size})]"
+
+
+async def pdf_text_limit(settings: Settings, models: ModelGateway, model: str) -> int | None:
+    """How a PDF goes to `model`: as its text, at most this many characters, for a model that does not
+    read documents when PARLEY_FILES_PDF_TEXT is on; None: as a file part."""
+    if settings.files_pdf_text and not (await models.takes_files(model))[1]:
+        return settings.max_message_chars
+    return None
 
 
 async def with_files(

@@ -20,7 +20,7 @@ from app.storage.engine import Database
 from app.storage.tables import ChatMessageRow, ChatSessionRow, ContextSummaryRow
 from app.tools.registry import ToolRegistry
 from app.turns.agent import AgentRun
-from app.turns.attachments import with_files
+from app.turns.attachments import pdf_text_limit, with_files
 from app.turns.context.compactor import Compactor, SummaryModel, may_need_summary, resolve_policy
 from app.turns.context.planner import Summary
 from app.turns.pending_calls import Inbox
@@ -75,13 +75,10 @@ class AgentFactory:
                 plan = await resumed_round(db, turn_id, rows) if resuming else None
         turns: list[tuple[str, ...]] = []
         system = "\n\n".join(p for p in (session.system_prompt, *_opening_notes(rows, turn_id)) if p) or None
-        pdf_text_limit = None
-        if self._settings.files_pdf_text and not (await self._models.takes_files(session.model))[1]:
-            # A model that does not read documents is sent a PDF's text (docs/files.md, To the model).
-            pdf_text_limit = self._settings.max_message_chars
         attached: list[dict[int, dict[str, Any]]] = []
+        limit = await pdf_text_limit(self._settings, self._models, session.model)
         messages = await with_files(
-            self._database, self._blobs, rebuild(rows, system, turns), attached, pdf_text_limit=pdf_text_limit
+            self._database, self._blobs, rebuild(rows, system, turns), attached, pdf_text_limit=limit
         )
         if plan is not None:
             # The round's results enter the history when it ends, in call order.
